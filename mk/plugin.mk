@@ -1,0 +1,52 @@
+# mk/plugin.mk - the Slurm SPANK plugin (spank_plugin/), its real-Slurm tests,
+# the demo and the sbatch overhead benchmark.  Included by the top Makefile.
+#
+# spank_mmguard.so links libmmguard.a (built -fPIC) plus json-c and libyaml,
+# never libslurm: the spank_* / slurm_* symbols come from the host process
+# (sbatch, salloc, srun, slurmd, slurmstepd).  A linker version script keeps
+# everything but slurm_spank_* and plugin_* local.
+
+PLUGIN_SRCS := $(wildcard spank_plugin/*.c)
+PLUGIN_HDRS := $(wildcard spank_plugin/*.h) $(HDRS)
+PLUGIN_OBJS := $(patsubst spank_plugin/%.c,$(BUILD)/plugin/%.o,$(PLUGIN_SRCS))
+PLUGIN_LDS  := spank_plugin/spank_mmguard.lds
+PLUGIN_SO   := $(BUILD)/spank_mmguard.so
+SLURM_PLUGINDIR ?= $(PREFIX)/lib/slurm
+SLURM_SYSCONFDIR ?= /etc/slurm
+
+ALL_TARGETS     += $(PLUGIN_SO)
+CHECK_TARGETS   += check-slurm
+INSTALL_TARGETS += install-plugin
+# the config parser is Slurm-free and unit-tested (tests/unit/test_config.c)
+UNIT_EXTRA_SRCS += spank_plugin/config.c
+
+.PHONY: plugin check-slurm demo bench-sbatch install-plugin
+
+plugin: $(PLUGIN_SO)
+
+$(BUILD)/plugin/%.o: spank_plugin/%.c $(PLUGIN_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -Ispank_plugin -c $< -o $@
+
+$(PLUGIN_SO): $(PLUGIN_OBJS) $(BUILD)/libmmguard.a $(PLUGIN_LDS)
+	$(CC) -shared $(LDHARDEN) -Wl,--version-script=$(PLUGIN_LDS) -Wl,--exclude-libs,ALL \
+	  -o $@ $(PLUGIN_OBJS) $(BUILD)/libmmguard.a $(PKG_LIBS) -lm
+
+# Real single-node Slurm (munged, slurmctld, slurmd) on loopback; needs root.
+check-slurm: $(PLUGIN_SO)
+	PLUGIN=$(abspath $(PLUGIN_SO)) sh tests/slurm/test_plugin.sh
+
+demo:
+	sh scripts/install-deps.sh build slurm
+	$(MAKE) --no-print-directory $(PLUGIN_SO)
+	PLUGIN=$(abspath $(PLUGIN_SO)) sh scripts/demo.sh
+
+BENCH_N ?= 50
+bench-sbatch: $(PLUGIN_SO)
+	PLUGIN=$(abspath $(PLUGIN_SO)) N=$(BENCH_N) sh bench/sbatch_bench.sh
+
+install-plugin: $(PLUGIN_SO)
+	install -d $(DESTDIR)$(SLURM_PLUGINDIR) $(DESTDIR)$(PREFIX)/share/mmguard
+	install -m 0755 $(PLUGIN_SO) $(DESTDIR)$(SLURM_PLUGINDIR)/spank_mmguard.so
+	install -m 0644 plugstack.conf.example mmguard.conf.example slurm.conf.example \
+	  $(DESTDIR)$(PREFIX)/share/mmguard/

@@ -1,0 +1,85 @@
+/* config.h - strict parser of the mmguard plugin configuration.
+ *
+ * The configuration comes from the plugstack.conf line (key=value arguments)
+ * and/or from a file named there with config=FILE (one key=value per line,
+ * '#' starts a comment line).  One file serves both the SPANK plugin and
+ * job_submit/lua, so keys only the Lua side uses are accepted and validated.
+ * Unknown keys and bad values are errors naming the key and where it was
+ * written ("FILE:LINE" or "plugstack.conf argument N").
+ *
+ * No Slurm dependency: the unit tests link this file directly.
+ */
+#ifndef MMG_CONFIG_H
+#define MMG_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mmguard.h"
+
+#define MMG_MAX_GPU_TYPES 32
+#define MMG_GPU_NAME_MAX  32
+#define MMG_PATH_MAX      1024
+#define MMG_CONF_MAX_BYTES (64u * 1024u)
+#define MMG_CONF_MAX_LINE  1024
+
+typedef enum { MMG_ACTION_REJECT = 0, MMG_ACTION_WARN, MMG_ACTION_RESIZE } mmg_action;
+typedef enum { MMG_ONERR_REJECT = 0, MMG_ONERR_ALLOW } mmg_on_error;
+
+struct mmg_gpu {
+    char name[MMG_GPU_NAME_MAX];
+    uint64_t bytes;
+    int builtin;
+};
+
+struct mmg_config {
+    mmg_action action;
+    mm_margin margin;               /* margin= (percent or bytes) */
+    uint64_t reserve;               /* reserve= bytes, added to margin.bytes */
+    struct mmg_gpu gpus[MMG_MAX_GPU_TYPES];
+    size_t n_gpus;
+    char default_gpu[MMG_GPU_NAME_MAX];
+    char log_path[MMG_PATH_MAX];    /* "" = no decision log */
+    int syslog;
+    mmg_on_error on_error;
+    /* job_submit.lua only, validated here */
+    uint32_t max_gpus_per_node;
+    char resize_types[256];
+    char ctld_log[MMG_PATH_MAX];
+    char config_file[MMG_PATH_MAX]; /* last config= loaded, "" if none */
+};
+
+/* Built-in defaults: action=reject margin=0% reserve=0 default_gpu=h100,
+ * on_error=reject, syslog=no, no log, max_gpus_per_node=8, GPU table
+ * h100=81559MiB h200=143771MiB a100=81920MiB a100-40g=40960MiB l40s=46068MiB. */
+void mmg_config_defaults(struct mmg_config *c);
+
+/* Set one key.  `where` names the source for messages ("mmguard.conf:3").
+ * On error writes "WHERE: KEY: problem" into err and returns -1. */
+int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
+                   const char *where, char *err, size_t errlen);
+
+/* Load a config file (regular file, <= 64 KiB, lines <= 1023 chars). */
+int mmg_config_load_file(struct mmg_config *c, const char *path,
+                         char *err, size_t errlen);
+
+/* Defaults, then the plugstack arguments in order (config=FILE is loaded where
+ * it appears, later arguments override), then mmg_config_finish(). */
+int mmg_config_parse_args(struct mmg_config *c, int ac, char **av,
+                          char *err, size_t errlen);
+
+/* Cross-key checks: default_gpu and every resize_types entry are in the table. */
+int mmg_config_finish(const struct mmg_config *c, char *err, size_t errlen);
+
+/* Table lookup, case-insensitive; NULL if unknown. */
+const struct mmg_gpu *mmg_config_gpu(const struct mmg_config *c, const char *name);
+
+/* gpu_mem minus margin percent, margin bytes and reserve (0 if eaten). */
+uint64_t mmg_config_usable(const struct mmg_config *c, uint64_t gpu_mem);
+
+/* "10%+2147483648": margin percent, then margin bytes + reserve. */
+void mmg_config_margin_str(const struct mmg_config *c, char *buf, size_t n);
+
+const char *mmg_action_name(mmg_action a);
+
+#endif

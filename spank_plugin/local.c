@@ -1,0 +1,41 @@
+/* local.c - local context (srun): the same check as sbatch when srun creates
+ * the allocation; inside an allocation it checks the step.  Values also go into
+ * srun's own environment, which srun forwards to the step's tasks. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plugin.h"
+
+static int local_set(void *ctx, const char *name, const char *value)
+{
+    spank_t sp = (spank_t)ctx;
+    /* job-control env only matters when srun submits a new job; inside an
+     * allocation it is refused, which is fine */
+    (void)spank_job_control_setenv(sp, name, value, 1);
+    for (size_t i = 0; mmg_task_vars[i]; i++)
+        if (!strcmp(mmg_task_vars[i], name))
+            return setenv(name, value, 1);
+    return 0;
+}
+
+int mmg_local_post_opt(spank_t sp, int ac, char **av)
+{
+    struct mmg_check *chk;
+    int rc;
+
+    if (!mmg_opts.model)
+        return 0;
+    chk = calloc(1, sizeof(*chk));
+    if (!chk) {
+        slurm_error(MMG_PREFIX "--mm-model: out of memory");
+        return -1;
+    }
+    mmg_check_run(chk, "srun", ac, av);
+    mmg_check_print(chk);
+    mmg_publish(chk, local_set, sp);
+    mmg_log_decision(chk);
+    rc = chk->blocks ? -1 : 0;
+    mmg_check_free(chk);
+    free(chk);
+    return rc;
+}

@@ -1,0 +1,251 @@
+/* publish.c - hand the decision on: MMGUARD_* job-control variables (read by
+ * job_submit.lua at slurmctld and, through SLURM_SPANK_*, by the job's steps),
+ * the JSON-lines decision log and syslog. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <syslog.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "plugin.h"
+
+const char *const mmg_task_vars[] = {
+    "MMGUARD_DECISION", "MMGUARD_PEAK_BYTES", "MMGUARD_ALLOC_PEAK_BYTES",
+    "MMGUARD_MAX_MICRO_BATCH", "MMGUARD_GPU", "MMGUARD_GPU_MEM", "MMGUARD_USABLE_BYTES",
+    "MMGUARD_DATA_PARALLEL", "MMGUARD_MODEL", "MMGUARD_SPEC_SHA256", NULL
+};
+
+#define SETU64(name, v) do { snprintf(buf, sizeof(buf), "%" PRIu64, (uint64_t)(v)); \
+                             set(ctx, name, buf); } while (0)
+
+void mmg_publish(const struct mmg_check *chk, mmg_setenv_f set, void *ctx)
+{
+    char buf[1024];
+    size_t used;
+
+    set(ctx, "MMGUARD_VERSION", "1");
+    set(ctx, "MMGUARD_DECISION", mmg_decision_name(chk->decision));
+    set(ctx, "MMGUARD_SPEC", chk->spec_path);
+    if (chk->cfg_ok) {
+        set(ctx, "MMGUARD_ACTION", mmg_action_name(chk->cfg.action));
+        mmg_config_margin_str(&chk->cfg, buf, sizeof(buf));
+        set(ctx, "MMGUARD_MARGIN", buf);
+    }
+    if (chk->decision == MMG_ERROR)
+        set(ctx, "MMGUARD_ERROR", chk->reason);
+    if (chk->gpu) {
+        set(ctx, "MMGUARD_GPU", chk->gpu->name);
+        SETU64("MMGUARD_GPU_MEM", chk->gpu->bytes);
+    }
+    if (chk->spec) {
+        set(ctx, "MMGUARD_SPEC_SHA256", mm_spec_digest(chk->spec));
+        set(ctx, "MMGUARD_MODEL", mm_spec_name(chk->spec));
+    }
+    if (!chk->have_pred)
+        return;
+    SETU64("MMGUARD_USABLE_BYTES", chk->usable);
+    SETU64("MMGUARD_DATA_PARALLEL", chk->dp);
+    SETU64("MMGUARD_PEAK_BYTES", chk->peak);
+    SETU64("MMGUARD_ALLOC_PEAK_BYTES", chk->alloc_peak);
+    SETU64("MMGUARD_PEAK_FIXED_BYTES", chk->pred.terms[chk->dom_term].fixed);
+    SETU64("MMGUARD_PEAK_SHARDED_BYTES", chk->pred.terms[chk->dom_term].sharded);
+    if (chk->have_fit)
+        SETU64("MMGUARD_MAX_MICRO_BATCH", chk->fit.max_micro_batch);
+    used = (size_t)snprintf(buf, sizeof(buf),
+                            "v1 ctx=%" PRIu64 " nccl=%" PRIu64 " afix=%" PRIu64 " afrac=%.17g terms=",
+                            chk->pred.overheads.cuda_context, chk->pred.overheads.nccl,
+                            chk->pred.overheads.alloc_fixed, chk->pred.overheads.alloc_frac);
+    for (size_t k = 0; k < chk->pred.n_terms && k < MM_MAX_TERMS && used < sizeof(buf); k++)
+        used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s%" PRIu64 ":%" PRIu64,
+                                 k ? "," : "", chk->pred.terms[k].fixed,
+                                 chk->pred.terms[k].sharded);
+    set(ctx, "MMGUARD_PEAK_MODEL", buf);
+}
+
+/* ---- decision log ---------------------------------------------------------- */
+
+static json_object *u64(uint64_t v)
+{
+    return json_object_new_int64(v > INT64_MAX ? INT64_MAX : (int64_t)v);
+}
+
+static json_object *factors_json(const mm_factors *f)
+{
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "parameters", u64(f->parameters));
+    json_object_object_add(o, "gradients", u64(f->gradients));
+    json_object_object_add(o, "optimizer_states", u64(f->optimizer_states));
+    json_object_object_add(o, "activations", u64(f->activations));
+    json_object_object_add(o, "temporaries", u64(f->temporaries));
+    json_object_object_add(o, "overhead", u64(f->overhead));
+    return o;
+}
+
+static json_object *str_or_null(const char *s)
+{
+    return s ? json_object_new_string(s) : NULL;
+}
+
+/* The job name if the command line or environment names one. */
+static const char *job_name(const char *source, char *buf, size_t n)
+{
+    const char *env = !strcmp(source, "sbatch") ? "SBATCH_JOB_NAME"
+                    : !strcmp(source, "salloc") ? "SALLOC_JOB_NAME" : "SLURM_JOB_NAME";
+    char cmd[4096];
+    ssize_t len = 0;
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        len = read(fd, cmd, sizeof(cmd) - 1);
+        close(fd);
+    }
+    if (len > 0) {
+        const char *prev = NULL;
+        cmd[len] = '\0';
+        for (const char *a = cmd; a < cmd + len; a += strlen(a) + 1) {
+            if (prev && (!strcmp(prev, "-J") || !strcmp(prev, "--job-name"))) {
+                snprintf(buf, n, "%s", a);
+                return buf;
+            }
+            if (!strncmp(a, "--job-name=", 11)) {
+                snprintf(buf, n, "%s", a + 11);
+                return buf;
+            }
+            if (!strncmp(a, "-J", 2) && a[2]) {
+                snprintf(buf, n, "%s", a + 2);
+                return buf;
+            }
+            prev = a;
+        }
+    }
+    return getenv(env);
+}
+
+char *mmg_decision_json(const struct mmg_check *chk)
+{
+    json_object *o = json_object_new_object();
+    char tbuf[32], name[256], margin[64], *out;
+    struct tm tm;
+    time_t now = time(NULL);
+    uid_t uid = getuid();
+    struct passwd pw, *pwp = NULL;
+    char pwbuf[1024];
+
+    if (!o)
+        return NULL;
+    gmtime_r(&now, &tm);
+    strftime(tbuf, sizeof(tbuf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    json_object_object_add(o, "time", json_object_new_string(tbuf));
+    if (getpwuid_r(uid, &pw, pwbuf, sizeof(pwbuf), &pwp) != 0)
+        pwp = NULL;
+    json_object_object_add(o, "user", str_or_null(pwp ? pw.pw_name : NULL));
+    json_object_object_add(o, "uid", json_object_new_int64((int64_t)uid));
+    json_object_object_add(o, "job_name", str_or_null(job_name(chk->source, name, sizeof(name))));
+    json_object_object_add(o, "source", json_object_new_string(chk->source));
+    json_object_object_add(o, "decision", json_object_new_string(mmg_decision_name(chk->decision)));
+    json_object_object_add(o, "reason", json_object_new_string(chk->reason));
+    json_object_object_add(o, "spec", json_object_new_string(chk->spec_path));
+    json_object_object_add(o, "spec_sha256", str_or_null(chk->spec ? mm_spec_digest(chk->spec) : NULL));
+    json_object_object_add(o, "model", str_or_null(chk->spec ? mm_spec_name(chk->spec) : NULL));
+    if (chk->cfg_ok) {
+        json_object *m = json_object_new_object();
+        json_object_object_add(o, "action", json_object_new_string(mmg_action_name(chk->cfg.action)));
+        json_object_object_add(m, "percent", json_object_new_double(chk->cfg.margin.percent));
+        json_object_object_add(m, "bytes", u64(chk->cfg.margin.bytes));
+        json_object_object_add(m, "reserve_bytes", u64(chk->cfg.reserve));
+        mmg_config_margin_str(&chk->cfg, margin, sizeof(margin));
+        json_object_object_add(m, "text", json_object_new_string(margin));
+        json_object_object_add(o, "margin", m);
+    }
+    if (chk->gpu) {
+        json_object_object_add(o, "gpu", json_object_new_string(chk->gpu->name));
+        json_object_object_add(o, "gpu_mem_bytes", u64(chk->gpu->bytes));
+    }
+    if (chk->have_pred) {
+        const mm_prediction *p = &chk->pred;
+        json_object *mods = json_object_new_array();
+        json_object_object_add(o, "usable_bytes", u64(chk->usable));
+        json_object_object_add(o, "data_parallel", json_object_new_int64(chk->dp));
+        json_object_object_add(o, "micro_batch_size", json_object_new_int64(p->micro_batch_size));
+        json_object_object_add(o, "peak_bytes", u64(chk->peak));
+        json_object_object_add(o, "allocated_peak_bytes", u64(chk->alloc_peak));
+        json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
+        json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));
+        json_object_object_add(o, "factors", factors_json(&p->factors));
+        for (size_t i = 0; i < p->n_modules && p->modules; i++) {
+            json_object *m = json_object_new_object();
+            json_object_object_add(m, "name", json_object_new_string(p->modules[i].name));
+            json_object_object_add(m, "type", json_object_new_string(p->modules[i].type));
+            json_object_object_add(m, "factors", factors_json(&p->modules[i].factors));
+            json_object_array_add(mods, m);
+        }
+        json_object_object_add(o, "modules", mods);
+        if (chk->have_fit)
+            json_object_object_add(o, "max_micro_batch", json_object_new_int64(chk->fit.max_micro_batch));
+    }
+    out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return out;
+}
+
+void mmg_log_decision(const struct mmg_check *chk)
+{
+    static int reported;
+    char *json;
+    size_t len;
+
+    if (!chk->cfg_ok || (!chk->cfg.log_path[0] && !chk->cfg.syslog))
+        return;
+    json = mmg_decision_json(chk);
+    if (!json) {
+        if (!reported++)
+            slurm_error(MMG_PREFIX "log: out of memory building the decision record "
+                        "(decision %s stands)", mmg_decision_name(chk->decision));
+        return;
+    }
+    if (chk->cfg.syslog) {
+        openlog("mmguard", LOG_PID, LOG_USER);
+        syslog(chk->decision == MMG_ACCEPT ? LOG_INFO : LOG_NOTICE, "%s", json);
+        closelog();
+    }
+    if (chk->cfg.log_path[0]) {
+        int fd, saved = 0;
+        ssize_t n = -1;
+        len = strlen(json);
+        json[len] = '\n'; /* overwrite the NUL: one write() of line + newline */
+        fd = open(chk->cfg.log_path,
+                  O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
+                  0644);
+        if (fd >= 0) {
+            struct stat st;
+            if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+                close(fd);
+                fd = -1;
+                saved = EINVAL;
+            }
+        } else {
+            saved = errno;
+        }
+        if (fd >= 0) {
+            do {
+                n = write(fd, json, len + 1);
+            } while (n < 0 && errno == EINTR);
+            saved = errno;
+            close(fd);
+        }
+        if (n != (ssize_t)(len + 1) && !reported++)
+            slurm_error(MMG_PREFIX "log=%s: cannot append the decision record: %s "
+                        "(decision %s stands)", chk->cfg.log_path,
+                        n >= 0 ? "short write" : saved == EINVAL ? "not a regular file" : strerror(saved),
+                        mmg_decision_name(chk->decision));
+    }
+    free(json);
+}

@@ -63,6 +63,7 @@ function M.parse_size(s)
     if type(s) ~= "string" then return nil, "not a string" end
     local t = trim(s)
     local num, unit = t:match("^(%d+%.?%d*)%s*(%a*)$")
+    if num and num:sub(-1) == "." then num = nil end
     if not num then return nil, "invalid size '" .. s .. "'" end
     local mult = UNITS[unit:lower()]
     if not mult then return nil, "unknown unit '" .. unit .. "' in '" .. s .. "'" end
@@ -92,10 +93,10 @@ end
 -- "10%" -> {percent=10, bytes=0}; "4GiB" -> {percent=0, bytes=4GiB}
 function M.parse_margin(s)
     local t = trim(s or "")
-    local pct = t:match("^(%d+%.?%d*)%s*%%$")
+    local pct = t:match("^(%d+%.?%d*)%%$")
     if pct then
         local p = tonumber(pct)
-        if not p or p < 0 or p > 100 then return nil, "margin out of range '" .. s .. "'" end
+        if not p or p < 0 or p >= 100 then return nil, "margin '" .. s .. "' must be a percentage in [0, 100)" end
         return { percent = p, bytes = 0 }, nil
     end
     local b, err = M.parse_size(t)
@@ -103,9 +104,12 @@ function M.parse_margin(s)
     return { percent = 0, bytes = b }, nil
 end
 
--- usable = mem - mem*percent/100 - margin bytes - reserve, clamped at 0.
+-- usable = mem - ceil(mem*percent/100) - margin bytes - reserve, clamped at 0
+-- (mmg_config_usable / mm_usable_bytes).
 function M.usable_bytes(mem, conf)
-    local cut = math.floor(mem * conf.margin.percent / 100)
+    local cut = math.ceil(mem * conf.margin.percent / 100)
+    if cut >= mem then return 0 end
+    cut = math.tointeger(cut)
     local u = mem - cut - conf.margin.bytes - conf.reserve
     if u < 0 then u = 0 end
     return u
@@ -126,13 +130,25 @@ local function split(s, sep)
     return out
 end
 
+-- GPU type names as Slurm GRES types use them: [A-Za-z0-9_.-], 1..31 chars.
+local function valid_gpu_name(s)
+    return type(s) == "string" and #s >= 1 and #s <= 31 and s:match("^[%w_%.%-]+$") ~= nil
+end
+
+local BOOL = { yes = true, ["true"] = true, ["1"] = true, on = true,
+               no = false, ["false"] = false, ["0"] = false, off = false }
+
+-- "10%+2147483648" (margin percent, then margin bytes + reserve), as the plugin writes it.
+function M.margin_text(conf)
+    return string.format("%g%%+%d", conf.margin.percent, conf.margin.bytes + conf.reserve)
+end
+
 local function default_conf()
     local gpus = {}
     for k, v in pairs(M.BUILTIN_GPUS) do gpus[k] = v end
     return {
         action = "reject",
-        margin = { percent = 10, bytes = 0 },
-        margin_text = "10%",
+        margin = { percent = 0, bytes = 0 },
         reserve = 0,
         gpus = gpus,
         default_gpu = "h100",
@@ -167,25 +183,27 @@ function M.parse_conf(text, name)
                     else bad("action must be reject|warn|resize, got '" .. val .. "'") end
                 elseif key == "margin" then
                     local m, err = M.parse_margin(val)
-                    if m then conf.margin = m; conf.margin_text = val else bad(err) end
+                    if m then conf.margin = m else bad(err) end
                 elseif key == "reserve" then
                     local b, err = M.parse_size(val)
                     if b then conf.reserve = b else bad("reserve: " .. err) end
                 elseif key:match("^gpu%.") then
                     local t = key:sub(5):lower()
                     local b, err = M.parse_size(val)
-                    if t == "" or not t:match("^[%w_%-%.]+$") then bad("invalid GPU type in '" .. key .. "'")
+                    if not valid_gpu_name(t) then bad("invalid GPU type name in '" .. key .. "'")
                     elseif not b or b == 0 then bad(key .. ": " .. (err or "size must be > 0"))
                     else conf.gpus[t] = b end
                 elseif key == "default_gpu" then
-                    conf.default_gpu = val:lower()
-                elseif key == "log" then
-                    conf.log = val
-                elseif key == "ctld_log" then
-                    conf.ctld_log = (val ~= "") and val or nil
+                    if valid_gpu_name(val) then conf.default_gpu = val:lower()
+                    else bad("default_gpu: invalid GPU type '" .. val .. "'") end
+                elseif key == "log" or key == "ctld_log" then
+                    if val == "" or val == "none" then conf[key] = nil
+                    elseif val:sub(1, 1) ~= "/" then bad(key .. ": '" .. val .. "' is not an absolute path")
+                    elseif val:find("%c") then bad(key .. ": control character in path")
+                    else conf[key] = val end
                 elseif key == "syslog" then
-                    if val == "yes" then conf.syslog = true elseif val == "no" then conf.syslog = false
-                    else bad("syslog must be yes|no, got '" .. val .. "'") end
+                    if BOOL[val] ~= nil then conf.syslog = BOOL[val]
+                    else bad("syslog: invalid value '" .. val .. "' (yes|no)") end
                 elseif key == "on_error" then
                     if val == "reject" or val == "allow" then conf.on_error = val
                     else bad("on_error must be reject|allow, got '" .. val .. "'") end
@@ -194,14 +212,18 @@ function M.parse_conf(text, name)
                     if n and n >= 1 and n <= 1024 then conf.max_gpus_per_node = n
                     else bad("max_gpus_per_node must be an integer 1..1024, got '" .. val .. "'") end
                 elseif key == "resize_types" then
-                    local list = {}
-                    if trim(val) ~= "" then
+                    local list, okl = {}, true
+                    if val ~= "" then
                         for _, t in ipairs(split(val, ",")) do
-                            t = trim(t):lower()
-                            if t ~= "" then list[#list + 1] = t end
+                            if not valid_gpu_name(t) then
+                                bad("resize_types: invalid GPU type '" .. t .. "' in '" .. val .. "'")
+                                okl = false
+                                break
+                            end
+                            list[#list + 1] = t:lower()
                         end
                     end
-                    conf.resize_types = list
+                    if okl then conf.resize_types = list end
                 else
                     bad("unknown key '" .. key .. "'")
                 end
@@ -215,6 +237,9 @@ function M.parse_conf(text, name)
         if not conf.gpus[t] then
             errs[#errs + 1] = name .. ": resize_types: unknown GPU type '" .. t .. "'"
         end
+    end
+    if conf.gpus[conf.default_gpu] and M.usable_bytes(conf.gpus[conf.default_gpu], conf) == 0 then
+        errs[#errs + 1] = name .. ": margin/reserve leave no usable memory on " .. conf.default_gpu
     end
     return conf, errs
 end
@@ -425,12 +450,13 @@ end
 local function json_value(v)
     local t = type(v)
     if v == nil then return "null"
+    elseif t == "table" and v.raw then return v.raw
     elseif t == "boolean" then return v and "true" or "false"
     elseif t == "number" then
         if math.type(v) == "integer" then return string.format("%d", v) end
         if v ~= v or v == math.huge or v == -math.huge then return "null" end
-        if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return string.format("%d", math.tointeger(v)) end
-        return string.format("%.6g", v)
+        if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return string.format("%.1f", v) end
+        return string.format("%.17g", v)
     else return M.json_string(v) end
 end
 
@@ -549,7 +575,10 @@ function M.submit(job_desc, part_list, submit_uid)
         spec_sha256 = vars.MMGUARD_SPEC_SHA256,
         model = vars.MMGUARD_MODEL,
         source = "slurmctld",
-        margin = conf.margin_text,
+        margin = { raw = M.json_object({ { "percent", conf.margin.percent + 0.0 },
+            { "bytes", conf.margin.bytes }, { "reserve_bytes", conf.reserve },
+            { "text", M.margin_text(conf) } }) },
+        action = conf.action,
         requested_tres = nil,
         nodes = nodes,
         time_limit_minutes = time_limit_minutes(job_desc, part_list),
@@ -558,7 +587,7 @@ function M.submit(job_desc, part_list, submit_uid)
         rec.decision, rec.reason = decision, reason
         write_log(conf, {
             { "time", rec.time }, { "source", rec.source }, { "decision", rec.decision },
-            { "reason", rec.reason }, { "user", rec.user }, { "uid", rec.uid },
+            { "reason", rec.reason }, { "action", rec.action }, { "user", rec.user }, { "uid", rec.uid },
             { "job_name", rec.job_name }, { "spec", rec.spec }, { "spec_sha256", rec.spec_sha256 },
             { "model", rec.model }, { "gpu", rec.gpu }, { "gpu_mem_bytes", rec.gpu_mem },
             { "gpus", rec.gpus }, { "nodes", rec.nodes }, { "data_parallel", rec.gpus },
@@ -592,6 +621,9 @@ end
 -- The comparison and the action; errors raised here are turned into on_error.
 function M.decide(job_desc, vars, conf, nodes, rec, finish, fail, SUCCESS, ERROR)
 
+    if vars.MMGUARD_DECISION == "error" and not vars.MMGUARD_PEAK_MODEL then
+        return fail("the submit-time check failed: " .. tostring(vars.MMGUARD_ERROR or "no prediction published"))
+    end
     local model, merr = M.parse_peak_model(vars.MMGUARD_PEAK_MODEL)
     if not model then return fail(merr) end
 
@@ -641,9 +673,10 @@ function M.decide(job_desc, vars, conf, nodes, rec, finish, fail, SUCCESS, ERROR
             M.format_bytes(peak), M.format_bytes(usable), gtype, total), SUCCESS)
     end
 
-    local why = string.format("predicted peak %s/GPU at %d-way data parallel exceeds %s usable on %s (%s - margin %s - reserve %s)",
+    local why = string.format("predicted peak %s/GPU at %d-way data parallel exceeds %s usable on %s (%s, margin %g%%%s, reserve %s)",
         M.format_bytes(peak), total, M.format_bytes(usable), gtype, M.format_bytes(mem),
-        conf.margin_text, M.format_bytes(conf.reserve))
+        conf.margin.percent, conf.margin.bytes > 0 and (" + " .. M.format_bytes(conf.margin.bytes)) or "",
+        M.format_bytes(conf.reserve))
 
     if conf.action == "warn" then
         log_user("mmguard: WARNING: " .. why .. "; the job may run out of GPU memory")

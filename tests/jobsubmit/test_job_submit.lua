@@ -162,18 +162,18 @@ case("json escaping", function()
     eq(M.json_string("x\255y"), '"x\239\191\189y"', "invalid byte replaced")
     eq(M.json_string("\237\160\128"), '"\239\191\189\239\191\189\239\191\189"', "surrogate replaced")
     eq(M.json_object({ { "a", 1 }, { "b", nil }, { "c", 0.5 }, { "d", 2.0 }, { "e", true } }),
-        '{"a":1,"b":null,"c":0.5,"d":2,"e":true}')
+        '{"a":1,"b":null,"c":0.5,"d":2.0,"e":true}')
 end)
 
 case("conf parsing", function()
     local c, errs = M.parse_conf("# c\naction = resize\nmargin=5%\nreserve=1GiB\ngpu.b200=180GB\n" ..
-        "resize_types=h200, b200\nmax_gpus_per_node=4\non_error=allow\nsyslog=no\nlog=/x\n")
+        "resize_types=h200,b200\nmax_gpus_per_node=4\non_error=allow\nsyslog=no\nlog=/x\n")
     eq(#errs, 0, "errors: " .. table.concat(errs, ";"))
     eq(c.action, "resize"); eq(c.margin.percent, 5); eq(c.reserve, GiB); eq(c.gpus.b200, 180000000000)
     eq(c.resize_types[2], "b200"); eq(c.max_gpus_per_node, 4); eq(c.on_error, "allow")
     eq(c.gpus.h100, 81559 * MiB, "built-in")
-    local _, e2 = M.parse_conf("bogus=1\naction=maybe\nresize_types=nosuch\n")
-    eq(#e2, 3, "three errors")
+    local _, e2 = M.parse_conf("bogus=1\naction=maybe\nresize_types=nosuch\nmargin=100%\nlog=relative\nresize_types=h200,,a100\n")
+    eq(#e2, 6, "six errors: " .. table.concat(e2, ";"))
 end)
 
 -- decisions -----------------------------------------------------------------
@@ -336,7 +336,7 @@ end)
 case("log lines are JSON objects with the schema fields", function()
     for _, l in ipairs(log_lines()) do
         for _, k in ipairs({ '"time":"', '"source":"slurmctld"', '"decision":"', '"user":"alice"', '"uid":1000',
-            '"spec_sha256":"', '"model":"', '"peak_bytes":', '"usable_bytes":', '"margin":', '"reason":' }) do
+            '"spec_sha256":"', '"model":"', '"peak_bytes":', '"usable_bytes":', '"margin":{"percent":10.0,"bytes":0,"reserve_bytes":2147483648,"text":"10%+2147483648"}', '"reason":', '"action":"' }) do
             has(l, k, "log line")
         end
         has(l, '"spec":"/home/alice/llava \\"quoted\\".yaml"', "escaped spec path")

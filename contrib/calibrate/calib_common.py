@@ -1,0 +1,481 @@
+"""Pure-Python core of the mmguard calibration harness (no torch, no transformers).
+
+Why this module exists: everything that can be checked without a GPU lives here so the
+CPU test suite (tests/calibrate) covers it: the measurement grid, the mmguard spec that
+describes each grid point exactly, the JSON-lines record format, resuming, and the
+"dominated by an OOM" skipping rule.  calibrate.py (GPU worker), compare.py and fit.py
+all import it.
+"""
+
+import json
+import os
+import re
+import time
+
+RECORD_SCHEMA = "mmguard-calib/1"
+
+# Statuses that are final: a resumed run never measures such a config again.
+FINAL_STATUSES = ("ok", "oom", "skipped", "unavailable")
+
+# ---------------------------------------------------------------------------
+# Geometries (public model configs; see shared/memory-reference.md)
+# ---------------------------------------------------------------------------
+
+CLIP_VIT_L_336 = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "intermediate_size": 4096,
+    "image_size": 336,
+    "patch_size": 14,
+    "num_channels": 3,
+    "select_layer": -2,
+    "hidden_act": "quick_gelu",
+}
+
+LLMS = {
+    # Vicuna-7B v1.5 (LLaMA-2-7B geometry): 6,738,415,616 parameters
+    "vicuna-7b": {
+        "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
+    },
+    # Vicuna-13B v1.5
+    "vicuna-13b": {
+        "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40,
+        "num_key_value_heads": 40, "intermediate_size": 13824, "vocab_size": 32000,
+    },
+    # TinyLlama-1.1B geometry: grouped-query attention (4 KV heads)
+    "tinyllama-1.1b": {
+        "hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "intermediate_size": 5632, "vocab_size": 32000,
+    },
+}
+
+LORA_LLAVA = {
+    "r": 128, "alpha": 256, "dropout": 0.05,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+
+MODES = ("pretrain", "finetune", "lora", "full")
+ATTENTIONS = ("eager", "sdpa", "flash")
+
+
+def image_tokens(vit):
+    """Image tokens one image contributes to the LLM sequence (CLS dropped)."""
+    return (vit["image_size"] // vit["patch_size"]) ** 2
+
+
+# ---------------------------------------------------------------------------
+# Grid
+# ---------------------------------------------------------------------------
+
+class Group:
+    """Configs sharing one model instance (one worker process on the GPU).
+
+    Within a group only micro-batch, sequence length and checkpointing change, so
+    the model is built once; mode, attention, geometry and optimizer are fixed."""
+
+    def __init__(self, name, model, llm, mode, attention, points, llm_layers=None,
+                 optimizer_impl="foreach", lora=None, priority=0, note=""):
+        if model not in ("llava", "llama"):
+            raise ValueError("model must be llava or llama")
+        if mode not in MODES:
+            raise ValueError("bad mode %r" % mode)
+        if attention not in ATTENTIONS:
+            raise ValueError("bad attention %r" % attention)
+        if model == "llama" and mode in ("pretrain", "full"):
+            raise ValueError("text-only llama supports finetune and lora only")
+        if mode == "lora" and lora is None:
+            lora = dict(LORA_LLAVA)
+        self.name = name
+        self.model = model
+        self.llm = llm
+        self.llm_layers = llm_layers
+        self.mode = mode
+        self.attention = attention
+        self.optimizer_impl = optimizer_impl
+        self.lora = lora if mode == "lora" else None
+        self.points = list(points)  # (micro_batch, seq_len, checkpointing)
+        self.priority = priority
+        self.note = note
+
+    def llm_geometry(self):
+        g = dict(LLMS[self.llm])
+        if self.llm_layers is not None:
+            g["num_hidden_layers"] = self.llm_layers
+        return g
+
+    def configs(self):
+        out = []
+        for order, (mbs, seq, ckpt) in enumerate(self.points):
+            out.append(Config(self, mbs, seq, bool(ckpt), order))
+        return out
+
+    def to_dict(self):
+        return {
+            "name": self.name, "model": self.model, "llm": self.llm,
+            "llm_layers": self.llm_layers, "mode": self.mode, "attention": self.attention,
+            "optimizer_impl": self.optimizer_impl, "lora": self.lora,
+            "points": [list(p) for p in self.points], "priority": self.priority,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(d["name"], d["model"], d["llm"], d["mode"], d["attention"],
+                   [tuple(p) for p in d["points"]], llm_layers=d.get("llm_layers"),
+                   optimizer_impl=d.get("optimizer_impl", "foreach"), lora=d.get("lora"),
+                   priority=d.get("priority", 0), note=d.get("note", ""))
+
+
+class Config:
+    """One grid point: a group plus (micro_batch, seq_len, checkpointing)."""
+
+    def __init__(self, group, micro_batch, seq_len, checkpointing, order=0):
+        self.group = group
+        self.micro_batch = int(micro_batch)
+        self.seq_len = int(seq_len)
+        self.checkpointing = bool(checkpointing)
+        self.order = order
+        if self.micro_batch < 1 or self.seq_len < 1:
+            raise ValueError("micro_batch and seq_len must be >= 1")
+        if group.model == "llava" and self.seq_len <= image_tokens(CLIP_VIT_L_336):
+            raise ValueError("%s: seq_len %d leaves no text tokens next to %d image tokens"
+                             % (group.name, self.seq_len, image_tokens(CLIP_VIT_L_336)))
+
+    @property
+    def id(self):
+        return "%s-b%d-s%d-ck%d" % (self.group.name, self.micro_batch, self.seq_len,
+                                    1 if self.checkpointing else 0)
+
+    def harness_dict(self):
+        """What the harness does for this point (besides the spec)."""
+        d = self.group.to_dict()
+        del d["points"]
+        d.update({"group": self.group.name, "micro_batch": self.micro_batch,
+                  "seq_len": self.seq_len, "checkpointing": self.checkpointing,
+                  "precision": "bf16", "optimizer": "adamw", "steps": 2,
+                  "measured_step": 2})
+        return d
+
+    def dominates(self, other):
+        """True if `self` needs at least as much memory as `other` for sure:
+        same group and checkpointing, micro-batch and sequence not smaller."""
+        return (self.group.name == other.group.name
+                and self.checkpointing == other.checkpointing
+                and self.micro_batch >= other.micro_batch
+                and self.seq_len >= other.seq_len)
+
+    def tokens(self):
+        return self.micro_batch * self.seq_len
+
+
+def llm_param_count(g):
+    h, i, v, L = g["hidden_size"], g["intermediate_size"], g["vocab_size"], g["num_hidden_layers"]
+    heads = g["num_attention_heads"]
+    kv = g.get("num_key_value_heads", heads)
+    hd = g.get("head_dim", h // heads)
+    layer = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * i + 2 * h
+    return 2 * v * h + L * layer + h
+
+
+def estimate_seconds(cfg, tflops=350.0):
+    """Rough wall time of one config (two steps) on an H100; used for planning only."""
+    g = cfg.group.llm_geometry()
+    n = llm_param_count(g)
+    trainable_llm = cfg.group.mode in ("finetune", "full")
+    flops_per_tok = n * (6.0 if trainable_llm else 4.0)
+    if cfg.checkpointing:
+        flops_per_tok += 2.0 * n
+    t = 2 * cfg.tokens() * flops_per_tok / (tflops * 1e12)
+    if cfg.group.attention == "eager":
+        t *= 1.4
+    return 3.0 + t
+
+
+def estimate_build_seconds(group):
+    n = llm_param_count(group.llm_geometry())
+    return 15.0 + n / 1e9 * 3.0  # python/transformers import + random init on the GPU
+
+
+def default_grid():
+    """Ordered most informative first: LLaVA-1.5-7B geometry in the three stages
+    that fit one 80 GB GPU, then attention variants, other LLM sizes, text-only."""
+    T, F = True, False
+    groups = [
+        Group("llava7b-pretrain-sdpa", "llava", "vicuna-7b", "pretrain", "sdpa",
+              [(16, 2048, T), (4, 2048, T), (1, 1024, T), (8, 768, T),
+               (1, 2048, F), (4, 1024, F), (8, 768, F), (2, 2048, F), (16, 1024, F)],
+              priority=1, note="LLaVA-1.5-7B stage 1 (projector only)"),
+        Group("llava7b-lora-sdpa", "llava", "vicuna-7b", "lora", "sdpa",
+              [(16, 2048, T), (4, 2048, T), (1, 1024, T),
+               (1, 2048, F), (4, 1024, F), (2, 2048, F), (8, 2048, F)],
+              priority=2, note="LLaVA-1.5-7B LoRA r128 (finetune_lora.sh)"),
+        Group("llava7b-L8-finetune-sdpa", "llava", "vicuna-7b", "finetune", "sdpa",
+              [(16, 2048, T), (8, 1024, T), (1, 768, T),
+               (1, 2048, F), (4, 2048, F), (8, 1024, F), (16, 768, F), (16, 2048, F)],
+              llm_layers=8, priority=3, note="full fine-tune, 7B geometry cut to 8 layers"),
+        Group("llava7b-finetune-sdpa", "llava", "vicuna-7b", "finetune", "sdpa",
+              [(1, 2048, T), (2, 2048, T), (4, 2048, T), (1, 1024, F), (1, 2048, F)],
+              priority=4, note="full 7B fine-tune: ~54 GB of states, near the limit"),
+        Group("llama7b-L8-finetune-sdpa", "llama", "vicuna-7b", "finetune", "sdpa",
+              [(16, 2048, T), (4, 1024, T), (1, 2048, F), (4, 2048, F), (8, 512, F)],
+              llm_layers=8, priority=5, note="LlamaForCausalLM alone (text only)"),
+        Group("llava7b-pretrain-eager", "llava", "vicuna-7b", "pretrain", "eager",
+              [(4, 2048, T), (16, 1024, T), (1, 768, T), (1, 2048, F), (2, 1024, F)],
+              priority=6, note="eager attention: s^2 scores"),
+        Group("llava-tiny-finetune-sdpa", "llava", "tinyllama-1.1b", "finetune", "sdpa",
+              [(16, 2048, T), (4, 1024, T), (1, 2048, F), (4, 2048, F), (16, 768, F)],
+              priority=7, note="smaller LLM with GQA"),
+        Group("llava7b-pretrain-flash", "llava", "vicuna-7b", "pretrain", "flash",
+              [(16, 2048, T), (4, 2048, T), (1, 2048, F), (4, 1024, F)],
+              priority=8, note="FlashAttention-2 where installed"),
+        Group("llava-tiny-full-sdpa", "llava", "tinyllama-1.1b", "full", "sdpa",
+              [(8, 2048, T), (2, 1024, F), (16, 768, F)],
+              priority=9, note="vision tower trainable too"),
+        Group("llava13b-pretrain-sdpa", "llava", "vicuna-13b", "pretrain", "sdpa",
+              [(16, 2048, T), (4, 2048, T), (1, 2048, F)],
+              priority=10, note="LLaVA-1.5-13B stage 1"),
+        Group("llava7b-L8-finetune-eager", "llava", "vicuna-7b", "finetune", "eager",
+              [(4, 2048, T), (16, 768, T), (1, 2048, F), (4, 1024, F)],
+              llm_layers=8, priority=11),
+        Group("llama-tiny-lora-sdpa", "llama", "tinyllama-1.1b", "lora", "sdpa",
+              [(16, 2048, T), (4, 2048, F), (16, 1024, F)],
+              lora={"r": 64, "alpha": 16, "dropout": 0.0,
+                    "target_modules": ["q_proj", "v_proj"]},
+              priority=12, note="text-only LoRA, no dropout, 2 targets"),
+        Group("llava7b-L8-finetune-sdpa-fused", "llava", "vicuna-7b", "finetune", "sdpa",
+              [(8, 2048, T), (4, 1024, F)], llm_layers=8, optimizer_impl="fused",
+              priority=13, note="fused AdamW"),
+    ]
+    return groups
+
+
+def smoke_grid():
+    """Two tiny-LLM groups: checks the harness end to end in about a minute."""
+    return [
+        Group("llava-tiny-pretrain-sdpa", "llava", "tinyllama-1.1b", "pretrain", "sdpa",
+              [(2, 1024, T_) for T_ in (True, False)], priority=1),
+        Group("llama-tiny-lora-sdpa", "llama", "tinyllama-1.1b", "lora", "sdpa",
+              [(2, 512, True), (2, 512, False)],
+              lora={"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]},
+              priority=2),
+    ]
+
+
+GRIDS = {"default": default_grid, "smoke": smoke_grid}
+
+
+def all_configs(groups):
+    out = []
+    for g in sorted(groups, key=lambda g: g.priority):
+        out.extend(g.configs())
+    return out
+
+
+def select_groups(groups, pattern=None):
+    if not pattern:
+        return groups
+    rx = re.compile(pattern)
+    return [g for g in groups if rx.search(g.name)]
+
+
+# ---------------------------------------------------------------------------
+# mmguard spec (docs/spec-schema.md)
+# ---------------------------------------------------------------------------
+
+def spec_for(cfg, framework=None, attention_used=None):
+    """The mmguard spec (a dict, JSON-serialisable) that describes `cfg` exactly.
+
+    framework: {"transformers_version": "5.17", "torch_version": "2.11"} once known.
+    attention_used: {"language_model": impl, "vision_tower": impl} as the run used it
+    (spec names eager|sdpa|flash); a tower that differs from the training attention
+    gets a per-module override."""
+    g = cfg.group
+    att = g.attention
+    if attention_used and attention_used.get("language_model"):
+        att = attention_used["language_model"]
+    modules = []
+    if g.model == "llava":
+        vit = {"name": "vision_tower", "type": "vit"}
+        vit.update(CLIP_VIT_L_336)
+        vit["trainable"] = g.mode == "full"
+        v_att = (attention_used or {}).get("vision_tower")
+        if v_att and v_att != att:
+            vit["attention"] = v_att
+        modules.append(vit)
+        modules.append({
+            "name": "projector", "type": "mlp",
+            "input_size": CLIP_VIT_L_336["hidden_size"],
+            "hidden_size": g.llm_geometry()["hidden_size"],
+            "num_layers": 2, "activation": "gelu", "trainable": True,
+        })
+    llm = {"name": "language_model", "type": "llama"}
+    llm.update(g.llm_geometry())
+    llm["tie_word_embeddings"] = False
+    llm["trainable"] = g.mode in ("finetune", "full")
+    if g.mode == "lora":
+        llm["lora"] = {"r": g.lora["r"], "alpha": g.lora["alpha"],
+                       "dropout": g.lora["dropout"],
+                       "target_modules": list(g.lora["target_modules"])}
+    modules.append(llm)
+    spec = {
+        "name": cfg.id,
+        "modules": modules,
+        "training": {
+            "micro_batch_size": cfg.micro_batch,
+            "seq_len": cfg.seq_len,
+            "images_per_sample": 1 if g.model == "llava" else 0,
+            "precision": "bf16",
+            "master_weights": "none",
+            "optimizer": "adamw",
+            "optimizer_impl": g.optimizer_impl,
+            "zero_stage": 0,
+            "data_parallel": 1,
+            "gradient_accumulation_steps": 1,
+            "gradient_checkpointing": cfg.checkpointing,
+            "attention": att,
+        },
+    }
+    if framework:
+        spec["framework"] = {k: v for k, v in framework.items() if v}
+    return spec
+
+
+def major_minor(version):
+    """'5.17.0.dev0' -> '5.17', '2.11.0+cu130' -> '2.11'."""
+    if not version:
+        return None
+    m = re.match(r"(\d+)\.(\d+)", str(version))
+    return "%s.%s" % (m.group(1), m.group(2)) if m else None
+
+
+# ---------------------------------------------------------------------------
+# JSON lines
+# ---------------------------------------------------------------------------
+
+def now_iso():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def append_record(path, record):
+    """Append one record as one line, flushed and fsync'ed: a run killed at any
+    moment loses at most the line being written (read_records skips it)."""
+    rec = dict(record)
+    rec.setdefault("schema", RECORD_SCHEMA)
+    rec.setdefault("time", now_iso())
+    line = json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n"
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    # a previous run killed mid-line leaves no newline: start on a fresh line
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                line = "\n" + line
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+    return rec
+
+
+def read_records(path, warn=None):
+    """All parseable records of a JSON-lines file (missing file -> []).
+    Unparseable lines (a line cut by a kill) are skipped and reported to warn()."""
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                if warn:
+                    warn("%s:%d: skipping unparseable line" % (path, n))
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+def measurements(records):
+    return [r for r in records if r.get("kind") == "measurement"]
+
+
+def done_ids(records):
+    """Config ids with a final status (last record per id wins)."""
+    last = {}
+    for r in measurements(records):
+        last[r.get("id")] = r.get("status")
+    return {i for i, s in last.items() if s in FINAL_STATUSES}
+
+
+def oom_ids(records):
+    last = {}
+    for r in measurements(records):
+        last[r.get("id")] = r.get("status")
+    return {i for i, s in last.items() if s == "oom"}
+
+
+def plan(groups, records, only=None):
+    """What is left to do, in order.
+
+    Returns (todo_groups, dominated): todo_groups is a list of (group, [configs]) with
+    the configs not yet final; dominated is a list of (config, oom_config_id) for configs
+    that an already recorded OOM proves would OOM too (they are recorded as skipped, not
+    run)."""
+    groups = select_groups(groups, only)
+    done = done_ids(records)
+    ooms = oom_ids(records)
+    by_id = {c.id: c for g in groups for c in g.configs()}
+    oom_cfgs = [by_id[i] for i in ooms if i in by_id]
+    todo, dominated = [], []
+    for g in sorted(groups, key=lambda g: g.priority):
+        left = []
+        for c in g.configs():
+            if c.id in done:
+                continue
+            killer = next((o for o in oom_cfgs if c.dominates(o)), None)
+            if killer is not None:
+                dominated.append((c, killer.id))
+                continue
+            left.append(c)
+        if left:
+            todo.append((g, left))
+    return todo, dominated
+
+
+def skipped_record(cfg, reason, framework=None):
+    return {
+        "kind": "measurement", "id": cfg.id, "status": "skipped", "reason": reason,
+        "group": cfg.group.name, "config": cfg.harness_dict(),
+        "spec": spec_for(cfg, framework=framework),
+    }
+
+
+def format_plan(todo, dominated, budget_seconds=None):
+    lines = []
+    total = 0.0
+    lines.append("%-3s %-44s %-9s %4s %5s %4s %-6s %7s %8s" % (
+        "#", "config id", "mode", "mbs", "seq", "ckpt", "attn", "est_s", "cum_s"))
+    n = 0
+    for g, cfgs in todo:
+        total += estimate_build_seconds(g)
+        for c in cfgs:
+            n += 1
+            total += estimate_seconds(c)
+            mark = ""
+            if budget_seconds is not None and total > budget_seconds:
+                mark = "  (past budget: next run)"
+            lines.append("%-3d %-44s %-9s %4d %5d %4s %-6s %7.0f %8.0f%s" % (
+                n, c.id, g.mode, c.micro_batch, c.seq_len, "on" if c.checkpointing else "off",
+                g.attention, estimate_seconds(c), total, mark))
+    for c, killer in dominated:
+        lines.append("    skip %s (dominates OOM %s)" % (c.id, killer))
+    lines.append("%d configs in %d groups to run, estimated %.0f s (%.1f min) of GPU time"
+                 % (n, len(todo), total, total / 60.0))
+    return "\n".join(lines)

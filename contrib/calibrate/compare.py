@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Compare measured calibration data with `mmguard predict --json` on the same specs.
+
+    python3 contrib/calibrate/compare.py [--mmguard build/mmguard] [--device-json fit.json]
+                                         [--json-out summary.json] [--check-goals] DATA.jsonl...
+
+For every measured config (status ok) the recorded spec is written to a temporary JSON
+file (plus the `device:` block from --device-json, e.g. fit.py's output) and predicted:
+
+  allocated error = (allocated_peak_bytes - max_memory_allocated) / max_memory_allocated
+  device error    = (peak_bytes - device peak) / device peak
+
+where the device peak is what nvidia-smi/NVML showed at the peak of the measured step,
+minus what the GPU showed before the worker touched CUDA.  Prints one row per config,
+MAPE overall and per mode, the goals (allocated <= 3 %, device-level <= 5 %), and for OOM
+points whether the prediction would have refused the job.  --check-goals exits 1 when a
+goal is missed.  Needs no torch.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import calib_common as cc  # noqa: E402
+
+GOAL_ALLOCATED = 3.0
+GOAL_DEVICE = 5.0
+GIB = float(1 << 30)
+
+
+def load_device(path):
+    if not path:
+        return None
+    with open(path) as f:
+        d = json.load(f)
+    return d.get("device", d)
+
+
+def predict(mmguard, spec, device=None, timeout=60):
+    """Run `mmguard predict SPEC --json`; returns (dict, None) or (None, error text)."""
+    spec = json.loads(json.dumps(spec))
+    if device:
+        spec["device"] = dict(device)
+    fd, path = tempfile.mkstemp(prefix="mmcal-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(spec, f)
+        try:
+            out = subprocess.run([mmguard, "predict", path, "--json"], capture_output=True,
+                                 text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, "cannot run %s: %s" % (mmguard, e)
+        if out.returncode != 0:
+            return None, (out.stderr or out.stdout).strip()[:500]
+        try:
+            return json.loads(out.stdout), None
+        except ValueError as e:
+            return None, "bad JSON from mmguard: %s" % e
+    finally:
+        os.unlink(path)
+
+
+def latest(records):
+    """Last measurement record per config id (a resumed file may repeat ids)."""
+    last = {}
+    for r in cc.measurements(records):
+        last[r.get("id")] = r
+    return list(last.values())
+
+
+def pct(pred, meas):
+    if pred is None or not meas:
+        return None
+    return 100.0 * (float(pred) - float(meas)) / float(meas)
+
+
+def mape(errs):
+    errs = [abs(e) for e in errs if e is not None]
+    return sum(errs) / len(errs) if errs else None
+
+
+def compare(records, mmguard, device=None):
+    """Returns a summary dict: rows (per config), errors, mape, goals, oom checks."""
+    rows, oom_rows, errors = [], [], []
+    for r in latest(records):
+        st = r.get("status")
+        if st not in ("ok", "oom") or not r.get("spec"):
+            continue
+        pred, err = predict(mmguard, r["spec"], device)
+        if pred is None:
+            errors.append({"id": r.get("id"), "error": err})
+            continue
+        mode = (r.get("config") or {}).get("mode")
+        if st == "ok":
+            m = r.get("measured") or {}
+            row = {
+                "id": r["id"], "mode": mode,
+                "measured_allocated": m.get("max_memory_allocated"),
+                "predicted_allocated": pred.get("allocated_peak_bytes"),
+                "measured_device": m.get("device_peak_bytes"),
+                "predicted_device": pred.get("peak_bytes"),
+                "measured_phase": m.get("peak_phase"),
+                "predicted_phase": pred.get("peak_phase"),
+            }
+            row["allocated_error_pct"] = pct(row["predicted_allocated"], row["measured_allocated"])
+            row["device_error_pct"] = pct(row["predicted_device"], row["measured_device"])
+            mp = m.get("phase_peak_allocated") or {}
+            pp = pred.get("phase_peak_bytes") or {}
+            row["phase_error_pct"] = {k: pct(pp.get(k), mp.get(k)) for k in mp if k in pp}
+            rows.append(row)
+        else:
+            total = (r.get("env") or {}).get("gpu_total_bytes") or \
+                (r.get("env") or {}).get("nvml_total_bytes")
+            p = pred.get("peak_bytes")
+            oom_rows.append({"id": r["id"], "mode": mode, "gpu_total_bytes": total,
+                             "predicted_device": p,
+                             "predicted_refuses": (p is not None and total is not None
+                                                   and p > total)})
+    a = mape([x["allocated_error_pct"] for x in rows])
+    d = mape([x["device_error_pct"] for x in rows])
+    by_mode = {}
+    for x in rows:
+        bm = by_mode.setdefault(x["mode"], {"n": 0, "alloc": [], "dev": []})
+        bm["n"] += 1
+        bm["alloc"].append(x["allocated_error_pct"])
+        bm["dev"].append(x["device_error_pct"])
+    by_mode = {k: {"n": v["n"], "allocated_mape_pct": mape(v["alloc"]),
+                   "device_mape_pct": mape(v["dev"])} for k, v in by_mode.items()}
+    # admission check on measured points: a job that ran must not be refused
+    fits_refused = []
+    for x in rows:
+        r = next((q for q in records if q.get("id") == x["id"] and q.get("env")), {})
+        total = (r.get("env") or {}).get("gpu_total_bytes")
+        if total and x["predicted_device"] and x["predicted_device"] > total:
+            fits_refused.append(x["id"])
+    return {
+        "rows": rows, "oom_rows": oom_rows, "errors": errors,
+        "n_measured": len(rows), "n_oom": len(oom_rows),
+        "allocated_mape_pct": a, "device_mape_pct": d, "by_mode": by_mode,
+        "goal_allocated_pct": GOAL_ALLOCATED, "goal_device_pct": GOAL_DEVICE,
+        "allocated_goal_met": a is not None and a <= GOAL_ALLOCATED,
+        "device_goal_met": d is not None and d <= GOAL_DEVICE,
+        "oom_not_refused": [x["id"] for x in oom_rows if x["predicted_refuses"] is False],
+        "ran_but_refused": fits_refused,
+        "device_block": device,
+    }
+
+
+def fmt_pct(v):
+    return "%+7.2f%%" % v if v is not None else "      -"
+
+
+def fmt_gib(v):
+    return "%7.2f" % (v / GIB) if v is not None else "      -"
+
+
+def report(s, out=sys.stdout):
+    w = out.write
+    w("%-44s %-8s %8s %8s %8s %8s %8s %8s %-9s %-9s\n" % (
+        "config", "mode", "meas_al", "pred_al", "err_al", "meas_dev", "pred_dev", "err_dev",
+        "ph_meas", "ph_pred"))
+    for x in s["rows"]:
+        w("%-44s %-8s %8s %8s %8s %8s %8s %8s %-9s %-9s\n" % (
+            x["id"][:44], x["mode"], fmt_gib(x["measured_allocated"]),
+            fmt_gib(x["predicted_allocated"]), fmt_pct(x["allocated_error_pct"]),
+            fmt_gib(x["measured_device"]), fmt_gib(x["predicted_device"]),
+            fmt_pct(x["device_error_pct"]), x["measured_phase"] or "-",
+            x["predicted_phase"] or "-"))
+    w("(GiB; err = (predicted - measured) / measured)\n")
+    for x in s["oom_rows"]:
+        w("OOM %-40s predicted %s GiB of %s GiB: %s\n" % (
+            x["id"], fmt_gib(x["predicted_device"]).strip(),
+            fmt_gib(x["gpu_total_bytes"]).strip(),
+            "refused (correct)" if x["predicted_refuses"] else "ADMITTED (would OOM)"))
+    for e in s["errors"]:
+        w("PREDICT-ERROR %s: %s\n" % (e["id"], e["error"]))
+    for mode, v in sorted(s["by_mode"].items()):
+        w("mode %-9s n=%-3d allocated MAPE %s  device MAPE %s\n" % (
+            mode, v["n"], fmt_pct(v["allocated_mape_pct"]), fmt_pct(v["device_mape_pct"])))
+    w("MAPE allocated_peak_bytes vs max_memory_allocated: %s (goal <= %.0f%%: %s)\n" % (
+        fmt_pct(s["allocated_mape_pct"]).strip(), s["goal_allocated_pct"],
+        "met" if s["allocated_goal_met"] else "NOT met"))
+    w("MAPE peak_bytes vs device-level (nvidia-smi) peak: %s (goal <= %.0f%%: %s)\n" % (
+        fmt_pct(s["device_mape_pct"]).strip(), s["goal_device_pct"],
+        "met" if s["device_goal_met"] else "NOT met"))
+    w("measured %d, OOM %d (admitted although OOM: %d), ran but refused: %d, predict errors %d\n"
+      % (s["n_measured"], s["n_oom"], len(s["oom_not_refused"]), len(s["ran_but_refused"]),
+         len(s["errors"])))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="compare calibration data with mmguard predict")
+    ap.add_argument("data", nargs="+", help="JSON-lines files from calibrate.py")
+    ap.add_argument("--mmguard", default=os.environ.get("MMGUARD", "build/mmguard"))
+    ap.add_argument("--device-json", help="device constants (fit.py --json-out) to apply")
+    ap.add_argument("--json-out", help="write the summary as JSON here")
+    ap.add_argument("--check-goals", action="store_true", help="exit 1 if a goal is missed")
+    args = ap.parse_args(argv)
+    if not (os.path.exists(args.mmguard) and os.access(args.mmguard, os.X_OK)):
+        sys.stderr.write("compare: no executable predictor at %s (build it: make)\n" % args.mmguard)
+        return 2
+    records = []
+    for p in args.data:
+        records.extend(cc.read_records(p, warn=lambda m: sys.stderr.write(m + "\n")))
+    s = compare(records, args.mmguard, load_device(args.device_json))
+    report(s)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(s, f, indent=2, sort_keys=True)
+            f.write("\n")
+    if not s["rows"]:
+        sys.stderr.write("compare: no measured (status ok) configs in the data\n")
+        return 1 if args.check_goals else 0
+    if args.check_goals and not (s["allocated_goal_met"] and s["device_goal_met"]):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,6 +10,7 @@ Exit status 0 when every case passes; prints "N passed, N failed".
 
 local script = arg[1] or "contrib/job_submit.lua"
 local logout = arg[2] or os.tmpname()
+if logout:sub(1, 1) ~= "/" then logout = (os.getenv("PWD") or ".") .. "/" .. logout end  -- ctld_log must be absolute
 
 local user_msgs, errors, infos = {}, {}, {}
 slurm = {
@@ -344,6 +345,6 @@ case("log lines are JSON objects with the schema fields", function()
 end)
 
 print(string.format("%d passed, %d failed", passed, failed))
-if logout ~= arg[2] then os.remove(logout) end
+if not arg[2] then os.remove(logout) end
 os.remove(conf_file)
 os.exit(failed == 0 and 0 or 1)

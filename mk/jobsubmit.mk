@@ -1,0 +1,39 @@
+# mk/jobsubmit.mk - contrib/job_submit.lua (admission check and resize at
+# slurmctld) and its tests.  Included by the top Makefile.
+#
+#   make check-jobsubmit        Lua unit tests (no Slurm) + Lua-vs-C arithmetic
+#                               + the real-Slurm test (root, tests/slurm/cluster.sh)
+#   make check-jobsubmit-lua    only the tests that need no Slurm and no root
+#   make install-jobsubmit      job_submit.lua as an example under share/mmguard
+
+LUA             ?= lua5.3
+JOBSUBMIT_LUA   := contrib/job_submit.lua
+SLURM_PLUGIN_SO ?= $(BUILD)/spank_mmguard.so
+
+CHECK_TARGETS   += check-jobsubmit
+INSTALL_TARGETS += install-jobsubmit
+
+.PHONY: check-jobsubmit check-jobsubmit-lua check-jobsubmit-peak check-jobsubmit-slurm install-jobsubmit
+
+check-jobsubmit: check-jobsubmit-lua check-jobsubmit-peak check-jobsubmit-slurm
+
+# Unit tests with a mock `slurm` table; every decision-log line they produce is
+# then parsed by python3's json module (one object per line).
+check-jobsubmit-lua: $(JOBSUBMIT_LUA) tests/jobsubmit/test_job_submit.lua
+	@mkdir -p $(BUILD)
+	rm -f $(BUILD)/jobsubmit-unit.jsonl
+	$(LUA) tests/jobsubmit/test_job_submit.lua $(JOBSUBMIT_LUA) $(BUILD)/jobsubmit-unit.jsonl
+	python3 tests/jobsubmit/json_lines.py $(BUILD)/jobsubmit-unit.jsonl
+
+# The Lua peak(N) arithmetic against `mmguard predict --set training.data_parallel=N`.
+check-jobsubmit-peak: $(BUILD)/mmguard $(JOBSUBMIT_LUA)
+	MMGUARD=$(BUILD)/mmguard LUA=$(LUA) sh tests/jobsubmit/test_peak_vs_cli.sh
+
+# Real single-node Slurm with JobSubmitPlugins=lua and the SPANK plugin; needs root.
+check-jobsubmit-slurm: $(BUILD)/mmguard $(SLURM_PLUGIN_SO) $(JOBSUBMIT_LUA)
+	PLUGIN=$(abspath $(SLURM_PLUGIN_SO)) MMGUARD=$(abspath $(BUILD)/mmguard) \
+	  JOB_SUBMIT_LUA=$(abspath $(JOBSUBMIT_LUA)) sh tests/slurm/test_jobsubmit.sh
+
+install-jobsubmit:
+	install -d $(DESTDIR)$(PREFIX)/share/mmguard/examples
+	install -m 0644 $(JOBSUBMIT_LUA) $(DESTDIR)$(PREFIX)/share/mmguard/examples/job_submit.lua

@@ -40,6 +40,9 @@ import calib_common as cc  # noqa: E402
 GIB = 1 << 30
 MIB = 1 << 20
 
+# where models and batches live; the CPU smoke test (tests/calibrate) sets "cpu"
+DEVICE = "cuda"
+
 
 def log(msg):
     sys.stderr.write("[calibrate] %s\n" % msg)
@@ -295,7 +298,7 @@ def build_model(group, seq_len_max):
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # what _from_config(dtype=bf16) does itself
     try:
-        with torch.device("cuda"):
+        with torch.device(DEVICE):
             model, err = None, None
             for kw in dtype_kws:
                 try:
@@ -497,7 +500,7 @@ def make_batch(group, cfg, legacy):
     g = group.llm_geometry()
     V = g["vocab_size"]
     b, s = cfg.micro_batch, cfg.seq_len
-    dev = "cuda"
+    dev = DEVICE
     if group.model == "llama":
         ids = torch.randint(0, V - 1, (b, s), device=dev)
         return {"input_ids": ids, "labels": ids.clone(),

@@ -160,8 +160,8 @@ def fmt_gib(v):
     return "%7.2f" % (v / GIB) if v is not None else "      -"
 
 
-def report(s, out=sys.stdout):
-    w = out.write
+def report(s, out=None):
+    w = (out or sys.stdout).write
     w("%-44s %-8s %8s %8s %8s %8s %8s %8s %-9s %-9s\n" % (
         "config", "mode", "meas_al", "pred_al", "err_al", "meas_dev", "pred_dev", "err_dev",
         "ph_meas", "ph_pred"))

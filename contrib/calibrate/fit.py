@@ -181,8 +181,6 @@ def fit_allocator(ms):
         chosen = "least_squares"
     f, c = models[chosen]
     ev["chosen"] = chosen
-    # the conservative variant: shift the fixed term so no point is under-estimated
-    ev["envelope_allocator_fixed"] = c + ev["models"][chosen]["worst_underestimate_bytes"]
     return f, c, ev
 
 
@@ -191,12 +189,18 @@ def fit(records, gpu=None, allow_simulated=False, conservative=False):
     prs = probes(records, gpu, allow_simulated)
     gpus = sorted({str((r.get("env") or {}).get("gpu_name")) for r in ms})
     f, c, aev = fit_allocator(ms)
+    f = round(f, 5)
+    # the conservative variant: the fixed term that leaves no measured point under-estimated
+    # with the rounded fraction
+    env = max(float(r["measured"]["max_memory_reserved"])
+              - float(r["measured"]["max_memory_allocated"]) * (1.0 + f) for r in ms)
+    aev["envelope_allocator_fixed"] = max(c, env)
     if conservative:
         c = aev["envelope_allocator_fixed"]
     ctx, cev = fit_context(ms, prs)
     # allocator_fixed rounded up to the allocator's 512-byte granularity
     device = {"cuda_context": ctx, "allocator_fixed": int(-(-round(c, 3) // 512) * 512),
-              "allocator_fraction": round(f, 5)}
+              "allocator_fraction": f}
     # what the device-level model reaches with perfect allocated predictions
     check = []
     for r in ms:
@@ -216,8 +220,8 @@ def fit(records, gpu=None, allow_simulated=False, conservative=False):
     return device, evidence
 
 
-def report(device, ev, out=sys.stdout):
-    w = out.write
+def report(device, ev, out=None):
+    w = (out or sys.stdout).write
     w("fit: %d measured configs, %d probes, GPU %s\n" % (
         ev["n_measured"], ev["n_probes"], ", ".join(ev["gpus"])))
     if ev.get("warning"):

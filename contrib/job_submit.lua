@@ -27,7 +27,9 @@ local KiB = 1024
 local MiB = KiB * 1024
 local GiB = MiB * 1024
 local TiB = GiB * 1024
-local MAXINT = math.maxinteger
+-- Lua 5.1 (what Debian's slurm-wlm 22.05 links) has only doubles: byte counts
+-- are exact integers up to 2^53 (8 PiB), which every input is checked against.
+local MAXEXACT = 2 ^ 53
 local NO_VAL = 4294967294   -- 0xfffffffe, Slurm's "not set" for uint32 fields
 local INFINITE = 4294967295
 
@@ -49,16 +51,39 @@ local function trim(s)
     return (s:gsub("^%s+", ""):gsub("%s+$", ""))
 end
 
+local function is_int(x)
+    return type(x) == "number" and x == math.floor(x) and x >= -MAXEXACT and x <= MAXEXACT
+end
+
+-- Integer as decimal text (no exponent, whatever the Lua version).
+local function istr(x)
+    return string.format("%.0f", x)
+end
+M.istr = istr
+
+-- ceil(a / n) for integers 0 <= a <= 2^53, n >= 1, exactly.
+local function ceil_div(a, n)
+    local q = math.floor(a / n)
+    local r = a - q * n
+    while r < 0 do q = q - 1; r = r + n end
+    while r >= n do q = q + 1; r = r - n end
+    if r > 0 then q = q + 1 end
+    return q
+end
+M.ceil_div = ceil_div
+
 -- Non-negative integer from a decimal digit string, nil on overflow/garbage.
 local function parse_uint(s)
-    if type(s) ~= "string" or not s:match("^%d+$") or #s > 19 then return nil end
-    local v = math.tointeger(tonumber(s))
-    if v == nil or v < 0 then return nil end
+    if type(s) ~= "string" or not s:match("^%d+$") or #s > 16 then return nil end
+    local v = tonumber(s)
+    if v == nil or v < 0 or v >= MAXEXACT then return nil end
     return v
 end
 M.parse_uint = parse_uint
 
 -- "80GiB", "81559MiB", "1.5TiB", "512 MB", "123" -> bytes (integer) or nil, err.
+-- Like mm_parse_size: the fraction's bytes are truncated (fraction digits
+-- beyond the 6th are ignored here).
 function M.parse_size(s)
     if type(s) ~= "string" then return nil, "not a string" end
     local t = trim(s)
@@ -67,27 +92,22 @@ function M.parse_size(s)
     if not num then return nil, "invalid size '" .. s .. "'" end
     local mult = UNITS[unit:lower()]
     if not mult then return nil, "unknown unit '" .. unit .. "' in '" .. s .. "'" end
-    if num:find("%.") then
-        local whole, frac = num:match("^(%d+)%.(%d*)$")
-        -- exact decimal arithmetic: value = (whole * 10^k + frac) * mult / 10^k
-        frac = frac:sub(1, 9)
-        local scale = math.tointeger(10 ^ #frac)
-        local w, f = parse_uint(whole), (#frac > 0) and parse_uint(frac) or 0
-        if not w or not f then return nil, "invalid size '" .. s .. "'" end
-        if w > (MAXINT - f) // scale then return nil, "size too large '" .. s .. "'" end
-        local fixed = w * scale + f
-        if fixed ~= 0 and mult > MAXINT // fixed then
-            -- too large for exact arithmetic: fall back to floating point
-            local v = tonumber(num) * mult
-            if v >= 2 ^ 63 then return nil, "size too large '" .. s .. "'" end
-            return math.floor(v), nil
-        end
-        return (fixed * mult) // scale, nil
+    local whole, frac = num:match("^(%d+)%.?(%d*)$")
+    local w = parse_uint(whole)
+    if not w then return nil, "size too large '" .. s .. "'" end
+    if w > MAXEXACT / mult then return nil, "size too large '" .. s .. "'" end
+    local v = w * mult
+    frac = frac:sub(1, 6)
+    if #frac > 0 then
+        local scale = 10 ^ #frac
+        local f = tonumber(frac)
+        -- floor(f * mult / scale) exactly: mult = qm*scale + rm
+        local qm = math.floor(mult / scale)
+        local rm = mult - qm * scale
+        v = v + qm * f + math.floor(rm * f / scale)
     end
-    local v = parse_uint(num)
-    if not v then return nil, "invalid size '" .. s .. "'" end
-    if v ~= 0 and mult > MAXINT // v then return nil, "size too large '" .. s .. "'" end
-    return v * mult, nil
+    if v >= MAXEXACT then return nil, "size too large '" .. s .. "'" end
+    return v, nil
 end
 
 -- "10%" -> {percent=10, bytes=0}; "4GiB" -> {percent=0, bytes=4GiB}
@@ -109,7 +129,6 @@ end
 function M.usable_bytes(mem, conf)
     local cut = math.ceil(mem * conf.margin.percent / 100)
     if cut >= mem then return 0 end
-    cut = math.tointeger(cut)
     local u = mem - cut - conf.margin.bytes - conf.reserve
     if u < 0 then u = 0 end
     return u
@@ -117,7 +136,7 @@ end
 
 -- "71.3 GiB", "512.0 MiB", "12 B" (same as mm_format_bytes)
 function M.format_bytes(b)
-    if b < 1024 then return string.format("%d B", b) end
+    if b < 1024 then return istr(b) .. " B" end
     local units = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" }
     local v, i = b / 1024, 1
     while v >= 1024 and i < #units do v = v / 1024; i = i + 1 end
@@ -140,7 +159,7 @@ local BOOL = { yes = true, ["true"] = true, ["1"] = true, on = true,
 
 -- "10%+2147483648" (margin percent, then margin bytes + reserve), as the plugin writes it.
 function M.margin_text(conf)
-    return string.format("%g%%+%d", conf.margin.percent, conf.margin.bytes + conf.reserve)
+    return string.format("%g%%+%s", conf.margin.percent, istr(conf.margin.bytes + conf.reserve))
 end
 
 local function default_conf()
@@ -255,7 +274,7 @@ function M.load_conf(path)
     if not f then
         return default_conf(), { "cannot read " .. path .. ": " .. tostring(err) }
     end
-    local text = f:read("a") or ""
+    local text = f:read("*a") or ""
     f:close()
     return M.parse_conf(text, path)
 end
@@ -304,8 +323,9 @@ function M.parse_peak_model(s)
 end
 
 local function add(a, b)
-    if a > MAXINT - b then error("byte count overflow", 0) end
-    return a + b
+    local r = a + b
+    if r >= MAXEXACT then error("byte count over 2^53", 0) end
+    return r
 end
 
 -- allocated(N) = max_k (F_k + ceil(S_k / N))
@@ -315,18 +335,17 @@ end
 function M.alloc_for_dp(m, n)
     local best = 0
     for _, t in ipairs(m.terms) do
-        local a = add(t[1], (t[2] + n - 1) // n)
+        local a = add(t[1], ceil_div(t[2], n))
         if a > best then best = a end
     end
     return best
 end
 
 function M.peak_for_dp(m, n)
-    assert(math.type(n) == "integer" and n >= 1, "N must be an integer >= 1")
+    assert(is_int(n) and n >= 1, "N must be an integer >= 1")
     local alloc = M.alloc_for_dp(m, n)
     local slack = math.ceil(alloc * m.afrac)
-    if slack >= 2 ^ 63 then error("byte count overflow", 0) end
-    local peak = add(alloc, math.tointeger(slack))
+    local peak = add(alloc, slack)
     peak = add(peak, m.afix)
     peak = add(peak, m.ctx)
     if n > 1 then peak = add(peak, m.nccl) end
@@ -375,9 +394,9 @@ function M.format_tres(list)
     for _, e in ipairs(list) do
         if e.gpu then
             if e.type then
-                parts[#parts + 1] = string.format("%sgpu:%s:%d", e.prefix, e.type, e.count)
+                parts[#parts + 1] = string.format("%sgpu:%s:%s", e.prefix, e.type, istr(e.count))
             else
-                parts[#parts + 1] = string.format("%sgpu:%d", e.prefix, e.count)
+                parts[#parts + 1] = string.format("%sgpu:%s", e.prefix, istr(e.count))
             end
         else
             parts[#parts + 1] = e.text
@@ -395,8 +414,8 @@ local function gpu_entry(list)
 end
 
 local function short_gpu(type_, count)
-    if type_ then return string.format("gpu:%s:%d", type_, count) end
-    return string.format("gpu:%d", count)
+    if type_ then return string.format("gpu:%s:%s", type_, istr(count)) end
+    return "gpu:" .. istr(count)
 end
 
 ------------------------------------------------------------------------------
@@ -453,11 +472,18 @@ local function json_value(v)
     elseif t == "table" and v.raw then return v.raw
     elseif t == "boolean" then return v and "true" or "false"
     elseif t == "number" then
-        if math.type(v) == "integer" then return string.format("%d", v) end
         if v ~= v or v == math.huge or v == -math.huge then return "null" end
-        if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return string.format("%.1f", v) end
+        if is_int(v) then return istr(v) end
         return string.format("%.17g", v)
     else return M.json_string(v) end
+end
+
+-- A double as json-c writes one: always with a fraction or exponent ("5.0").
+function M.json_double(v)
+    local t = string.format("%.17g", v)
+    if tonumber(string.format("%.15g", v)) == v then t = string.format("%.15g", v) end
+    if not t:find("[%.eEn]") then t = t .. ".0" end
+    return t
 end
 
 -- fields: list of {key, value} so that the output order is stable.
@@ -490,7 +516,7 @@ M.spank_env = spank_env
 -- Time limit in minutes: the job's, else the partition's default/max; nil if unknown.
 local function time_limit_minutes(job_desc, part_list)
     local tl = job_desc.time_limit
-    if tl and tl ~= NO_VAL and tl ~= INFINITE and tl > 0 then return math.tointeger(tl) or tl end
+    if tl and tl ~= NO_VAL and tl ~= INFINITE and tl > 0 then return tl end
     if type(part_list) ~= "table" then return nil end
     local part
     local pname = job_desc.partition
@@ -504,7 +530,7 @@ local function time_limit_minutes(job_desc, part_list)
     if not part then return nil end
     for _, k in ipairs({ "default_time", "max_time" }) do
         local v = part[k]
-        if v and v ~= NO_VAL and v ~= INFINITE and v > 0 then return math.tointeger(v) or v end
+        if v and v ~= NO_VAL and v ~= INFINITE and v > 0 then return v end
     end
     return nil
 end
@@ -564,18 +590,18 @@ function M.submit(job_desc, part_list, submit_uid)
     local conf, conf_errs = M.load_conf(M.conf_path())
     local nodes = job_desc.min_nodes
     if not nodes or nodes == NO_VAL or nodes == INFINITE or nodes < 1 then nodes = 1 end
-    nodes = math.tointeger(nodes) or 1
+    if not is_int(nodes) then nodes = 1 end
 
     local rec = {
         time = os.date("!%Y-%m-%dT%H:%M:%SZ"),
         user = job_desc.user_name,
-        uid = job_desc.user_id and math.tointeger(job_desc.user_id) or job_desc.user_id,
+        uid = job_desc.user_id,
         job_name = job_desc.name,
         spec = vars.MMGUARD_SPEC,
         spec_sha256 = vars.MMGUARD_SPEC_SHA256,
         model = vars.MMGUARD_MODEL,
         source = "slurmctld",
-        margin = { raw = M.json_object({ { "percent", conf.margin.percent + 0.0 },
+        margin = { raw = M.json_object({ { "percent", { raw = M.json_double(conf.margin.percent) } },
             { "bytes", conf.margin.bytes }, { "reserve_bytes", conf.reserve },
             { "text", M.margin_text(conf) } }) },
         action = conf.action,
@@ -651,7 +677,7 @@ function M.decide(job_desc, vars, conf, nodes, rec, finish, fail, SUCCESS, ERROR
     elseif g_job then
         per_job, entry = true, g_job
         total = g_job.count
-        per_node_count = (total + nodes - 1) // nodes
+        per_node_count = ceil_div(total, nodes)
         rec.requested_tres = tpj_s
     else
         return fail("the job has --mm-model but requests no GPU (--gres=gpu:N or --gpus)")
@@ -669,12 +695,12 @@ function M.decide(job_desc, vars, conf, nodes, rec, finish, fail, SUCCESS, ERROR
 
     local req_text = short_gpu(entry.type, per_job and total or per_node_count)
     if peak <= usable then
-        return finish("accept", string.format("predicted %s/GPU fits %s usable on %s (N=%d)",
-            M.format_bytes(peak), M.format_bytes(usable), gtype, total), SUCCESS)
+        return finish("accept", string.format("predicted %s/GPU fits %s usable on %s (N=%s)",
+            M.format_bytes(peak), M.format_bytes(usable), gtype, istr(total)), SUCCESS)
     end
 
-    local why = string.format("predicted peak %s/GPU at %d-way data parallel exceeds %s usable on %s (%s, margin %g%%%s, reserve %s)",
-        M.format_bytes(peak), total, M.format_bytes(usable), gtype, M.format_bytes(mem),
+    local why = string.format("predicted peak %s/GPU at %s-way data parallel exceeds %s usable on %s (%s, margin %g%%%s, reserve %s)",
+        M.format_bytes(peak), istr(total), M.format_bytes(usable), gtype, M.format_bytes(mem),
         conf.margin.percent, conf.margin.bytes > 0 and (" + " .. M.format_bytes(conf.margin.bytes)) or "",
         M.format_bytes(conf.reserve))
 
@@ -712,7 +738,7 @@ function M.decide(job_desc, vars, conf, nodes, rec, finish, fail, SUCCESS, ERROR
         end
     end
     if not choice then
-        local reason = why .. string.format("; no resize fits (up to %d GPUs/node of %s%s)", conf.max_gpus_per_node,
+        local reason = why .. string.format("; no resize fits (up to %s GPUs/node of %s%s)", istr(conf.max_gpus_per_node),
             gtype, (#conf.resize_types > 0) and (" or " .. table.concat(conf.resize_types, ",")) or "")
         log_user("mmguard: job rejected: " .. reason)
         return finish("reject", reason, ERROR)

@@ -6,7 +6,10 @@
 #   make check-jobsubmit-lua    only the tests that need no Slurm and no root
 #   make install-jobsubmit      job_submit.lua as an example under share/mmguard
 
-LUA             ?= lua5.3
+# Debian's slurm-wlm 22.05 runs job_submit.lua in Lua 5.1 (liblua5.1): the
+# script is written for 5.1 and newer, and tested with every interpreter found.
+LUA_VERSIONS    ?= lua5.1 lua5.3 lua5.4
+LUA             ?= $(firstword $(foreach l,$(LUA_VERSIONS),$(shell command -v $(l) 2>/dev/null)))
 JOBSUBMIT_LUA   := contrib/job_submit.lua
 SLURM_PLUGIN_SO ?= $(BUILD)/spank_mmguard.so
 
@@ -21,9 +24,12 @@ check-jobsubmit: check-jobsubmit-lua check-jobsubmit-peak check-jobsubmit-slurm
 # then parsed by python3's json module (one object per line).
 check-jobsubmit-lua: $(JOBSUBMIT_LUA) tests/jobsubmit/test_job_submit.lua
 	@mkdir -p $(BUILD)
-	rm -f $(BUILD)/jobsubmit-unit.jsonl
-	$(LUA) tests/jobsubmit/test_job_submit.lua $(JOBSUBMIT_LUA) $(BUILD)/jobsubmit-unit.jsonl
-	python3 tests/jobsubmit/json_lines.py $(BUILD)/jobsubmit-unit.jsonl
+	@found=0; for lua in $(LUA_VERSIONS); do \
+	  command -v $$lua >/dev/null 2>&1 || continue; found=1; \
+	  echo "== $$lua"; rm -f $(BUILD)/jobsubmit-unit.jsonl; \
+	  $$lua tests/jobsubmit/test_job_submit.lua $(JOBSUBMIT_LUA) $(BUILD)/jobsubmit-unit.jsonl || exit 1; \
+	  python3 tests/jobsubmit/json_lines.py $(BUILD)/jobsubmit-unit.jsonl || exit 1; \
+	done; [ $$found = 1 ] || { echo "no Lua interpreter ($(LUA_VERSIONS))"; exit 1; }
 
 # The Lua peak(N) arithmetic against `mmguard predict --set training.data_parallel=N`.
 check-jobsubmit-peak: $(BUILD)/mmguard $(JOBSUBMIT_LUA)

@@ -24,7 +24,8 @@ dofile(script)
 local M = assert(mmguard_jobsubmit, "script must export mmguard_jobsubmit")
 assert(type(slurm_job_submit) == "function" and type(slurm_job_modify) == "function")
 
-local GiB, MiB = 1024 ^ 3 // 1 | 0, 1024 ^ 2 // 1 | 0
+local MiB = 1024 * 1024
+local GiB = 1024 * MiB
 local conf_file = os.tmpname()
 M.conf_path = function() return conf_file end
 
@@ -133,17 +134,20 @@ case("sizes and margin", function()
     eq(M.parse_size("81559MiB"), 81559 * MiB, "MiB")
     eq(M.parse_size("80gb"), 80000000000, "GB decimal")
     eq(M.parse_size("2 GiB"), 2 * GiB, "space")
-    eq(M.parse_size("1.5GiB"), 3 * GiB // 2, "decimal mantissa")
+    eq(M.parse_size("1.5GiB"), 3 * GiB / 2, "decimal mantissa")
+    eq(M.parse_size("79.6543217GiB"), 85528175920, "6 fraction digits, truncated")
     eq(M.parse_size("123"), 123, "bytes")
     eq(M.parse_size("12B"), 12, "B")
     eq(M.parse_size("1.5"), 1, "1.5 bytes floors")
     eq(M.parse_size("GiB"), nil, "no number")
     eq(M.parse_size("5 XB"), nil, "bad unit")
     eq(M.parse_size("99999999999TiB"), nil, "overflow")
+    eq(M.parse_size("9007199254740993"), nil, "over 2^53")
     local mg = assert(M.parse_margin("10%"))
     eq(mg.percent, 10, "pct")
     eq(M.parse_margin("101%"), nil, "pct > 100")
-    eq(M.format_bytes(71.3 * GiB // 1 | 0), "71.3 GiB", "format")
+    eq(M.format_bytes(math.floor(71.3 * GiB)), "71.3 GiB", "format")
+    eq(M.json_double(5), "5.0"); eq(M.json_double(2.5), "2.5"); eq(M.json_double(0.1), "0.1")
     eq(M.format_bytes(12), "12 B", "format B")
 end)
 
@@ -163,7 +167,7 @@ case("json escaping", function()
     eq(M.json_string("x\255y"), '"x\239\191\189y"', "invalid byte replaced")
     eq(M.json_string("\237\160\128"), '"\239\191\189\239\191\189\239\191\189"', "surrogate replaced")
     eq(M.json_object({ { "a", 1 }, { "b", nil }, { "c", 0.5 }, { "d", 2.0 }, { "e", true } }),
-        '{"a":1,"b":null,"c":0.5,"d":2.0,"e":true}')
+        '{"a":1,"b":null,"c":0.5,"d":2,"e":true}')
 end)
 
 case("conf parsing", function()

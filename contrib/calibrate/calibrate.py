@@ -3,7 +3,7 @@
 
 Run on a GPU node with torch >= 2.1 and transformers (4.4x or 5.x), no network needed:
 
-    python3 contrib/calibrate/calibrate.py --out tests/gpu_data/h100.jsonl --budget-seconds 540
+    python3 contrib/calibrate/calibrate.py --out tests/gpu_data/h100.jsonl --budget-seconds 480
 
 Every grid point (contrib/calibrate/calib_common.py: default_grid) is a LLaVA
 (LlavaForConditionalGeneration) or text-only LlamaForCausalLM built from a config made
@@ -995,7 +995,7 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tests/gpu_data/calib.jsonl",
                     help="JSON-lines output; an existing file is resumed (default %(default)s)")
-    ap.add_argument("--budget-seconds", type=float, default=540,
+    ap.add_argument("--budget-seconds", type=float, default=480,
                     help="stop starting work after this many seconds (default %(default)s)")
     ap.add_argument("--grace-seconds", type=float, default=45,
                     help="extra time a worker may use to finish the config in flight")

@@ -283,7 +283,9 @@ end
 -- The published prediction.
 ------------------------------------------------------------------------------
 
--- "v1 ctx=<B> nccl=<B> afix=<B> afrac=<float> terms=F:S,F:S,..." -> model or nil, err
+-- "v1 ctx=<B> nccl=<B> afix=<B> afrac=<float> [dp1=<B>] terms=F:S,F:S,..." -> model or nil, err
+-- dp1 (optional) is the allocated peak at N = 1 (mm_prediction.allocated_dp1);
+-- without it the terms are evaluated at N = 1 too.
 function M.parse_peak_model(s)
     if type(s) ~= "string" then return nil, "MMGUARD_PEAK_MODEL missing" end
     local words = {}
@@ -291,11 +293,11 @@ function M.parse_peak_model(s)
     if words[1] ~= "v1" then return nil, "MMGUARD_PEAK_MODEL: unsupported version (want v1)" end
     local m, seen = { terms = {} }, {}
     for i = 2, #words do
-        local k, v = words[i]:match("^(%a+)=(.*)$")
+        local k, v = words[i]:match("^([%w_]+)=(.*)$")
         if not k then return nil, "MMGUARD_PEAK_MODEL: bad field '" .. words[i] .. "'" end
         if seen[k] then return nil, "MMGUARD_PEAK_MODEL: duplicate field '" .. k .. "'" end
         seen[k] = true
-        if k == "ctx" or k == "nccl" or k == "afix" then
+        if k == "ctx" or k == "nccl" or k == "afix" or k == "dp1" then
             m[k] = parse_uint(v)
             if not m[k] then return nil, "MMGUARD_PEAK_MODEL: bad " .. k .. " '" .. v .. "'" end
         elseif k == "afrac" then
@@ -328,11 +330,33 @@ local function add(a, b)
     return r
 end
 
--- allocated(N) = max_k (F_k + ceil(S_k / N))
--- peak(N) = allocated(N) * (1 + afrac) + afix + ctx + (N > 1 and nccl or 0)
--- Mirrors mm_peak_for_dp() in predictor/: the allocator slack is
--- ceil(allocated * afrac) in double precision, the rest exact integers.
+-- Exact product of two doubles as p + err (Dekker/Veltkamp, no FMA needed).
+local function two_prod(a, b)
+    local p = a * b
+    local t = 134217729 * a            -- 2^27 + 1
+    local ah = t - (t - a)
+    local al = a - ah
+    t = 134217729 * b
+    local bh = t - (t - b)
+    local bl = b - bh
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+end
+
+-- ceil(a * f) of the exact product (a integer < 2^53, f >= 0 a double).
+local function ceil_mul(a, f)
+    local p, err = two_prod(a, f)
+    local c = math.ceil(p)
+    if c == p and err > 0 then c = c + 1 end
+    return c
+end
+M.ceil_mul = ceil_mul
+
+-- allocated(1) = dp1 (when published), allocated(N) = max_k (F_k + ceil(S_k / N))
+-- peak(N) = ceil(allocated(N) * (1 + afrac)) + afix + ctx + (N > 1 and nccl or 0)
+-- Mirrors mm_peak_for_dp() in predictor/predict.c (which rounds the allocator
+-- slack up in long double; here the product is exact).
 function M.alloc_for_dp(m, n)
+    if n == 1 and m.dp1 then return m.dp1 end
     local best = 0
     for _, t in ipairs(m.terms) do
         local a = add(t[1], ceil_div(t[2], n))
@@ -344,8 +368,7 @@ end
 function M.peak_for_dp(m, n)
     assert(is_int(n) and n >= 1, "N must be an integer >= 1")
     local alloc = M.alloc_for_dp(m, n)
-    local slack = math.ceil(alloc * m.afrac)
-    local peak = add(alloc, slack)
+    local peak = add(alloc, ceil_mul(alloc, m.afrac))
     peak = add(peak, m.afix)
     peak = add(peak, m.ctx)
     if n > 1 then peak = add(peak, m.nccl) end

@@ -1,0 +1,114 @@
+# mmguard top-level Makefile.
+# Components add their own rules in mk/*.mk (plugin, slurm tests, oracle, fuzz, ...)
+# and append to CHECK_TARGETS / ALL_TARGETS / INSTALL_TARGETS.
+# BUILD may be overridden (make BUILD=build-x) so several builds can coexist.
+
+BUILD   ?= build
+PREFIX  ?= /usr/local
+DESTDIR ?=
+CC      ?= cc
+PKG_CONFIG ?= pkg-config
+
+PKGS      := json-c yaml-0.1
+PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null)
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wstrict-prototypes -Wmissing-prototypes -Wvla
+HARDEN   := -fstack-protector-strong -D_FORTIFY_SOURCE=2 -fPIC
+CSTD     := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE
+OPT      ?= -O2 -g
+CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(HARDEN) $(PKG_CFLAGS) -Ipredictor $(CFLAGS)
+LDHARDEN := -Wl,-z,relro -Wl,-z,now -Wl,-z,noexecstack
+ASAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+CFLAGS_ASAN = $(CSTD) -O1 -g $(WARN) -fPIC $(ASAN) $(PKG_CFLAGS) -Ipredictor $(CFLAGS)
+
+LIB_SRCS := $(filter-out predictor/main.c predictor/cli_%.c,$(wildcard predictor/*.c))
+CLI_SRCS := predictor/main.c $(wildcard predictor/cli_*.c)
+HDRS     := $(wildcard predictor/*.h)
+
+LIB_OBJS      := $(patsubst predictor/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
+CLI_OBJS      := $(patsubst predictor/%.c,$(BUILD)/obj/%.o,$(CLI_SRCS))
+LIB_OBJS_ASAN := $(patsubst predictor/%.c,$(BUILD)/asan/%.o,$(LIB_SRCS))
+CLI_OBJS_ASAN := $(patsubst predictor/%.c,$(BUILD)/asan/%.o,$(CLI_SRCS))
+
+ALL_TARGETS     := $(BUILD)/libmmguard.a $(BUILD)/mmguard
+CHECK_TARGETS   :=
+INSTALL_TARGETS :=
+
+.PHONY: all check check-unit check-asan check-cli install clean deps deps-build bench accuracy demo
+.DEFAULT_GOAL := all
+
+# component fragments (spank plugin, slurm tests, oracle, fuzzing, ...)
+-include $(sort $(wildcard mk/*.mk))
+
+all: $(ALL_TARGETS)
+
+$(BUILD)/obj/%.o: predictor/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/asan/%.o: predictor/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ASAN) -c $< -o $@
+
+$(BUILD)/libmmguard.a: $(LIB_OBJS)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libmmguard-asan.a: $(LIB_OBJS_ASAN)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/mmguard: $(CLI_OBJS) $(BUILD)/libmmguard.a
+	$(CC) $(CFLAGS_ALL) -pie $(LDHARDEN) $(CLI_OBJS) $(BUILD)/libmmguard.a $(PKG_LIBS) -lm -o $@
+
+$(BUILD)/mmguard-asan: $(CLI_OBJS_ASAN) $(BUILD)/libmmguard-asan.a
+	$(CC) $(CFLAGS_ASAN) $(CLI_OBJS_ASAN) $(BUILD)/libmmguard-asan.a $(PKG_LIBS) -lm -o $@
+
+# ---- unit tests (Check) -------------------------------------------------------
+TEST_SRCS := $(wildcard tests/unit/test_*.c)
+CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
+CHECK_CFLAGS = $(shell $(PKG_CONFIG) --cflags check 2>/dev/null)
+
+$(BUILD)/unit_tests: $(TEST_SRCS) tests/unit/unit.h $(BUILD)/libmmguard.a $(HDRS)
+	$(CC) $(CFLAGS_ALL) $(CHECK_CFLAGS) -Itests/unit -DSRCDIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/libmmguard.a $(PKG_LIBS) $(CHECK_LIBS) -lm -o $@
+
+$(BUILD)/unit_tests-asan: $(TEST_SRCS) tests/unit/unit.h $(BUILD)/libmmguard-asan.a $(HDRS)
+	$(CC) $(CFLAGS_ASAN) $(CHECK_CFLAGS) -Itests/unit -DSRCDIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/libmmguard-asan.a $(PKG_LIBS) $(CHECK_LIBS) -lm -o $@
+
+check-unit: $(BUILD)/unit_tests
+	$(BUILD)/unit_tests
+
+# CK_FORK=no so ASan sees every test in one process and reports leaks at exit.
+check-asan: $(BUILD)/unit_tests-asan $(BUILD)/mmguard-asan
+	CK_FORK=no ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(BUILD)/unit_tests-asan
+	MMGUARD=$(BUILD)/mmguard-asan ASAN_OPTIONS=detect_leaks=1 sh tests/cli/run.sh
+
+check-cli: $(BUILD)/mmguard
+	MMGUARD=$(BUILD)/mmguard sh tests/cli/run.sh
+
+# `make check` = what CI runs: install missing packages, build, every test suite.
+check: deps
+	$(MAKE) --no-print-directory all
+	$(MAKE) --no-print-directory check-unit check-cli check-asan $(CHECK_TARGETS)
+	@echo "make check: all suites passed"
+
+deps:
+	sh scripts/install-deps.sh build slurm oracle
+
+deps-build:
+	sh scripts/install-deps.sh build
+
+bench: $(BUILD)/mmguard
+	$(BUILD)/mmguard bench contrib/models/llava-1.5-7b-finetune.yaml
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/mmguard/models
+	install -m 0755 $(BUILD)/mmguard $(DESTDIR)$(PREFIX)/bin/mmguard
+	install -m 0644 $(BUILD)/libmmguard.a $(DESTDIR)$(PREFIX)/lib/libmmguard.a
+	install -m 0644 predictor/mmguard.h $(DESTDIR)$(PREFIX)/include/mmguard.h
+	install -m 0644 contrib/models/*.yaml $(DESTDIR)$(PREFIX)/share/mmguard/models/
+	$(if $(INSTALL_TARGETS),$(MAKE) --no-print-directory $(INSTALL_TARGETS))
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,175 @@
+/* mmguard.h - public API of libmmguard, the peak-GPU-memory predictor.
+ *
+ * Why this file exists: it is the only header the CLI, the SPANK plugin and the
+ * tests include.  It knows nothing about Slurm.  All byte counts are uint64_t and
+ * every computation behind them is overflow-checked; an overflow is an error, never
+ * a wrapped number.
+ */
+#ifndef MMGUARD_H
+#define MMGUARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MM_VERSION "0.1.0"
+
+/* Hard limits for hostile input (see README "Limits"). */
+#define MM_MAX_SPEC_BYTES   (1u << 20) /* 1 MiB spec file */
+#define MM_MAX_MODULES      64
+#define MM_MAX_DEPTH        32         /* YAML/JSON nesting */
+#define MM_MAX_LAYERS       4096       /* hidden layers per module */
+#define MM_MAX_NAME         64
+
+/* One error message: "file:line:col: key.path: what is wrong" (line/col omitted
+ * when unknown).  Filled by every function that can fail. */
+typedef struct mm_error {
+    char msg[768];
+} mm_error;
+
+typedef struct mm_spec mm_spec; /* opaque, see spec.h */
+
+typedef enum { MM_FMT_AUTO = 0, MM_FMT_YAML, MM_FMT_JSON } mm_format;
+
+/* Load a spec file (YAML or JSON by extension/content).  Refuses non-regular
+ * files, files over MM_MAX_SPEC_BYTES, never blocks on a FIFO.  NULL on error. */
+mm_spec *mm_spec_load_file(const char *path, mm_error *err);
+/* Same from memory; `name` is used in error messages as the file name. */
+mm_spec *mm_spec_load_buffer(const char *buf, size_t len, const char *name,
+                             mm_format fmt, mm_error *err);
+/* Apply one override "dotted.key=value" (modules addressed by name, e.g.
+ * "language_model.num_hidden_layers=40", "training.micro_batch_size=8").
+ * The spec is re-validated; on error the spec is unchanged. 0 ok, -1 error. */
+int mm_spec_set(mm_spec *spec, const char *assignment, mm_error *err);
+mm_spec *mm_spec_clone(const mm_spec *spec);
+void mm_spec_free(mm_spec *spec);
+
+const char *mm_spec_name(const mm_spec *spec);
+const char *mm_spec_path(const mm_spec *spec);
+/* sha256 (hex, 64 chars) of the exact bytes the spec was loaded from. */
+const char *mm_spec_digest(const mm_spec *spec);
+uint32_t mm_spec_data_parallel(const mm_spec *spec);
+uint32_t mm_spec_micro_batch(const mm_spec *spec);
+int mm_spec_zero_stage(const mm_spec *spec);
+int mm_spec_checkpointing(const mm_spec *spec);
+
+typedef enum {
+    MM_PHASE_FORWARD = 0,
+    MM_PHASE_BACKWARD,
+    MM_PHASE_OPTIMIZER,
+    MM_PHASE_COUNT
+} mm_phase;
+const char *mm_phase_name(mm_phase p); /* "forward" | "backward" | "optimizer" */
+
+/* The six factors reported at the peak.  parameters+gradients+optimizer_states+
+ * activations+temporaries == allocated bytes; overhead is device-level only. */
+typedef struct mm_factors {
+    uint64_t parameters;
+    uint64_t gradients;
+    uint64_t optimizer_states;
+    uint64_t activations;  /* tensors saved for backward */
+    uint64_t temporaries;  /* transient working set of the op at the peak */
+    uint64_t overhead;     /* allocator rounding/fragmentation, CUDA context, NCCL */
+} mm_factors;
+
+typedef struct mm_layer_result {
+    char name[MM_MAX_NAME];     /* e.g. "layers.0-31.self_attn.q_proj" */
+    char kind[32];              /* linear, norm, embedding, attention, ... */
+    uint32_t count;             /* identical instances folded into this row */
+    uint64_t parameters_count;  /* total over `count` instances */
+    uint64_t trainable_count;
+    mm_factors factors;         /* contribution at the peak, all instances */
+} mm_layer_result;
+
+typedef struct mm_module_result {
+    char name[MM_MAX_NAME];
+    char type[16];              /* vit | mlp | llama */
+    uint64_t parameters_count;
+    uint64_t trainable_count;
+    mm_factors factors;         /* contribution at the peak */
+    size_t n_layers;
+    mm_layer_result *layers;
+} mm_module_result;
+
+/* Per-GPU peak as a function of the data-parallel degree N:
+ *   allocated(1) = allocated_dp1
+ *   allocated(N) = max_k (terms[k].fixed + ceil(terms[k].sharded / N))   for N >= 2
+ *   peak(N)      = allocated(N) * (1 + alloc_frac) + alloc_fixed + context
+ *                  + (N > 1 ? nccl : 0)
+ * The terms are the upper envelope of every event of the step's timeline, so
+ * this is exact for any N, not only the spec's.  mm_peak_for_dp() evaluates it. */
+#define MM_MAX_TERMS 8
+typedef struct mm_dp_term {
+    uint64_t fixed;
+    uint64_t sharded;
+} mm_dp_term;
+
+typedef struct mm_overheads {
+    uint64_t cuda_context;    /* CUDA context + cuBLAS workspace + kernels */
+    uint64_t nccl;            /* NCCL buffers, only when data_parallel > 1 */
+    uint64_t alloc_fixed;     /* caching-allocator: fixed slack */
+    double alloc_frac;        /* caching-allocator: fraction of allocated peak */
+} mm_overheads;
+
+typedef struct mm_prediction {
+    char name[128];
+    uint64_t peak_bytes;            /* what the GPU must hold */
+    uint64_t allocated_peak_bytes;  /* ~ torch.cuda.max_memory_allocated() */
+    mm_phase peak_phase;
+    char peak_event[96];            /* e.g. "backward language_model lm_head loss" */
+    uint64_t phase_peak[MM_PHASE_COUNT]; /* allocated peak within each phase */
+    mm_factors factors;             /* at the peak */
+    mm_overheads overheads;         /* the constants used */
+    uint32_t data_parallel;
+    uint32_t micro_batch_size;
+    uint32_t seq_len;
+    uint64_t parameters_count, trainable_count;
+    uint64_t allocated_dp1;         /* allocated peak at N = 1; terms hold for N >= 2 */
+    size_t n_terms;
+    mm_dp_term terms[MM_MAX_TERMS];
+    size_t n_modules;
+    mm_module_result *modules;
+} mm_prediction;
+
+/* Predict; 0 ok, -1 error (err filled, e.g. arithmetic overflow). */
+int mm_predict(const mm_spec *spec, mm_prediction *out, mm_error *err);
+void mm_prediction_free(mm_prediction *p);
+/* Device-level peak for another data-parallel degree (N >= 1), from the terms. */
+uint64_t mm_peak_for_dp(const mm_prediction *p, uint32_t n);
+/* JSON text (malloc'd, caller frees).  Schema in README "JSON output". */
+char *mm_prediction_json(const mm_prediction *p, int pretty);
+
+/* Sizes: "80GiB", "80GB", "81559MiB", "512MB", "1.5TiB", "123" (bytes).
+ * Binary (KiB/MiB/GiB/TiB) and decimal (KB/MB/GB/TB) units, case-insensitive,
+ * optional space.  0 ok, -1 error. */
+int mm_parse_size(const char *s, uint64_t *out, mm_error *err);
+
+/* Safety margin: "10%" (of GPU memory) or a size ("4GiB"); both may be combined
+ * by the caller (usable = mem - mem*pct - bytes). */
+typedef struct mm_margin {
+    double percent;  /* 0..100 */
+    uint64_t bytes;
+} mm_margin;
+int mm_parse_margin(const char *s, mm_margin *out, mm_error *err);
+/* gpu_mem minus the margin; 0 if the margin eats everything. */
+uint64_t mm_usable_bytes(uint64_t gpu_mem, const mm_margin *m);
+
+/* "71.3 GiB", "512.0 MiB", "12 B"; writes at most n bytes. */
+void mm_format_bytes(uint64_t bytes, char *buf, size_t n);
+
+/* What would fit in `usable` bytes per GPU (device-level peak_bytes). */
+typedef struct mm_fit_result {
+    int fits;                    /* the spec as given fits */
+    uint64_t peak_bytes;         /* of the spec as given */
+    uint32_t max_micro_batch;    /* largest micro-batch that fits, 0 = none */
+    int checkpointing_helps;     /* spec has no checkpointing and turning it on fits */
+    uint32_t max_micro_batch_ckpt; /* largest micro-batch with checkpointing on */
+    int min_zero_stage;          /* smallest ZeRO stage that fits at the spec's N, -1 none */
+    uint32_t min_data_parallel;  /* smallest N (<= 1024) that fits at max(zero,1), 0 none */
+    int min_data_parallel_zero;  /* the ZeRO stage min_data_parallel was computed for */
+} mm_fit_result;
+int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *err);
+
+/* SHA-256 of a buffer, hex into out[65]. */
+void mm_sha256_hex(const void *data, size_t len, char out[65]);
+
+#endif

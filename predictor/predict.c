@@ -1,0 +1,546 @@
+/* predict.c - one steady-state training step, end to end: model states
+ * (parameters, optimizer states per precision and ZeRO stage), the forward,
+ * backward and optimizer phases on the timeline engine, the data-parallel
+ * envelope, the device-level overheads, and the JSON rendering.
+ *
+ * Device-level constants live here, in one place (overheads_default).  They
+ * are NOT yet calibrated on a GPU (issue "Calibrate against real GPUs"); a
+ * spec's `device:` block overrides each of them. */
+#include "layers.h"
+#include "util.h"
+
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MiB (1024ull * 1024ull)
+
+/* CUDA context + cuBLAS/cuDNN workspaces + kernel images (torch >= 2.1, lazy
+ * module loading): ~0.5 GiB on Hopper; NCCL buffers for one data-parallel
+ * group with default NCCL_BUFFSIZE and channels; caching-allocator slack. */
+static const mm_overheads overheads_default = {
+    .cuda_context = 600 * MiB,
+    .nccl = 1024 * MiB,
+    .alloc_fixed = 128 * MiB,
+    .alloc_frac = 0.05,
+};
+
+const char *mm_phase_name(mm_phase p)
+{
+    switch (p) {
+    case MM_PHASE_FORWARD: return "forward";
+    case MM_PHASE_BACKWARD: return "backward";
+    case MM_PHASE_OPTIMIZER: return "optimizer";
+    default: return "?";
+    }
+}
+
+/* bytes of optimizer state per trainable parameter (before ZeRO partitioning),
+ * in the state dtype sdt; Adafactor is handled by its caller */
+static uint64_t state_bytes(optimizer_kind o, uint64_t sdt)
+{
+    switch (o) {
+    case OPT_ADAMW:
+    case OPT_ADAM: return 2 * sdt;       /* exp_avg, exp_avg_sq */
+    case OPT_SGD: return 0;
+    case OPT_SGD_MOMENTUM: return sdt;   /* momentum_buffer */
+    case OPT_ADAMW_8BIT: return 2;       /* two uint8 states (block absmax is ~1.6%) */
+    case OPT_ADAFACTOR: return 0;
+    }
+    return 0;
+}
+
+typedef struct step_cfg {
+    uint64_t dp;           /* evaluate sharded bytes at this N */
+    int multi;             /* N > 1 semantics (DDP buckets) */
+    int symbolic;
+    uint64_t snap_at;
+} step_cfg;
+
+/* Run one step on `s`.  Returns 0, or -1 with err set. */
+static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+{
+    const training_spec *t = &sp->training;
+    sim_init(s, cfg->dp, cfg->symbolic);
+    s->snap_at = cfg->snap_at;
+    int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
+    if (!scratch) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    lctx c;
+    memset(&c, 0, sizeof c);
+    c.s = s;
+    c.spec = sp;
+    c.scratch = scratch;
+    c.cos = c.sin = c.mask = c.pixels = -1;
+    c.late_drop[0] = c.late_drop[1] = -1;
+    c.zero = t->zero_stage;
+    c.dt = mm_dtype_bytes(t->precision);
+    c.amp = t->zero_stage == 0 && t->master_weights == MASTER_FP32;
+    /* weight dtype: fp32 under autocast, else the model dtype (ZeRO keeps the
+     * fp32 master copy in the optimizer state) */
+    uint64_t wdt = c.amp ? 4 : c.dt;
+    c.gdt = wdt;
+    uint64_t sdt = (c.amp || t->zero_stage >= 1) ? 4 : c.dt;
+
+    /* pass 1: rows and parameter counts */
+    c.counting = 1;
+    layers_forward(&c);
+    c.counting = 0;
+    if (s->oom || s->overflow)
+        goto arith;
+
+    /* model states at step start (steady state: optimizer states exist) */
+    uint64_t P_all = 0, P_tr = 0, largest_layer = 0;
+    for (size_t r = 0; r < s->nrows; r++) {
+        P_all = sim_add(s, P_all, s->rows[r].params);
+        P_tr = sim_add(s, P_tr, s->rows[r].trainable);
+    }
+    for (size_t mi = 0; mi < sp->n_modules; mi++) {
+        uint64_t per = 0;
+        for (size_t r = 0; r < s->nrows; r++)
+            if (s->rows[r].module == mi && s->rows[r].count > 1)
+                per = sim_add(s, per, s->rows[r].params / s->rows[r].count);
+        if (per > largest_layer)
+            largest_layer = per;
+    }
+    sim_set_phase(s, MM_PHASE_FORWARD);
+    sim_label(s, "model states", 0);
+    /* runtime buffers are reported as rows of the language model */
+    uint32_t llm = (uint32_t)sp->n_modules - 1;
+    uint32_t r_gather = sim_row_get(s, llm, "deepspeed.zero3_gathered_params", "runtime");
+    uint32_t r_bucket = sim_row_get(s, llm, "deepspeed.reduce_buckets", "runtime");
+    uint32_t r_part = sim_row_get(s, llm, "deepspeed.grad_partition", "runtime");
+    uint32_t r_step = sim_row_get(s, llm, "optimizer.step", "runtime");
+    size_t nrows = s->nrows;
+    for (size_t r = 0; r < nrows; r++) {
+        sim_row *R = &s->rows[r];
+        if (R->params)
+            sim_alloc(s, (uint32_t)r, sim_mul(s, R->params, wdt), F_PARAM, t->zero_stage == 3);
+        if (!R->trainable)
+            continue;
+        uint64_t st;
+        if (t->optimizer == OPT_ADAFACTOR) {
+            /* factored second moment: rows + cols of each matrix, fp32 */
+            uint64_t per = R->trainable / (R->count ? R->count : 1);
+            uint64_t side = (uint64_t)ceil(sqrt((double)per));
+            st = sim_mul3(s, 2 * side, 4, R->count ? R->count : 1);
+        } else {
+            st = sim_mul(s, R->trainable, state_bytes(t->optimizer, sdt));
+        }
+        if (t->zero_stage >= 1) /* fp32 master weights */
+            st = sim_add(s, st, sim_mul(s, R->trainable, 4));
+        if (st)
+            sim_alloc(s, (uint32_t)r, st, F_OPT, t->zero_stage >= 1);
+        if (t->grad_accum > 1 && t->zero_stage <= 1) /* .grad alive across micro-steps */
+            sim_alloc(s, (uint32_t)r, sim_mul(s, R->trainable, c.gdt), F_GRAD, 0);
+        if (t->zero_stage == 0 && cfg->multi) /* DDP gradient buckets (a full copy) */
+            sim_alloc(s, (uint32_t)r, sim_mul(s, R->trainable, c.gdt), F_GRAD, 0);
+    }
+    int32_t partition = -1;
+    if (t->grad_accum > 1 && t->zero_stage >= 2 && P_tr)
+        partition = sim_alloc(s, r_part, sim_mul(s, P_tr, c.dt), F_GRAD, 1);
+    /* the batch: input_ids, labels, attention_mask (int64), pixel_values */
+    uint32_t rin = sim_row_get(s, llm, "inputs", "inputs");
+    sim_label(s, "inputs", rin);
+    uint64_t bs = sim_mul(s, t->micro_batch_size, t->seq_len);
+    int32_t inputs = sim_alloc(s, rin, sim_mul(s, bs, 3 * 8), F_TEMP, 0);
+    for (size_t mi = 0; mi < sp->n_modules; mi++) {
+        const module_spec *m = &sp->modules[mi];
+        if (m->type == MOD_VIT && t->images_per_sample) {
+            uint64_t px = sim_mul3(s, t->micro_batch_size * t->images_per_sample,
+                                   m->num_channels, sim_mul(s, m->image_size, m->image_size));
+            c.pixels = sim_alloc(s, sim_row_get(s, (uint32_t)mi, "pixel_values", "inputs"),
+                                 sim_mul(s, px, c.dt), F_TEMP, 0);
+        }
+    }
+    /* ZeRO-3: the gathered (full) parameters of the layer being run plus the
+     * prefetched next one, during forward and backward */
+    int32_t gathered = -1;
+    if (t->zero_stage == 3)
+        gathered = sim_alloc(s, r_gather, sim_mul3(s, largest_layer, 2, c.dt), F_PARAM, 0);
+
+    /* forward */
+    int32_t loss = layers_forward(&c);
+    sim_drop(s, c.late_drop[0]);
+    sim_drop(s, c.late_drop[1]);
+    if (s->oom || s->overflow)
+        goto arith;
+
+    /* backward */
+    sim_set_phase(s, MM_PHASE_BACKWARD);
+    int32_t bucket = -1;
+    if (t->zero_stage >= 2 && P_tr) {
+        uint64_t h = 0;
+        for (size_t mi = 0; mi < sp->n_modules; mi++)
+            if (sp->modules[mi].type == MOD_LLAMA)
+                h = sp->modules[mi].hidden_size;
+        uint64_t rb = sp->deepspeed.reduce_bucket_size ? sp->deepspeed.reduce_bucket_size
+                                                       : sim_mul(s, h, h);
+        sim_label(s, "deepspeed reduce buckets", r_bucket);
+        bucket = sim_alloc(s, r_bucket, sim_mul3(s, rb, c.dt, sp->deepspeed.overlap_comm ? 2 : 1),
+                           F_GRAD, 0);
+        if (t->grad_accum == 1)
+            partition = sim_alloc(s, r_part, sim_mul(s, P_tr, c.dt), F_GRAD, 1);
+    }
+    if (t->grad_accum > 1) /* AccumulateGrad adds into the existing .grad */
+        for (size_t k = 0; k < s->ntape; k++)
+            s->tape[k].wgrad_transient = 1;
+    sim_backward(s, 0, s->ntape, layers_recompute, &c);
+    sim_drop(s, loss);
+    sim_drop(s, bucket);
+    sim_drop(s, gathered);
+    if (s->oom || s->overflow)
+        goto arith;
+
+    /* optimizer step */
+    sim_set_phase(s, MM_PHASE_OPTIMIZER);
+    sim_label(s, "optimizer step", r_step);
+    if (P_tr) {
+        if (t->zero_stage >= 1) {
+            /* DeepSpeed: the gradient partition converted to fp32 for the step */
+            int32_t g32 = sim_alloc(s, r_step, sim_mul(s, P_tr, 4), F_TEMP, 1);
+            sim_drop(s, g32);
+        } else if (t->optimizer == OPT_ADAMW || t->optimizer == OPT_ADAM) {
+            if (t->impl == IMPL_FOREACH) /* torch._foreach_sqrt(exp_avg_sqs) */
+                sim_transient(s, r_step, sim_mul(s, P_tr, sdt));
+            else if (t->impl == IMPL_FOR_LOOP) /* denom per parameter */
+                sim_transient(s, r_step, sim_mul3(s, c.largest_param, sdt, 2));
+        } else if (t->optimizer == OPT_ADAFACTOR) {
+            /* HF Adafactor: fp32 grad copy, update and param copy per parameter */
+            sim_transient(s, r_step, sim_mul3(s, c.largest_param, 4, 3));
+        }
+    }
+    /* zero_grad(set_to_none=True) */
+    for (size_t i = 0; i < s->nt; i++)
+        if (s->t[i].alive && s->t[i].cls == F_GRAD && i != (size_t)partition)
+            sim_drop(s, (int32_t)i);
+    sim_drop(s, partition);
+    sim_drop(s, inputs);
+    sim_drop(s, c.pixels);
+    free(scratch);
+    if (s->oom) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    if (s->overflow) {
+        mm_err(err, "%s: the predicted sizes overflow 64-bit byte counts (absurd dimensions?)",
+               sp->path);
+        return -1;
+    }
+    return 0;
+arith:
+    free(scratch);
+    if (s->oom)
+        mm_err(err, "out of memory");
+    else
+        mm_err(err, "%s: the predicted sizes overflow 64-bit byte counts (absurd dimensions?)",
+               sp->path);
+    return -1;
+}
+
+/* Upper envelope of lines F + S*x over x = 1/N in (0, 1/2]; conservative merge
+ * when more than MM_MAX_TERMS remain. */
+static size_t envelope(const mm_dp_term *in, size_t n, mm_dp_term *out)
+{
+    mm_dp_term tmp[64];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* keep a line if it is the maximum at some N in 2..4096 sampled */
+        int useful = 0;
+        for (uint64_t N = 2; N <= 4096 && !useful; N = N < 16 ? N + 1 : N * 2) {
+            uint64_t v = in[i].fixed + mm_ceil_div(in[i].sharded, N);
+            int best = 1;
+            for (size_t j = 0; j < n && best; j++)
+                if (j != i && in[j].fixed + mm_ceil_div(in[j].sharded, N) > v)
+                    best = 0;
+            useful = best;
+        }
+        if (useful && k < 64) {
+            int dup = 0;
+            for (size_t j = 0; j < k; j++)
+                if (tmp[j].fixed == in[i].fixed && tmp[j].sharded == in[i].sharded)
+                    dup = 1;
+            if (!dup)
+                tmp[k++] = in[i];
+        }
+    }
+    while (k > MM_MAX_TERMS) { /* merge the two with the closest slopes */
+        size_t bi = 0;
+        uint64_t bd = UINT64_MAX;
+        for (size_t i = 0; i + 1 < k; i++) {
+            uint64_t d = tmp[i].sharded > tmp[i + 1].sharded ? tmp[i].sharded - tmp[i + 1].sharded
+                                                             : tmp[i + 1].sharded - tmp[i].sharded;
+            if (d < bd) {
+                bd = d;
+                bi = i;
+            }
+        }
+        tmp[bi].fixed = tmp[bi].fixed > tmp[bi + 1].fixed ? tmp[bi].fixed : tmp[bi + 1].fixed;
+        tmp[bi].sharded =
+            tmp[bi].sharded > tmp[bi + 1].sharded ? tmp[bi].sharded : tmp[bi + 1].sharded;
+        memmove(&tmp[bi + 1], &tmp[bi + 2], (k - bi - 2) * sizeof tmp[0]);
+        k--;
+    }
+    memcpy(out, tmp, k * sizeof *out);
+    return k;
+}
+
+static uint64_t device_level(const mm_overheads *o, uint64_t alloc, uint32_t n)
+{
+    long double a = (long double)alloc * (1.0L + (long double)o->alloc_frac);
+    uint64_t v = a >= 1.8e19L ? UINT64_MAX : (uint64_t)ceill(a);
+    v = mm_sat_add(v, o->alloc_fixed);
+    v = mm_sat_add(v, o->cuda_context);
+    if (n > 1)
+        v = mm_sat_add(v, o->nccl);
+    return v;
+}
+
+uint64_t mm_peak_for_dp(const mm_prediction *p, uint32_t n)
+{
+    if (n <= 1)
+        return device_level(&p->overheads, p->allocated_dp1, 1);
+    uint64_t a = 0;
+    for (size_t i = 0; i < p->n_terms; i++) {
+        uint64_t v = mm_sat_add(p->terms[i].fixed, mm_ceil_div(p->terms[i].sharded, n));
+        if (v > a)
+            a = v;
+    }
+    return device_level(&p->overheads, a, n);
+}
+
+static void set_factor(mm_factors *f, const uint64_t *v)
+{
+    f->parameters = v[F_PARAM];
+    f->gradients = v[F_GRAD];
+    f->optimizer_states = v[F_OPT];
+    f->activations = v[F_ACT];
+    f->temporaries = v[F_TEMP];
+}
+
+int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (err)
+        err->msg[0] = '\0';
+    const training_spec *t = &sp->training;
+    uint64_t N = t->data_parallel;
+    sim s;
+    step_cfg cfg = {.dp = N, .multi = N > 1, .symbolic = N > 1, .snap_at = 0};
+    if (run_step(sp, &s, &cfg, err)) {
+        sim_free(&s);
+        return -1;
+    }
+    uint64_t peak_event = s.peak_event;
+    out->allocated_peak_bytes = s.peak;
+    out->peak_phase = s.peak_phase;
+    memcpy(out->phase_peak, s.phase_peak, sizeof out->phase_peak);
+    {
+        const char *mod = s.peak_row < s.nrows ? sp->modules[s.rows[s.peak_row].module].name : "";
+        const char *rowname = s.peak_row < s.nrows ? s.rows[s.peak_row].name : "";
+        snprintf(out->peak_event, sizeof out->peak_event, "%s %s %s%s%s",
+                 mm_phase_name(s.peak_phase), mod, rowname, s.peak_label ? ": " : "",
+                 s.peak_label ? s.peak_label : "");
+    }
+    mm_dp_term multi_terms[MM_MAX_TERMS];
+    size_t n_multi = 0;
+    uint64_t alloc1 = N == 1 ? s.peak : 0;
+    if (N > 1)
+        n_multi = envelope(s.terms, s.nterms, multi_terms);
+    sim_free(&s);
+    /* the other regime: N = 1 if the spec has N > 1, else N >= 2 for the terms */
+    step_cfg other = {.dp = N > 1 ? 1 : 2, .multi = N == 1, .symbolic = N == 1};
+    if (run_step(sp, &s, &other, err)) {
+        sim_free(&s);
+        return -1;
+    }
+    if (N > 1)
+        alloc1 = s.peak;
+    else
+        n_multi = envelope(s.terms, s.nterms, multi_terms);
+    sim_free(&s);
+    out->allocated_dp1 = alloc1;
+    out->n_terms = n_multi;
+    memcpy(out->terms, multi_terms, n_multi * sizeof multi_terms[0]);
+
+    /* replay to the peak event for the breakdown */
+    step_cfg snap = {.dp = N, .multi = N > 1, .symbolic = 0, .snap_at = peak_event};
+    if (run_step(sp, &s, &snap, err)) {
+        sim_free(&s);
+        return -1;
+    }
+    if (!s.snapped || !s.snap_row_fact) {
+        sim_free(&s);
+        mm_err(err, "internal error: peak snapshot missing");
+        return -1;
+    }
+    /* overheads */
+    out->overheads = overheads_default;
+    if (sp->device.has_context)
+        out->overheads.cuda_context = sp->device.cuda_context;
+    if (sp->device.has_nccl)
+        out->overheads.nccl = sp->device.nccl;
+    if (sp->device.has_afix)
+        out->overheads.alloc_fixed = sp->device.allocator_fixed;
+    if (sp->device.has_afrac)
+        out->overheads.alloc_frac = sp->device.allocator_fraction;
+    out->peak_bytes = device_level(&out->overheads, out->allocated_peak_bytes, (uint32_t)N);
+    set_factor(&out->factors, s.snap_fact);
+    out->factors.overhead = out->peak_bytes - out->allocated_peak_bytes;
+    mm_strlcpy(out->name, sp->name, sizeof out->name);
+    out->data_parallel = (uint32_t)N;
+    out->micro_batch_size = (uint32_t)t->micro_batch_size;
+    out->seq_len = (uint32_t)t->seq_len;
+
+    /* modules and layer rows */
+    out->modules = calloc(sp->n_modules, sizeof *out->modules);
+    if (!out->modules) {
+        sim_free(&s);
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    out->n_modules = sp->n_modules;
+    for (size_t mi = 0; mi < sp->n_modules; mi++) {
+        mm_module_result *M = &out->modules[mi];
+        const module_spec *ms = &sp->modules[mi];
+        mm_strlcpy(M->name, ms->name, sizeof M->name);
+        mm_strlcpy(M->type, ms->type == MOD_VIT ? "vit" : ms->type == MOD_MLP ? "mlp" : "llama",
+                   sizeof M->type);
+        size_t nl = 0;
+        for (size_t r = 0; r < s.nrows; r++)
+            if (s.rows[r].module == mi)
+                nl++;
+        M->layers = calloc(nl ? nl : 1, sizeof *M->layers);
+        if (!M->layers) {
+            sim_free(&s);
+            mm_prediction_free(out);
+            mm_err(err, "out of memory");
+            return -1;
+        }
+        for (size_t r = 0; r < s.nrows; r++) {
+            if (s.rows[r].module != mi)
+                continue;
+            mm_layer_result *L = &M->layers[M->n_layers++];
+            const sim_row *R = &s.rows[r];
+            mm_strlcpy(L->name, R->name, sizeof L->name);
+            mm_strlcpy(L->kind, R->kind, sizeof L->kind);
+            L->count = R->count ? R->count : 1;
+            L->parameters_count = R->params;
+            L->trainable_count = R->trainable;
+            set_factor(&L->factors, &s.snap_row_fact[r * F_NFACT]);
+            M->parameters_count += R->params;
+            M->trainable_count += R->trainable;
+            M->factors.parameters += L->factors.parameters;
+            M->factors.gradients += L->factors.gradients;
+            M->factors.optimizer_states += L->factors.optimizer_states;
+            M->factors.activations += L->factors.activations;
+            M->factors.temporaries += L->factors.temporaries;
+        }
+        out->parameters_count += M->parameters_count;
+        out->trainable_count += M->trainable_count;
+    }
+    sim_free(&s);
+    return 0;
+}
+
+void mm_prediction_free(mm_prediction *p)
+{
+    if (!p || !p->modules)
+        return;
+    for (size_t i = 0; i < p->n_modules; i++)
+        free(p->modules[i].layers);
+    free(p->modules);
+    p->modules = NULL;
+    p->n_modules = 0;
+}
+
+/* ---- JSON ------------------------------------------------------------------------ */
+
+static json_object *j_u64(uint64_t v)
+{
+    return json_object_new_uint64(v);
+}
+
+static json_object *factors_json(const mm_factors *f)
+{
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "parameters", j_u64(f->parameters));
+    json_object_object_add(o, "gradients", j_u64(f->gradients));
+    json_object_object_add(o, "optimizer_states", j_u64(f->optimizer_states));
+    json_object_object_add(o, "activations", j_u64(f->activations));
+    json_object_object_add(o, "temporaries", j_u64(f->temporaries));
+    json_object_object_add(o, "overhead", j_u64(f->overhead));
+    return o;
+}
+
+char *mm_prediction_json(const mm_prediction *p, int pretty)
+{
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "name", json_object_new_string(p->name));
+    json_object_object_add(o, "peak_bytes", j_u64(p->peak_bytes));
+    json_object_object_add(o, "allocated_peak_bytes", j_u64(p->allocated_peak_bytes));
+    json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
+    json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));
+    json_object *pp = json_object_new_object();
+    for (int i = 0; i < MM_PHASE_COUNT; i++)
+        json_object_object_add(pp, mm_phase_name((mm_phase)i), j_u64(p->phase_peak[i]));
+    json_object_object_add(o, "phase_peak_bytes", pp);
+    json_object_object_add(o, "factors", factors_json(&p->factors));
+    json_object_object_add(o, "parameters_count", j_u64(p->parameters_count));
+    json_object_object_add(o, "trainable_count", j_u64(p->trainable_count));
+    json_object_object_add(o, "data_parallel", j_u64(p->data_parallel));
+    json_object_object_add(o, "micro_batch_size", j_u64(p->micro_batch_size));
+    json_object_object_add(o, "seq_len", j_u64(p->seq_len));
+    json_object *ov = json_object_new_object();
+    json_object_object_add(ov, "cuda_context", j_u64(p->overheads.cuda_context));
+    json_object_object_add(ov, "nccl", j_u64(p->overheads.nccl));
+    json_object_object_add(ov, "allocator_fixed", j_u64(p->overheads.alloc_fixed));
+    json_object_object_add(ov, "allocator_fraction",
+                           json_object_new_double(p->overheads.alloc_frac));
+    json_object_object_add(o, "overheads", ov);
+    json_object *dp = json_object_new_object();
+    json_object_object_add(dp, "allocated_dp1", j_u64(p->allocated_dp1));
+    json_object *terms = json_object_new_array();
+    for (size_t i = 0; i < p->n_terms; i++) {
+        json_object *t = json_object_new_object();
+        json_object_object_add(t, "fixed", j_u64(p->terms[i].fixed));
+        json_object_object_add(t, "sharded", j_u64(p->terms[i].sharded));
+        json_object_array_add(terms, t);
+    }
+    json_object_object_add(dp, "terms", terms);
+    json_object_object_add(o, "dp_model", dp);
+    json_object *mods = json_object_new_array();
+    for (size_t i = 0; i < p->n_modules; i++) {
+        const mm_module_result *M = &p->modules[i];
+        json_object *m = json_object_new_object();
+        json_object_object_add(m, "name", json_object_new_string(M->name));
+        json_object_object_add(m, "type", json_object_new_string(M->type));
+        json_object_object_add(m, "parameters_count", j_u64(M->parameters_count));
+        json_object_object_add(m, "trainable_count", j_u64(M->trainable_count));
+        json_object_object_add(m, "factors", factors_json(&M->factors));
+        json_object *ls = json_object_new_array();
+        for (size_t k = 0; k < M->n_layers; k++) {
+            const mm_layer_result *L = &M->layers[k];
+            json_object *l = json_object_new_object();
+            json_object_object_add(l, "name", json_object_new_string(L->name));
+            json_object_object_add(l, "kind", json_object_new_string(L->kind));
+            json_object_object_add(l, "count", j_u64(L->count));
+            json_object_object_add(l, "parameters_count", j_u64(L->parameters_count));
+            json_object_object_add(l, "trainable_count", j_u64(L->trainable_count));
+            json_object_object_add(l, "factors", factors_json(&L->factors));
+            json_object_array_add(ls, l);
+        }
+        json_object_object_add(m, "layers", ls);
+        json_object_array_add(mods, m);
+    }
+    json_object_object_add(o, "modules", mods);
+    const char *s = json_object_to_json_string_ext(
+        o, pretty ? JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED : JSON_C_TO_STRING_PLAIN);
+    char *r = s ? strdup(s) : NULL;
+    json_object_put(o);
+    return r;
+}

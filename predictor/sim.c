@@ -1,0 +1,352 @@
+/* sim.c - the timeline engine (see sim.h).  Pure bookkeeping: no formulas here. */
+#include "sim.h"
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void sim_init(sim *s, uint64_t dp, int symbolic)
+{
+    memset(s, 0, sizeof *s);
+    s->dp = dp ? dp : 1;
+    s->symbolic = symbolic;
+}
+
+void sim_free(sim *s)
+{
+    free(s->t);
+    free(s->tape);
+    free(s->terms);
+    free(s->rows);
+    free(s->snap_row_fact);
+    memset(s, 0, sizeof *s);
+}
+
+uint64_t sim_mul(sim *s, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (mm_mul(a, b, &r)) {
+        s->overflow = 1;
+        return 0;
+    }
+    return r;
+}
+
+uint64_t sim_mul3(sim *s, uint64_t a, uint64_t b, uint64_t c)
+{
+    return sim_mul(s, sim_mul(s, a, b), c);
+}
+
+uint64_t sim_add(sim *s, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (mm_add(a, b, &r)) {
+        s->overflow = 1;
+        return 0;
+    }
+    return r;
+}
+
+uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind)
+{
+    for (size_t i = s->nrows; i-- > 0;)
+        if (s->rows[i].module == module && strcmp(s->rows[i].name, name) == 0)
+            return (uint32_t)i;
+    if (s->nrows == s->caprows) {
+        size_t cap = s->caprows ? s->caprows * 2 : 64;
+        sim_row *r = realloc(s->rows, cap * sizeof *r);
+        if (!r) {
+            s->oom = 1;
+            return 0;
+        }
+        s->rows = r;
+        s->caprows = cap;
+    }
+    sim_row *r = &s->rows[s->nrows];
+    memset(r, 0, sizeof *r);
+    mm_strlcpy(r->name, name, sizeof r->name);
+    mm_strlcpy(r->kind, kind, sizeof r->kind);
+    r->module = module;
+    return (uint32_t)s->nrows++;
+}
+
+uint64_t sim_live(const sim *s)
+{
+    return s->live_fixed + mm_ceil_div(s->live_sharded, s->dp);
+}
+
+void sim_set_phase(sim *s, mm_phase p)
+{
+    s->phase = p;
+}
+
+void sim_label(sim *s, const char *label, uint32_t row)
+{
+    s->event_label = label;
+    s->event_row = row;
+}
+
+static void add_term(sim *s, uint64_t f, uint64_t sh)
+{
+    /* keep the pareto set of (fixed, sharded): drop dominated points */
+    for (size_t i = 0; i < s->nterms; i++)
+        if (s->terms[i].fixed >= f && s->terms[i].sharded >= sh)
+            return;
+    size_t w = 0;
+    for (size_t i = 0; i < s->nterms; i++)
+        if (!(f >= s->terms[i].fixed && sh >= s->terms[i].sharded))
+            s->terms[w++] = s->terms[i];
+    s->nterms = w;
+    if (s->nterms == s->capterms) {
+        size_t cap = s->capterms ? s->capterms * 2 : 16;
+        mm_dp_term *t = realloc(s->terms, cap * sizeof *t);
+        if (!t) {
+            s->oom = 1;
+            return;
+        }
+        s->terms = t;
+        s->capterms = cap;
+    }
+    s->terms[s->nterms].fixed = f;
+    s->terms[s->nterms].sharded = sh;
+    s->nterms++;
+}
+
+static void snapshot(sim *s)
+{
+    s->snapped = 1;
+    for (int f = 0; f < F_NFACT; f++)
+        s->snap_fact[f] = s->fact_fixed[f] + mm_ceil_div(s->fact_sharded[f], s->dp);
+    if (!s->snap_row_fact)
+        s->snap_row_fact = calloc(s->nrows * F_NFACT + 1, sizeof *s->snap_row_fact);
+    if (!s->snap_row_fact) {
+        s->oom = 1;
+        return;
+    }
+    for (size_t i = 0; i < s->nt; i++) {
+        const sim_tensor *t = &s->t[i];
+        if (!t->alive || t->row >= s->nrows)
+            continue;
+        int f = t->cls == F_TEMP && t->refs ? F_ACT : t->cls;
+        uint64_t b = t->sharded ? mm_ceil_div(t->bytes, s->dp) : t->bytes;
+        s->snap_row_fact[t->row * F_NFACT + (size_t)f] += b;
+    }
+}
+
+/* called after every allocation: the only moments a new peak can appear */
+static void event(sim *s)
+{
+    s->nevents++;
+    uint64_t live = sim_live(s);
+    if (live > s->phase_peak[s->phase])
+        s->phase_peak[s->phase] = live;
+    if (live > s->peak) {
+        s->peak = live;
+        s->peak_event = s->nevents;
+        s->peak_phase = s->phase;
+        s->peak_label = s->event_label;
+        s->peak_row = s->event_row;
+    }
+    if (s->symbolic)
+        add_term(s, s->live_fixed, s->live_sharded);
+    if (s->snap_at && s->nevents == s->snap_at)
+        snapshot(s);
+}
+
+static int fact_of(const sim_tensor *t)
+{
+    return t->cls == F_TEMP && t->refs ? F_ACT : t->cls;
+}
+
+static void account(sim *s, const sim_tensor *t, int sign)
+{
+    int f = fact_of(t);
+    if (t->sharded) {
+        s->live_sharded = sign > 0 ? mm_sat_add(s->live_sharded, t->bytes) : s->live_sharded - t->bytes;
+        s->fact_sharded[f] = sign > 0 ? mm_sat_add(s->fact_sharded[f], t->bytes) : s->fact_sharded[f] - t->bytes;
+    } else {
+        s->live_fixed = sign > 0 ? mm_sat_add(s->live_fixed, t->bytes) : s->live_fixed - t->bytes;
+        s->fact_fixed[f] = sign > 0 ? mm_sat_add(s->fact_fixed[f], t->bytes) : s->fact_fixed[f] - t->bytes;
+    }
+    if (s->live_fixed == UINT64_MAX || s->live_sharded == UINT64_MAX)
+        s->overflow = 1;
+}
+
+int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
+{
+    if (s->nt == s->capt) {
+        size_t cap = s->capt ? s->capt * 2 : 1024;
+        sim_tensor *t = realloc(s->t, cap * sizeof *t);
+        if (!t) {
+            s->oom = 1;
+            return -1;
+        }
+        s->t = t;
+        s->capt = cap;
+    }
+    int32_t id = (int32_t)s->nt++;
+    sim_tensor *t = &s->t[id];
+    memset(t, 0, sizeof *t);
+    t->bytes = bytes;
+    t->row = row;
+    t->cls = (uint8_t)cls;
+    t->sharded = (uint8_t)sharded;
+    t->alive = 1;
+    t->holds = 1;
+    t->grad = -1;
+    account(s, t, +1);
+    event(s);
+    return id;
+}
+
+static void maybe_free(sim *s, int32_t id)
+{
+    sim_tensor *t = &s->t[id];
+    if (t->alive && !t->holds && !t->refs) {
+        account(s, t, -1);
+        t->alive = 0;
+    }
+}
+
+void sim_hold(sim *s, int32_t id)
+{
+    if (id >= 0)
+        s->t[id].holds++;
+}
+
+void sim_drop(sim *s, int32_t id)
+{
+    if (id < 0)
+        return;
+    sim_tensor *t = &s->t[id];
+    if (t->holds)
+        t->holds--;
+    maybe_free(s, id);
+}
+
+sim_node *sim_node_new(sim *s, uint32_t row, int32_t out)
+{
+    if (s->ntape == s->captape) {
+        size_t cap = s->captape ? s->captape * 2 : 1024;
+        sim_node *n = realloc(s->tape, cap * sizeof *n);
+        if (!n) {
+            s->oom = 1;
+            return NULL;
+        }
+        s->tape = n;
+        s->captape = cap;
+    }
+    sim_node *n = &s->tape[s->ntape++];
+    memset(n, 0, sizeof *n);
+    n->row = row;
+    n->out = out;
+    n->wgrad_row = row;
+    if (out >= 0)
+        s->t[out].rg = 1;
+    return n;
+}
+
+void sim_save(sim *s, sim_node *n, int32_t id)
+{
+    if (!n || id < 0)
+        return;
+    for (int i = 0; i < n->nsaved; i++)
+        if (n->saved[i] == id)
+            return; /* the same tensor saved twice costs nothing more */
+    if (n->nsaved >= SIM_MAX_SAVED)
+        return;
+    n->saved[n->nsaved++] = id;
+    sim_tensor *t = &s->t[id];
+    if (t->alive && t->refs == 0 && t->cls == F_TEMP) {
+        /* moves from temporaries to activations */
+        account(s, t, -1);
+        t->refs++;
+        account(s, t, +1);
+    } else {
+        t->refs++;
+    }
+}
+
+static void unsave(sim *s, int32_t id)
+{
+    sim_tensor *t = &s->t[id];
+    if (!t->refs)
+        return;
+    if (t->alive && t->refs == 1 && t->cls == F_TEMP) {
+        account(s, t, -1);
+        t->refs--;
+        account(s, t, +1);
+    } else {
+        t->refs--;
+    }
+    maybe_free(s, id);
+}
+
+void sim_transient(sim *s, uint32_t row, uint64_t bytes)
+{
+    if (!bytes)
+        return;
+    int32_t id = sim_alloc(s, row, bytes, F_TEMP, 0);
+    if (id >= 0)
+        sim_drop(s, id);
+}
+
+/* gradient of tensor `x` arrives: a new tensor, or accumulated into the
+ * existing one (autograd's InputBuffer: a temporary of the same size) */
+static void grad_arrives(sim *s, int32_t x, uint32_t row)
+{
+    sim_tensor *t = &s->t[x];
+    if (t->grad < 0) {
+        int32_t g = sim_alloc(s, row, s->t[x].bytes, F_TEMP, 0);
+        s->t[x].grad = g;
+    } else {
+        sim_transient(s, row, t->bytes);
+    }
+}
+
+void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx)
+{
+    for (size_t k = to; k-- > from;) {
+        sim_node n = s->tape[k]; /* copy: recompute may grow (realloc) the tape */
+        if (s->oom)
+            return;
+        sim_label(s, NULL, n.row);
+        if (n.ckpt) {
+            /* re-run the layer with grad enabled, then backward through it */
+            size_t start = s->ntape;
+            int32_t o2 = fn(s, &n, ctx);
+            if (o2 >= 0 && n.out >= 0) {
+                s->t[o2].grad = s->t[n.out].grad;
+                s->t[n.out].grad = -1;
+            }
+            size_t end = s->ntape;
+            sim_backward(s, start, end, fn, ctx);
+            s->ntape = start;
+            if (o2 >= 0 && s->t[o2].grad >= 0) {
+                sim_drop(s, s->t[o2].grad);
+                s->t[o2].grad = -1;
+            }
+            sim_drop(s, o2);
+            for (int i = 0; i < n.nsaved; i++)
+                unsave(s, n.saved[i]);
+            continue;
+        }
+        for (int i = 0; i < n.nin; i++)
+            grad_arrives(s, n.in[i], n.row);
+        if (n.wgrad_bytes) {
+            /* AccumulateGrad: the first gradient becomes .grad (kept until
+             * zero_grad); a second contribution (tied weights) is added */
+            int32_t g = sim_alloc(s, n.wgrad_row, n.wgrad_bytes, F_GRAD, n.wgrad_sharded);
+            if (n.wgrad_transient)
+                sim_drop(s, g); /* copied into the reduce bucket / partition */
+            /* else stays alive: held until the optimizer's zero_grad */
+        }
+        sim_transient(s, n.row, n.bwd_tmp);
+        for (int i = 0; i < n.nsaved; i++)
+            unsave(s, n.saved[i]);
+        if (n.out >= 0 && s->t[n.out].grad >= 0) {
+            sim_drop(s, s->t[n.out].grad);
+            s->t[n.out].grad = -1;
+        }
+    }
+}

@@ -1,0 +1,117 @@
+/* sim.h - the timeline engine.  A training step is replayed as tensor
+ * allocations and frees: forward ops allocate outputs and mark what autograd
+ * saves; a tape of backward nodes frees saved tensors and creates gradients in
+ * reverse order; the optimizer step adds its temporaries.  Live bytes are
+ * tracked per factor and the maximum (with its phase and event) is the peak.
+ * Layer programs (layers.c) drive it; they hold the formulas. */
+#ifndef MM_SIM_H
+#define MM_SIM_H
+
+#include <stdint.h>
+#include "mmguard.h"
+#include "spec.h"
+
+enum { F_PARAM = 0, F_GRAD, F_OPT, F_ACT, F_TEMP, F_NFACT }; /* F_ACT: saved for backward */
+
+typedef struct sim_tensor {
+    uint64_t bytes;      /* unsharded size */
+    uint32_t row;        /* owning breakdown row */
+    uint8_t cls;         /* F_PARAM, F_GRAD, F_OPT, or F_TEMP (data; F_ACT while saved) */
+    uint8_t sharded;     /* divided by the data-parallel degree (ZeRO partitions) */
+    uint8_t alive;
+    uint8_t rg;          /* requires grad */
+    uint32_t holds;      /* Python references (variables, tuples, caches) */
+    uint32_t refs;       /* autograd saved-variable references */
+    int32_t grad;        /* tensor id of its gradient, -1 none */
+} sim_tensor;
+
+#define SIM_MAX_SAVED 6
+#define SIM_MAX_IN 3
+typedef struct sim_node {
+    uint32_t row;
+    int32_t out;                      /* its output; the output's grad is consumed here */
+    int32_t in[SIM_MAX_IN];           /* inputs that need a gradient */
+    int32_t saved[SIM_MAX_SAVED];
+    uint8_t nin, nsaved;
+    uint8_t ckpt;                     /* checkpointed layer: recompute in backward */
+    uint8_t wgrad_sharded;
+    uint8_t wgrad_transient;          /* ZeRO-2/3: reduced into a bucket, then freed */
+    uint32_t wgrad_row;
+    uint64_t wgrad_bytes;             /* weight gradient this node creates */
+    uint64_t bwd_tmp;                 /* transient working set of its backward */
+    uint32_t ckpt_layer;              /* layer index for the recompute */
+    const void *ckpt_prog;            /* layer program to re-run */
+} sim_node;
+
+typedef struct sim_row {
+    char name[MM_MAX_NAME];
+    char kind[32];
+    uint32_t module;
+    uint32_t count;
+    uint64_t params, trainable;
+} sim_row;
+
+typedef struct sim {
+    /* configuration */
+    uint64_t dp;               /* data-parallel degree used to evaluate sharded bytes */
+    int symbolic;              /* collect (fixed, sharded) pareto terms */
+    /* tensors and tape */
+    sim_tensor *t;
+    size_t nt, capt;
+    sim_node *tape;
+    size_t ntape, captape;
+    /* live bytes: fixed and sharded, per factor */
+    uint64_t live_fixed, live_sharded;
+    uint64_t fact_fixed[F_NFACT], fact_sharded[F_NFACT];
+    /* peak tracking */
+    mm_phase phase;
+    const char *event_label;   /* current op, for the peak description */
+    uint32_t event_row;
+    uint64_t nevents;
+    uint64_t peak;
+    uint64_t peak_event;
+    mm_phase peak_phase;
+    uint32_t peak_row;
+    const char *peak_label;
+    uint64_t phase_peak[MM_PHASE_COUNT];
+    /* snapshot at a given event (second pass) */
+    uint64_t snap_at;          /* 0 = none */
+    int snapped;
+    uint64_t snap_fact[F_NFACT];
+    uint64_t *snap_row_fact;   /* nrows * F_NFACT, filled at the snapshot */
+    /* pareto terms (symbolic mode) */
+    mm_dp_term *terms;
+    size_t nterms, capterms;
+    /* breakdown rows */
+    sim_row *rows;
+    size_t nrows, caprows;
+    int overflow;              /* an arithmetic overflow happened: result invalid */
+    int oom;                   /* allocation failure */
+} sim;
+
+void sim_init(sim *s, uint64_t dp, int symbolic);
+void sim_free(sim *s);
+uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind);
+
+int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded);
+void sim_hold(sim *s, int32_t id);
+void sim_drop(sim *s, int32_t id);   /* release one hold */
+void sim_save(sim *s, sim_node *n, int32_t id);
+sim_node *sim_node_new(sim *s, uint32_t row, int32_t out);
+/* a transient working set: allocate, record the event, free */
+void sim_transient(sim *s, uint32_t row, uint64_t bytes);
+void sim_set_phase(sim *s, mm_phase p);
+void sim_label(sim *s, const char *label, uint32_t row);
+uint64_t sim_live(const sim *s);
+
+/* Backward over tape[from, to) in reverse.  `recompute` re-runs a checkpointed
+ * layer (implemented by layers.c) and returns its recomputed output. */
+typedef int32_t (*sim_recompute_fn)(sim *s, const sim_node *ckpt, void *ctx);
+void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx);
+
+/* checked multiply helpers that flag overflow on the sim */
+uint64_t sim_mul(sim *s, uint64_t a, uint64_t b);
+uint64_t sim_mul3(sim *s, uint64_t a, uint64_t b, uint64_t c);
+uint64_t sim_add(sim *s, uint64_t a, uint64_t b);
+
+#endif

@@ -156,6 +156,10 @@ def fmt_pct(v):
     return "%+7.2f%%" % v if v is not None else "      -"
 
 
+def fmt_mape(v):
+    return "%.2f%%" % v if v is not None else "-"
+
+
 def fmt_gib(v):
     return "%7.2f" % (v / GIB) if v is not None else "      -"
 
@@ -182,12 +186,12 @@ def report(s, out=None):
         w("PREDICT-ERROR %s: %s\n" % (e["id"], e["error"]))
     for mode, v in sorted(s["by_mode"].items()):
         w("mode %-9s n=%-3d allocated MAPE %s  device MAPE %s\n" % (
-            mode, v["n"], fmt_pct(v["allocated_mape_pct"]), fmt_pct(v["device_mape_pct"])))
+            mode, v["n"], fmt_mape(v["allocated_mape_pct"]), fmt_mape(v["device_mape_pct"])))
     w("MAPE allocated_peak_bytes vs max_memory_allocated: %s (goal <= %.0f%%: %s)\n" % (
-        fmt_pct(s["allocated_mape_pct"]).strip(), s["goal_allocated_pct"],
+        fmt_mape(s["allocated_mape_pct"]), s["goal_allocated_pct"],
         "met" if s["allocated_goal_met"] else "NOT met"))
     w("MAPE peak_bytes vs device-level (nvidia-smi) peak: %s (goal <= %.0f%%: %s)\n" % (
-        fmt_pct(s["device_mape_pct"]).strip(), s["goal_device_pct"],
+        fmt_mape(s["device_mape_pct"]), s["goal_device_pct"],
         "met" if s["device_goal_met"] else "NOT met"))
     w("measured %d, OOM %d (admitted although OOM: %d), ran but refused: %d, predict errors %d\n"
       % (s["n_measured"], s["n_oom"], len(s["oom_not_refused"]), len(s["ran_but_refused"]),

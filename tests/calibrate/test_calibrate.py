@@ -496,7 +496,7 @@ class TestCompare(unittest.TestCase):
         self.assertTrue(s["oom_rows"][0]["predicted_refuses"])
         buf = io.StringIO()
         compare.report(s, buf)
-        self.assertIn("MAPE allocated_peak_bytes vs max_memory_allocated: +2.50%", buf.getvalue())
+        self.assertIn("MAPE allocated_peak_bytes vs max_memory_allocated: 2.50%", buf.getvalue())
         self.assertIn("refused (correct)", buf.getvalue())
 
     def test_cli_goals_device_json_and_predict_errors(self):

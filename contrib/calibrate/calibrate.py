@@ -386,7 +386,6 @@ def lora_linear_class():
     adapters in the base weight's dtype (pure bf16, like peft with
     autocast_adapter_dtype=False)."""
     import math
-    import torch
     from torch import nn
 
     class LoraLinear(nn.Module):

@@ -203,7 +203,7 @@ def make_spec(cid, mode, attn, gc_on, prec, rnd):
         macs += N * h * vocab
         vt = b * n_img * (P + 1)
         macs += vt * vl * (12 * dv * dv) + b * n_img * (dv // 64) * (P + 1) ** 2 * 64 * 2 * vl
-        cap = 12e9 if prec == "fp32" else 30e9
+        cap = 20e9 if prec == "fp32" else 50e9
         if macs > cap:
             continue
         if attn == "eager" and b * heads * s * s * 16 > 3e9:

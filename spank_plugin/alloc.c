@@ -52,9 +52,9 @@ int mmg_alloc_post_opt(spank_t sp, int ac, char **av)
     struct mmg_check *chk;
     int rc;
 
-    if (!mmg_opts.model) {
+    if (!mmg_opts.model || mmg_model_inherited()) {
         drop_inherited();
-        if (mmg_opts.gpu || mmg_opts.gpus)
+        if (!mmg_opts.model && (mmg_opts.gpu || mmg_opts.gpus))
             slurm_info(MMG_PREFIX "--mm-gpu/--mm-gpus given without --mm-model: ignored");
         return 0;
     }

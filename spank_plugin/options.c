@@ -33,6 +33,7 @@ static int opt_cb(int val, const char *optarg, int remote)
                         MMG_PATH_MAX - 1);
             return -1;
         }
+        mmg_opts.model_calls++;
         return set_str(&mmg_opts.model, optarg) == 0 || remote ? 0 : -1;
     case OPT_GPU:
         if (!remote) {
@@ -88,6 +89,13 @@ int mmg_options_register(spank_t sp)
         }
     }
     return rc;
+}
+
+int mmg_model_inherited(void)
+{
+    const char *env = getenv("SLURM_SPANK__SLURM_SPANK_OPTION_mmguard_mm_model");
+    return mmg_opts.model && env && getenv("SLURM_JOB_ID") && mmg_opts.model_calls == 1 &&
+           strcmp(env, mmg_opts.model) == 0;
 }
 
 void mmg_options_free(void)

@@ -26,10 +26,16 @@ struct mmg_opts {
     char *model;     /* --mm-model, NULL if not given */
     char *gpu;       /* --mm-gpu */
     uint32_t gpus;   /* --mm-gpus, 0 = spec's training.data_parallel */
+    unsigned model_calls; /* how often the --mm-model callback ran */
 };
 extern struct mmg_opts mmg_opts;
 int mmg_options_register(spank_t sp);
 void mmg_options_free(void);
+/* Slurm hands a job's SPANK options to commands run inside it (the job env has
+ * SLURM_SPANK__SLURM_SPANK_OPTION_mmguard_mm_model, which sbatch/salloc/srun
+ * apply as if given).  1 when --mm-model only came from there: a step of an
+ * already-checked job, or a nested submission that did not ask for a check. */
+int mmg_model_inherited(void);
 
 /* ---- the check ------------------------------------------------------------- */
 typedef enum {

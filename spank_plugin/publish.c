@@ -21,7 +21,7 @@
 const char *const mmg_task_vars[] = {
     "MMGUARD_DECISION", "MMGUARD_PEAK_BYTES", "MMGUARD_ALLOC_PEAK_BYTES",
     "MMGUARD_MAX_MICRO_BATCH", "MMGUARD_GPU", "MMGUARD_GPU_MEM", "MMGUARD_USABLE_BYTES",
-    "MMGUARD_DATA_PARALLEL", "MMGUARD_MODEL", "MMGUARD_SPEC_SHA256", NULL
+    "MMGUARD_DATA_PARALLEL", "MMGUARD_MODEL", "MMGUARD_SPEC", "MMGUARD_SPEC_SHA256", NULL
 };
 
 #define SETU64(name, v) do { snprintf(buf, sizeof(buf), "%" PRIu64, (uint64_t)(v)); \
@@ -56,6 +56,8 @@ void mmg_publish(const struct mmg_check *chk, mmg_setenv_f set, void *ctx)
     SETU64("MMGUARD_DATA_PARALLEL", chk->dp);
     SETU64("MMGUARD_PEAK_BYTES", chk->peak);
     SETU64("MMGUARD_ALLOC_PEAK_BYTES", chk->alloc_peak);
+    /* allocated(1): the terms below describe N >= 2 only (see mmguard.h) */
+    SETU64("MMGUARD_ALLOC_DP1_BYTES", chk->pred.allocated_dp1);
     SETU64("MMGUARD_PEAK_FIXED_BYTES", chk->pred.terms[chk->dom_term].fixed);
     SETU64("MMGUARD_PEAK_SHARDED_BYTES", chk->pred.terms[chk->dom_term].sharded);
     if (chk->have_fit)
@@ -168,6 +170,9 @@ char *mmg_decision_json(const struct mmg_check *chk)
     if (chk->gpu) {
         json_object_object_add(o, "gpu", json_object_new_string(chk->gpu->name));
         json_object_object_add(o, "gpu_mem_bytes", u64(chk->gpu->bytes));
+    } else {
+        /* unknown --mm-gpu or no config: what was asked for */
+        json_object_object_add(o, "gpu", str_or_null(mmg_opts.gpu));
     }
     if (chk->have_pred) {
         const mm_prediction *p = &chk->pred;

@@ -23,7 +23,7 @@ static int numeric(const char *name)
 static int valid_value(const char *name, const char *v)
 {
     size_t n = strlen(v);
-    if (n == 0 || n > 255)
+    if (n == 0 || n >= MMG_PATH_MAX)
         return 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)v[i];
@@ -35,11 +35,21 @@ static int valid_value(const char *name, const char *v)
 
 int mmg_remote_user_init(spank_t sp, int ac, char **av)
 {
+    char probe[64];
     (void)ac;
     (void)av;
+    /* No submit-time decision for this job: MMGUARD_* inherited through the
+     * submitting environment (e.g. a job submitted from inside an mmguard job)
+     * would describe another job; remove them. */
+    if (spank_getenv(sp, "SLURM_SPANK_MMGUARD_DECISION", probe, sizeof(probe)) != ESPANK_SUCCESS &&
+        spank_getenv(sp, "SPANK_MMGUARD_DECISION", probe, sizeof(probe)) != ESPANK_SUCCESS) {
+        for (size_t i = 0; mmg_task_vars[i]; i++)
+            (void)spank_unsetenv(sp, mmg_task_vars[i]);
+        return 0;
+    }
     for (size_t i = 0; mmg_task_vars[i]; i++) {
         const char *name = mmg_task_vars[i];
-        char src[96], val[512];
+        char src[96], val[MMG_PATH_MAX + 8];
         snprintf(src, sizeof(src), "SLURM_SPANK_%s", name);
         if (spank_getenv(sp, src, val, sizeof(val)) != ESPANK_SUCCESS) {
             snprintf(src, sizeof(src), "SPANK_%s", name);

@@ -1,0 +1,238 @@
+#!/bin/sh
+# test_plugin.sh - the mmguard SPANK plugin through the real sbatch, salloc and
+# srun of a single-node Slurm (tests/slurm/cluster.sh).  Run by `make check-slurm`
+# (as root).  PLUGIN=path/to/spank_mmguard.so; KEEP=1 keeps the work directory.
+set -u
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+PLUGIN=${PLUGIN:-$root/build/spank_mmguard.so}
+SPECS=$here/specs
+SMALL=$SPECS/llava-lora-small.yaml
+BIG=$SPECS/llava-finetune-big.yaml
+BAD=$SPECS/invalid.yaml
+
+work=$(mktemp -d /tmp/mmguard-test.XXXXXX)
+chmod 0755 "$work"
+export CLUSTER_DIR="$work/cluster"
+LOG=$work/decisions.jsonl
+pass=0
+fail=0
+
+cleanup() {
+    sh "$here/cluster.sh" stop >/dev/null 2>&1 || true
+    if [ "${KEEP:-0}" = 1 ]; then echo "# kept $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT INT TERM
+
+ok() { pass=$((pass + 1)); echo "ok - $1"; }
+not_ok() {
+    fail=$((fail + 1)); echo "not ok - $1"
+    for f in "$work/out" "$work/err"; do
+        [ -s "$f" ] && sed -n '1,25s/^/#   /p' "$f"
+    done
+    return 0
+}
+# expect NAME COND...: COND is a command; passes when it succeeds
+expect() { _name=$1; shift; if "$@"; then ok "$_name"; else not_ok "$_name"; fi; }
+has() { grep -Eq -- "$2" "$1"; }
+hasnt() { ! grep -Eq -- "$2" "$1"; }
+
+# run CMD...: stdout -> $work/out, stderr -> $work/err, status -> $rc (bounded)
+run() { timeout 60 "$@" >"$work/out" 2>"$work/err"; rc=$?; }
+
+start() { # start CONF_LINES...: a fresh cluster with an mmguard.conf of these lines
+    printf '%s\n' "$@" >"$work/mmguard.conf"
+    if ! MMGUARD_CONF=$work/mmguard.conf PLUGIN=$PLUGIN GRES=h100:8,a100-40g:2 \
+        sh "$here/cluster.sh" start 2>"$work/cluster.err"; then
+        cat "$work/cluster.err"
+        echo "Bail out! cluster did not start"
+        exit 1
+    fi
+    . "$CLUSTER_DIR/env.sh"
+    rm -f "$LOG"
+}
+
+jobid() { sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$work/out"; }
+# wait_job ID: until the job has finished (bounded 60 s); prints the state
+wait_job() {
+    _i=0
+    while [ $_i -lt 600 ]; do
+        _st=$(scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+        case "$_st" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) echo "$_st"; return 0 ;; esac
+        sleep 0.1; _i=$((_i + 1))
+    done
+    echo "TIMEOUT_WAITING"; return 1
+}
+log_lines() { if [ -f "$LOG" ]; then wc -l <"$LOG" | tr -d ' '; else echo 0; fi; }
+# log_field N KEY: field KEY of decision-log line N (python3 parses every line)
+log_field() {
+    python3 - "$LOG" "$1" "$2" <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+rec = json.loads(lines[int(sys.argv[2]) - 1])
+v = rec
+for k in sys.argv[3].split("."):
+    v = v[k]
+print(v)
+PY
+}
+
+cd "$work" || exit 1
+cat >"$work/job.sh" <<'SH'
+#!/bin/sh
+echo "batch: $(env | grep '^MMGUARD_' | sort | tr '\n' ' ')"
+srun -n1 sh -c 'echo "step: $(env | grep "^MMGUARD_" | sort | tr "\n" " ")"'
+SH
+cat >"$work/job_directive.sh" <<SH
+#!/bin/sh
+#SBATCH --mm-model=$SMALL
+#SBATCH --gres=gpu:h100:1
+env | grep '^MMGUARD_' | sort
+SH
+
+echo "# plugin: $PLUGIN"
+[ -f "$PLUGIN" ] || { echo "Bail out! $PLUGIN not built"; exit 1; }
+
+# ---- the shared object ------------------------------------------------------
+nm -D --defined-only "$PLUGIN" | awk '{print $NF}' | sed 's/@.*//' >"$work/out"
+expect "exports only slurm_spank_*/plugin_* symbols" \
+    sh -c "! grep -Ev '^(slurm_spank_[a-z_]+|plugin_(name|type|version))\$' '$work/out'"
+expect "exports slurm_spank_init, slurm_spank_init_post_opt and plugin_name" \
+    sh -c "grep -qx slurm_spank_init '$work/out' && grep -qx slurm_spank_init_post_opt '$work/out' && grep -qx plugin_name '$work/out'"
+readelf -d "$PLUGIN" >"$work/out" 2>&1
+expect "not linked against libslurm, full RELRO (BIND_NOW)" \
+    sh -c "! grep -q 'libslurm' '$work/out' && grep -Eq 'BIND_NOW|FLAGS.*NOW' '$work/out'"
+
+# ---- action=reject, on_error=reject ------------------------------------------
+start "# test config" "action=reject" "margin=5%" "reserve=1GiB" "log=$LOG" "on_error=reject"
+
+run sbatch --mm-model="$SMALL" --gres=gpu:h100:1 -o "$work/small.out" "$work/job.sh"
+id=$(jobid)
+expect "sbatch: fitting spec is accepted (rc 0, job id)" test "$rc" -eq 0 -a -n "$id"
+expect "sbatch: accepted job prints the prediction" has "$work/err" '^sbatch: mmguard: --mm-model=.*llava-lora-small.yaml: predicted peak .* fits h100'
+st=$(wait_job "$id")
+expect "sbatch: accepted job ran ($st)" test "$st" = COMPLETED
+expect "batch step sees MMGUARD_PEAK_BYTES/DECISION/MAX_MICRO_BATCH" \
+    has "$work/small.out" '^batch: .*MMGUARD_DECISION=accept .*MMGUARD_MAX_MICRO_BATCH=[0-9]+ .*MMGUARD_PEAK_BYTES=[0-9]+'
+expect "srun step inside the job sees MMGUARD_PEAK_BYTES" has "$work/small.out" '^step: .*MMGUARD_PEAK_BYTES=[0-9]+'
+expect "job sees the GPU type and the model name" has "$work/small.out" 'MMGUARD_GPU=h100 .*MMGUARD_MODEL=llava-1.5-7b-lora-small'
+
+run sbatch -o "$work/directive.out" "$work/job_directive.sh"
+id=$(jobid); st=$(wait_job "$id")
+expect "#SBATCH --mm-model is honoured" sh -c "[ '$st' = COMPLETED ] && grep -qx 'MMGUARD_SPEC=$SMALL' '$work/directive.out'"
+
+run sbatch --export=NONE --mm-model="$SMALL" -o "$work/exportnone.out" "$work/job.sh"
+id=$(jobid); st=$(wait_job "$id")
+expect "--export=NONE job still sees MMGUARD_PEAK_BYTES (via SLURM_SPANK_*)" has "$work/exportnone.out" '^batch: .*MMGUARD_PEAK_BYTES=[0-9]+'
+
+njobs=$(squeue -h | wc -l)
+run sbatch --mm-model="$BIG" --gres=gpu:h100:1 -o /dev/null "$work/job.sh"
+expect "sbatch: oversized spec is rejected with exit 1" test "$rc" -eq 1
+expect "rejection names the flag, the peak and the usable memory" \
+    has "$work/err" '^sbatch: error: mmguard: --mm-model=.*llava-finetune-big.yaml: job rejected: predicted peak [0-9.]+ GiB per GPU does not fit h100 \([0-9.]+ GiB usable of [0-9.]+ GiB\)'
+expect "rejection lists the top factors and modules" \
+    sh -c "grep -q '^sbatch: error: mmguard: top factors: ' '$work/err' && grep -q '^sbatch: error: mmguard: top modules: language_model' '$work/err'"
+expect "rejection suggests a micro-batch size that fits" has "$work/err" 'mmguard: to fit: training.micro_batch_size=[0-9]+ \(largest that fits'
+expect "rejected job was not submitted" sh -c "hasnt() { ! grep -q \"\$2\" \"\$1\"; }; hasnt '$work/out' Submitted && [ \$(squeue -h | wc -l) -eq $njobs ]"
+
+run sbatch --mm-model="$BAD" -o /dev/null "$work/job.sh"
+expect "invalid spec: exit 1 with the library's file:line message" \
+    sh -c "[ $rc -eq 1 ] && grep -Eq '^sbatch: error: mmguard: --mm-model=.*invalid.yaml: invalid spec: .*invalid.yaml:[0-9]+' '$work/err'"
+expect "invalid spec: on_error=reject is stated" has "$work/err" 'mmguard: on_error=reject: job not submitted'
+
+run sbatch --mm-model="$SMALL" --mm-gpu=v100 -o /dev/null "$work/job.sh"
+expect "--mm-gpu=unknown type: rejected naming the flag and the known types" \
+    sh -c "[ $rc -eq 1 ] && grep -q 'mmguard: --mm-gpu=v100: unknown GPU type (known: h100, h200' '$work/err'"
+
+run sbatch --mm-model="$SMALL" --mm-gpus=zero -o /dev/null "$work/job.sh"
+expect "--mm-gpus=zero: refused by the option callback" sh -c "[ $rc -ne 0 ] && grep -q \"mmguard: --mm-gpus: 'zero' is not an integer\" '$work/err'"
+
+n_before=$(log_lines)
+run sbatch -o "$work/plain.out" "$work/job.sh"
+id=$(jobid); st=$(wait_job "$id")
+expect "no --mm-model: job untouched (runs, no MMGUARD_* vars, no message)" \
+    sh -c "[ $rc -eq 0 ] && [ '$st' = COMPLETED ] && ! grep -q MMGUARD_ '$work/small.out.none' 2>/dev/null; ! grep -q 'MMGUARD_' '$work/plain.out' && ! grep -q mmguard '$work/err'"
+expect "no --mm-model: no decision logged" test "$(log_lines)" -eq "$n_before"
+
+# nested submission: the inner job must not inherit the outer job's values
+cat >"$work/nested.sh" <<SH
+#!/bin/sh
+sbatch --wait -o "$work/inner.out" --wrap 'env | grep MMGUARD_ | sort; echo inner-done' >/dev/null
+SH
+run sbatch -o "$work/outer.out" --mm-model="$SMALL" "$work/nested.sh"
+id=$(jobid); wait_job "$id" >/dev/null
+expect "job submitted from an mmguard job without --mm-model gets no stale MMGUARD_*" \
+    sh -c "grep -q inner-done '$work/inner.out' && ! grep -q MMGUARD_ '$work/inner.out'"
+
+# salloc and srun
+run salloc --mm-model="$SMALL" --gres=gpu:h100:1 sh -c 'env | grep "^SLURM_SPANK_MMGUARD_PEAK_BYTES="'
+expect "salloc: fitting spec gets an allocation, values in SLURM_SPANK_MMGUARD_*" \
+    sh -c "[ $rc -eq 0 ] && grep -Eq '^SLURM_SPANK_MMGUARD_PEAK_BYTES=[0-9]+' '$work/out'"
+run salloc --mm-model="$BIG" sh -c 'echo allocated'
+expect "salloc: oversized spec is refused with the explanation" \
+    sh -c "[ $rc -ne 0 ] && grep -q '^salloc: error: mmguard: --mm-model=.*does not fit h100' '$work/err' && ! grep -q allocated '$work/out'"
+run srun --mm-model="$SMALL" -n1 sh -c 'env | grep "^MMGUARD_" | sort'
+expect "srun: fitting spec runs and the task sees MMGUARD_PEAK_BYTES" \
+    sh -c "[ $rc -eq 0 ] && grep -Eq '^MMGUARD_PEAK_BYTES=[0-9]+' '$work/out'"
+run srun --mm-model="$BIG" -n1 echo ran
+expect "srun: oversized spec is refused with the explanation" \
+    sh -c "[ $rc -ne 0 ] && grep -q '^srun: error: mmguard: --mm-model=.*does not fit' '$work/err' && ! grep -q ran '$work/out'"
+
+# the decision log: one valid JSON object per decision, in order
+# decisions: small, directive, exportnone, big, bad, v100, nested-outer, salloc x2, srun x2
+expect "decision log has exactly one line per decision (11)" test "$(log_lines)" -eq 11
+expect "every log line is a JSON object with the required fields" python3 - "$LOG" <<'PY'
+import json, re, sys
+req = ["time", "user", "uid", "job_name", "spec", "model", "decision", "reason", "source", "gpu",
+       "margin"]
+ok = True
+for n, line in enumerate(open(sys.argv[1]), 1):
+    r = json.loads(line)
+    miss = [k for k in req if k not in r]
+    if miss or not re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", r["time"]):
+        print("# line", n, "missing", miss, r.get("time")); ok = False
+    if r["decision"] in ("accept", "reject") and not (
+            re.match(r"^[0-9a-f]{64}$", r["spec_sha256"]) and r["peak_bytes"] > 0
+            and r["usable_bytes"] > 0 and "activations" in r["factors"] and r["modules"]):
+        print("# line", n, "incomplete prediction record"); ok = False
+sys.exit(0 if ok else 1)
+PY
+got=$(python3 -c 'import json,sys; print(" ".join(json.loads(l)["decision"] + "/" + json.loads(l)["source"] for l in open(sys.argv[1])))' "$LOG")
+expect "log decisions/sources in order ($got)" test "$got" = \
+    "accept/sbatch accept/sbatch accept/sbatch reject/sbatch error/sbatch error/sbatch accept/sbatch accept/salloc reject/salloc accept/srun reject/srun"
+expect "log records the usable memory after margin=5% and reserve=1GiB" \
+    test "$(log_field 1 usable_bytes)" -eq $(( 85520809984 - (85520809984 * 5 + 99) / 100 - 1073741824 ))
+expect "log records the spec digest that the job sees" \
+    sh -c "grep -q \"MMGUARD_SPEC_SHA256=$(log_field 1 spec_sha256)\" '$work/small.out'"
+
+# ---- action=warn, on_error=allow ------------------------------------------------
+start "action=warn" "log=$LOG" "on_error=allow"
+run sbatch --mm-model="$BIG" -o /dev/null --wrap true
+id=$(jobid)
+expect "warn mode: oversized spec is submitted" test "$rc" -eq 0 -a -n "$id"
+expect "warn mode: the explanation is shown as a warning" \
+    sh -c "grep -q '^sbatch: mmguard: --mm-model=.*: warning: predicted peak' '$work/err' && grep -q '^sbatch: mmguard: to fit:' '$work/err' && ! grep -q 'error:' '$work/err'"
+run sbatch --mm-model="$BAD" -o /dev/null --wrap true
+expect "on_error=allow: invalid spec is submitted with the file:line message" \
+    sh -c "[ $rc -eq 0 ] && grep -Eq 'mmguard: --mm-model=.*invalid.yaml: invalid spec: .*invalid.yaml:[0-9]+' '$work/err' && grep -q 'on_error=allow' '$work/err'"
+expect "warn/allow decisions logged as warn, error" \
+    test "$(python3 -c 'import json,sys; print(" ".join(json.loads(l)["decision"] for l in open(sys.argv[1])))' "$LOG")" = "warn error"
+
+# ---- configuration errors -------------------------------------------------------
+start "action=reject" "bogus_key=1"
+run sbatch --mm-model="$SMALL" -o /dev/null --wrap true
+expect "config error: --mm-model job refused naming file:line and the key" \
+    sh -c "[ $rc -eq 1 ] && grep -q \"mmguard: plugin configuration error: $CLUSTER_DIR/etc/mmguard.conf:2: unknown key 'bogus_key'\" '$work/err'"
+run sbatch -o /dev/null --wrap true
+expect "config error: jobs without --mm-model are unaffected" test "$rc" -eq 0
+expect "config error: slurmd logs it at start-up and keeps running" \
+    sh -c "grep -q \"mmguard: configuration error.*unknown key 'bogus_key'\" '$CLUSTER_DIR/log/slurmd.log' && sh '$here/cluster.sh' status >/dev/null"
+
+start "action=reject" "log=$work/no/such/dir/decisions.jsonl"
+run sbatch --mm-model="$SMALL" -o /dev/null --wrap true
+expect "unwritable log: the decision stands and the failure is reported once" \
+    sh -c "[ $rc -eq 0 ] && [ \$(grep -c 'cannot append the decision record' '$work/err') -eq 1 ]"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -70,11 +70,11 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
 CHECK_CFLAGS = $(shell $(PKG_CONFIG) --cflags check 2>/dev/null)
 
-$(BUILD)/unit_tests: $(TEST_SRCS) tests/unit/unit.h $(BUILD)/libmmguard.a $(HDRS)
-	$(CC) $(CFLAGS_ALL) $(CHECK_CFLAGS) -Itests/unit -DSRCDIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/libmmguard.a $(PKG_LIBS) $(CHECK_LIBS) -lm -o $@
+$(BUILD)/unit_tests: $(TEST_SRCS) $(UNIT_EXTRA_SRCS) tests/unit/unit.h $(BUILD)/libmmguard.a $(HDRS)
+	$(CC) $(CFLAGS_ALL) $(CHECK_CFLAGS) -Itests/unit -Ispank_plugin -DSRCDIR='"$(CURDIR)"' $(TEST_SRCS) $(UNIT_EXTRA_SRCS) $(BUILD)/libmmguard.a $(PKG_LIBS) $(CHECK_LIBS) -lm -o $@
 
-$(BUILD)/unit_tests-asan: $(TEST_SRCS) tests/unit/unit.h $(BUILD)/libmmguard-asan.a $(HDRS)
-	$(CC) $(CFLAGS_ASAN) $(CHECK_CFLAGS) -Itests/unit -DSRCDIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/libmmguard-asan.a $(PKG_LIBS) $(CHECK_LIBS) -lm -o $@
+$(BUILD)/unit_tests-asan: $(TEST_SRCS) $(UNIT_EXTRA_SRCS) tests/unit/unit.h $(BUILD)/libmmguard-asan.a $(HDRS)
+	$(CC) $(CFLAGS_ASAN) $(CHECK_CFLAGS) -Itests/unit -Ispank_plugin -DSRCDIR='"$(CURDIR)"' $(TEST_SRCS) $(UNIT_EXTRA_SRCS) $(BUILD)/libmmguard-asan.a $(PKG_LIBS) $(CHECK_LIBS) -lm -o $@
 
 check-unit: $(BUILD)/unit_tests
 	$(BUILD)/unit_tests

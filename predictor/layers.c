@@ -683,6 +683,11 @@ static int32_t llama_module(lctx *c, int32_t image_features)
         x = y;
     }
     c->per_layer = 0;
+    /* the forward's own references to cos/sin and the mask end here; layers
+     * (or checkpoints) that saved them keep them alive until their backward */
+    drop(c, c->cos);
+    drop(c, c->sin);
+    drop(c, c->mask);
     int32_t z = rmsnorm(c, "norm", x);
     drop(c, x);
     /* lm_head: logits (B,S,V) in dt; keeps the normed hidden state if trainable */

@@ -468,6 +468,7 @@ mm_node *mm_json_parse(const char *buf, size_t len, const char *name, mm_error *
         mm_err(err, "%s: out of memory", name);
         return NULL;
     }
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT); /* no trailing commas, no comments */
     json_object *o = json_tokener_parse_ex(tok, buf, (int)len);
     enum json_tokener_error jerr = json_tokener_get_error(tok);
     size_t off = json_tokener_get_parse_end(tok);

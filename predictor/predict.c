@@ -142,7 +142,8 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
     }
     int32_t partition = -1;
     if (t->grad_accum > 1 && t->zero_stage >= 2 && P_tr)
-        partition = sim_alloc(s, r_part, sim_mul(s, P_tr, c.dt), F_GRAD, 1);
+        partition = sim_alloc(s, r_part, sim_mul(s, P_tr, t->zero_stage == 3 ? 4 : c.dt),
+                              F_GRAD, 1);
     /* the batch: input_ids, labels, attention_mask (int64), pixel_values */
     uint32_t rin = sim_row_get(s, llm, "inputs", "inputs");
     sim_label(s, "inputs", rin);
@@ -183,8 +184,12 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
         sim_label(s, "deepspeed reduce buckets", r_bucket);
         bucket = sim_alloc(s, r_bucket, sim_mul3(s, rb, c.dt, sp->deepspeed.overlap_comm ? 2 : 1),
                            F_GRAD, 0);
+        /* ZeRO-2 reduces into a partition in the model dtype; ZeRO-3 into an fp32
+         * partition that the optimizer uses directly (DeepSpeed's estimators:
+         * ZeRO-2 2P + 18P/N, ZeRO-3 18P/N + 4 x largest layer) */
         if (t->grad_accum == 1)
-            partition = sim_alloc(s, r_part, sim_mul(s, P_tr, c.dt), F_GRAD, 1);
+            partition = sim_alloc(s, r_part, sim_mul(s, P_tr, t->zero_stage == 3 ? 4 : c.dt),
+                                  F_GRAD, 1);
     }
     if (t->grad_accum > 1) /* AccumulateGrad adds into the existing .grad */
         for (size_t k = 0; k < s->ntape; k++)
@@ -200,10 +205,12 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
     sim_set_phase(s, MM_PHASE_OPTIMIZER);
     sim_label(s, "optimizer step", r_step);
     if (P_tr) {
-        if (t->zero_stage >= 1) {
+        if (t->zero_stage == 1 || t->zero_stage == 2) {
             /* DeepSpeed: the gradient partition converted to fp32 for the step */
             int32_t g32 = sim_alloc(s, r_step, sim_mul(s, P_tr, 4), F_TEMP, 1);
             sim_drop(s, g32);
+        } else if (t->zero_stage == 3) {
+            /* the fp32 gradient partition is used as is (FusedAdam: no temporaries) */
         } else if (t->optimizer == OPT_ADAMW || t->optimizer == OPT_ADAM) {
             if (t->impl == IMPL_FOREACH) /* torch._foreach_sqrt(exp_avg_sqs) */
                 sim_transient(s, r_step, sim_mul(s, P_tr, sdt));

@@ -78,6 +78,10 @@ uint64_t sim_live(const sim *s)
 void sim_set_phase(sim *s, mm_phase p)
 {
     s->phase = p;
+    /* a phase that allocates nothing still holds what is live when it starts */
+    uint64_t live = sim_live(s);
+    if (live > s->phase_peak[p])
+        s->phase_peak[p] = live;
 }
 
 void sim_label(sim *s, const char *label, uint32_t row)

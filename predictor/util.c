@@ -54,20 +54,26 @@ size_t mm_strlcpy(char *dst, const char *src, size_t n)
 unsigned mm_edit_distance(const char *a, const char *b)
 {
     size_t la = strnlen(a, 64), lb = strnlen(b, 64);
-    unsigned prev[65], cur[65];
+    /* optimal string alignment: a swap of two letters costs 1 */
+    unsigned pp[65], prev[65], cur[65];
     for (size_t j = 0; j <= lb; j++)
-        prev[j] = (unsigned)j;
+        prev[j] = pp[j] = (unsigned)j;
     for (size_t i = 1; i <= la; i++) {
         cur[0] = (unsigned)i;
         for (size_t j = 1; j <= lb; j++) {
-            unsigned cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
+            int ai = tolower((unsigned char)a[i - 1]), bj = tolower((unsigned char)b[j - 1]);
+            unsigned cost = ai != bj;
             unsigned v = prev[j] + 1;
             if (cur[j - 1] + 1 < v)
                 v = cur[j - 1] + 1;
             if (prev[j - 1] + cost < v)
                 v = prev[j - 1] + cost;
+            if (i > 1 && j > 1 && ai == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == bj && pp[j - 2] + 1 < v)
+                v = pp[j - 2] + 1;
             cur[j] = v;
         }
+        memcpy(pp, prev, (lb + 1) * sizeof pp[0]);
         memcpy(prev, cur, (lb + 1) * sizeof prev[0]);
     }
     return prev[lb];
@@ -86,7 +92,13 @@ const char *mm_suggest(const char *word, const char *const *candidates, size_t n
     }
     size_t len = strlen(word);
     unsigned limit = len <= 4 ? 1 : len <= 8 ? 2 : 3;
-    return bestd <= limit ? best : NULL;
+    if (bestd <= limit)
+        return best;
+    /* a truncated key ("micro_batch" for "micro_batch_size") */
+    for (size_t i = 0; len >= 4 && i < n; i++)
+        if (strncmp(candidates[i], word, len) == 0)
+            return candidates[i];
+    return NULL;
 }
 
 /* ---- sizes ------------------------------------------------------------------ */

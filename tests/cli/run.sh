@@ -1,0 +1,70 @@
+#!/bin/sh
+# tests/cli/run.sh - the mmguard CLI as a user runs it: exit codes (0 fits,
+# 1 does not fit, 2 bad input), error lines naming file:line:col and the key,
+# JSON output keys, --set, --help/--version.  MMGUARD=path/to/mmguard.
+set -u
+M=${MMGUARD:-build/mmguard}
+D=contrib/models
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+# expect CODE CMD...: run, compare exit status, keep output in $T/out
+expect() {
+    want=$1; shift
+    "$@" >"$T/out" 2>&1
+    got=$?
+    if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/    /' "$T/out"; fi
+}
+has() { if grep -q -- "$1" "$T/out"; then ok; else bad "output lacks '$1'"; sed 's/^/    /' "$T/out"; fi; }
+
+expect 0 "$M" --version;                      has "mmguard 0.1.0"
+expect 0 "$M" --help;                         has "predict SPEC"
+expect 0 "$M" predict --help;                 has "--set KEY=VALUE"
+expect 2 "$M";                                has "usage"
+expect 2 "$M" frobnicate;                     has "unknown command 'frobnicate'"
+expect 2 "$M" predict;                        has "missing SPEC"
+expect 2 "$M" predict $D/llava-1.5-7b-finetune.yaml --bogus; has "unknown option '--bogus'"
+
+for s in $D/*.yaml; do
+    expect 0 "$M" predict "$s";               has "peak per GPU"
+    expect 0 "$M" predict "$s" --json
+    if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); k=["name","peak_bytes","allocated_peak_bytes","peak_phase","factors","modules"]; assert all(x in d for x in k), k; assert d["peak_phase"] in ("forward","backward","optimizer"); assert set(d["factors"])=={"parameters","gradients","optimizer_states","activations","temporaries","overhead"}; assert all("layers" in m and "parameters_count" in m for m in d["modules"]); assert d["peak_bytes"] > d["allocated_peak_bytes"] > 0' "$T/out"; then ok; else bad "JSON of $s"; fi
+done
+
+# --set changes the prediction; a bad --set is exit 2 naming the key
+"$M" predict $D/llava-1.5-7b-finetune.yaml --json > "$T/a.json"
+"$M" predict $D/llava-1.5-7b-finetune.yaml --json --set training.micro_batch_size=4 --set language_model.num_hidden_layers=16 > "$T/b.json"
+if python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); assert b["allocated_peak_bytes"] < a["allocated_peak_bytes"]; assert b["micro_batch_size"] == 4' "$T/a.json" "$T/b.json"; then ok; else bad "--set did not change the prediction"; fi
+expect 2 "$M" predict $D/llava-1.5-7b-finetune.yaml --set training.micro_batch_size=0; has "training.micro_batch_size"
+expect 2 "$M" predict $D/llava-1.5-7b-finetune.yaml --set languagemodel.hidden_size=8; has "did you mean 'language_model'"
+
+# check: fits (0), does not fit (1), bad input (2)
+expect 0 "$M" check $D/llava-1.5-7b-lora.yaml --gpu-mem 80GiB --margin 10%;  has "fits: predicted peak"
+expect 1 "$M" check $D/llava-1.5-7b-finetune.yaml --gpu-mem 16GiB;           has "does not fit"
+expect 1 "$M" check $D/llava-1.5-7b-finetune.yaml --gpu-mem 80GiB --set training.data_parallel=1; has "does not fit"
+expect 2 "$M" check $D/llava-1.5-7b-finetune.yaml;                           has "--gpu-mem SIZE is required"
+expect 2 "$M" check $D/llava-1.5-7b-finetune.yaml --gpu-mem 80XB;            has "unknown unit"
+expect 2 "$M" check $D/llava-1.5-7b-finetune.yaml --gpu-mem 80GiB --margin 120%; has "margin"
+
+# fit: answers the three questions
+expect 1 "$M" fit $D/llava-1.5-7b-finetune.yaml --gpu-mem 40GiB --set training.data_parallel=1
+has "no micro-batch fits"; has "smallest number of GPUs with ZeRO-3: "
+expect 0 "$M" fit $D/llava-1.5-7b-lora.yaml --gpu-mem 80GiB --json;           has '"max_micro_batch"'
+
+# bad specs: one line naming file:line:col and the key, exit 2
+printf 'name: x\nmodules:\n  - name: llm\n    type: llama\n    hidden_size: 64\n    num_hidden_layers: 1\n    num_attention_heads: 4\n    intermediate_size: 64\n    vocab_size: 100\ntraining:\n  micro_batch_size: 1\n  seq_len: 8\n  optimiser: adamw\n' > "$T/typo.yaml"
+expect 2 "$M" predict "$T/typo.yaml";         has "typo.yaml:13:3: training.optimiser: unknown key (did you mean 'optimizer'?)"
+if [ "$(wc -l < "$T/out")" -eq 1 ]; then ok; else bad "error is not one line"; fi
+printf '{"name": "x", "modules": [}' > "$T/bad.json"
+expect 2 "$M" predict "$T/bad.json";          has "bad.json:1:"
+expect 2 "$M" predict "$T";                   has "not a regular file"
+expect 2 "$M" predict "$T/missing.yaml";      has "cannot open"
+mkfifo "$T/fifo" && { expect 2 timeout 10 "$M" predict "$T/fifo"; has "not a regular file"; }
+head -c 2000000 /dev/zero | tr '\0' 'a' > "$T/big.yaml"
+expect 2 "$M" predict "$T/big.yaml";          has "limit"
+
+echo "cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

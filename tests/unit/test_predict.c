@@ -1,0 +1,316 @@
+/* test_predict.c - the predictor against numbers computed independently:
+ * published parameter counts, DeepSpeed's model-state estimators, a hand
+ * computed optimizer phase, and behaviour every user expects (checkpointing,
+ * flash attention, ZeRO and more GPUs never make things worse). */
+#include "unit.h"
+#include "mmguard.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static mm_spec *load_contrib(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, name);
+    mm_error e;
+    mm_spec *s = mm_spec_load_file(path, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    return s;
+}
+
+static void set(mm_spec *s, const char *kv)
+{
+    mm_error e;
+    ck_assert_msg(mm_spec_set(s, kv, &e) == 0, "%s", e.msg);
+}
+
+static mm_prediction predict(const mm_spec *s)
+{
+    mm_prediction p;
+    mm_error e;
+    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    return p;
+}
+
+START_TEST(llava7b_parameter_counts)
+{
+    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    mm_prediction p = predict(s);
+    ck_assert_uint_eq(p.n_modules, 3);
+    /* Vicuna-7B v1.5 (published): 6,738,415,616 */
+    ck_assert_uint_eq(p.modules[2].parameters_count, 6738415616ull);
+    /* mlp2x_gelu 1024 -> 4096 -> 4096 with biases: 20,979,712 */
+    ck_assert_uint_eq(p.modules[1].parameters_count, 20979712ull);
+    /* CLIP ViT-L/14-336 vision model: patch 1024*3*14*14 + class 1024 + pos 577*1024
+     * + pre-LN 2048 + 24 * (4*(1024^2+1024) + 2*2048 + (4096*1024+4096) + (1024*4096+1024))
+     * + post-LN 2048 = 303,507,456 (the 224 px model has 303,179,776 = 256 fewer positions) */
+    uint64_t layer = 4 * (1024ull * 1024 + 1024) + 2 * 2048 + (4096ull * 1024 + 4096) +
+                     (1024ull * 4096 + 1024);
+    uint64_t clip = 1024ull * 3 * 14 * 14 + 1024 + 577ull * 1024 + 2048 + 24 * layer + 2048;
+    ck_assert_uint_eq(clip, 303507456ull);
+    ck_assert_uint_eq(p.modules[0].parameters_count, clip);
+    /* finetune: projector + LLM trainable, tower frozen */
+    ck_assert_uint_eq(p.modules[0].trainable_count, 0);
+    ck_assert_uint_eq(p.trainable_count, 6738415616ull + 20979712ull);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+END_TEST
+
+START_TEST(llava13b_parameter_counts)
+{
+    mm_spec *s = load_contrib("llava-1.5-13b-pretrain");
+    mm_prediction p = predict(s);
+    /* Vicuna-13B v1.5: 13,015,864,320 */
+    ck_assert_uint_eq(p.modules[2].parameters_count, 13015864320ull);
+    ck_assert_uint_eq(p.modules[1].parameters_count, 1024ull * 5120 + 5120 + 5120ull * 5120 + 5120);
+    /* pretrain: only the projector is trainable */
+    ck_assert_uint_eq(p.trainable_count, p.modules[1].parameters_count);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+END_TEST
+
+START_TEST(lora_parameter_counts)
+{
+    mm_spec *s = load_contrib("llava-1.5-7b-lora");
+    mm_prediction p = predict(s);
+    /* r=128 on q,k,v,o (4096x4096) and gate,up (4096->11008), down (11008->4096):
+     * per layer r*(in+out) summed, 32 layers */
+    uint64_t per = 128ull * (4 * (4096 + 4096) + 2 * (4096 + 11008) + (11008 + 4096));
+    ck_assert_uint_eq(p.modules[2].trainable_count, 32 * per);
+    ck_assert_uint_eq(p.modules[2].parameters_count, 6738415616ull + 32 * per);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+END_TEST
+
+/* A text-only llama with negligible activations, to read model states. */
+static mm_spec *tiny_llm(const char *extra_training)
+{
+    char buf[2048];
+    snprintf(buf, sizeof buf,
+             "name: states\nmodules:\n"
+             "  - {name: llm, type: llama, hidden_size: 256, num_hidden_layers: 4,"
+             " num_attention_heads: 4, intermediate_size: 512, vocab_size: 1000}\n"
+             "training: {micro_batch_size: 1, seq_len: 8, precision: bf16, attention: sdpa%s}\n",
+             extra_training);
+    mm_error e;
+    mm_spec *s = mm_spec_load_buffer(buf, strlen(buf), "states.yaml", MM_FMT_YAML, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    return s;
+}
+
+START_TEST(zero_states_match_deepspeed_estimators)
+{
+    /* P = 2*1000*256 + 4*(4*256^2 + 3*256*512 + 2*256) + 256 */
+    uint64_t P = 2ull * 1000 * 256 + 4 * (4ull * 256 * 256 + 3ull * 256 * 512 + 2 * 256) + 256;
+    uint64_t inputs = 1 * 8 * 24; /* input_ids, labels, attention_mask: int64 */
+    for (uint32_t N = 1; N <= 16; N *= 2) {
+        char extra[128];
+        /* ZeRO-2 at the optimizer step: 2P bf16 params + (2 grad + 4 fp32 grad + 4 master
+         * + 8 Adam) P/N = 2P + 18P/N (deepspeed estimate_zero2_model_states_mem_needs) */
+        snprintf(extra, sizeof extra, ", zero_stage: 2, data_parallel: %u", N);
+        mm_spec *s = tiny_llm(extra);
+        mm_prediction p = predict(s);
+        ck_assert_uint_eq(p.parameters_count, P);
+        ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 2 * P + (18 * P + N - 1) / N + inputs);
+        mm_prediction_free(&p);
+        mm_spec_free(s);
+        /* ZeRO-3: everything partitioned, 18P/N (estimate_zero3_model_states_mem_needs;
+         * its 4 x largest layer is the gathered working set, freed before the step) */
+        snprintf(extra, sizeof extra, ", zero_stage: 3, data_parallel: %u", N);
+        s = tiny_llm(extra);
+        p = predict(s);
+        ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], (18 * P + N - 1) / N + inputs);
+        mm_prediction_free(&p);
+        mm_spec_free(s);
+    }
+}
+END_TEST
+
+START_TEST(pure_bf16_adamw_optimizer_phase)
+{
+    /* torch 2.x foreach AdamW on a bf16 model: params 2P + grads 2P + exp_avg and
+     * exp_avg_sq 4P + the _foreach_sqrt(exp_avg_sq) temporary 2P = 10P */
+    mm_spec *s = tiny_llm("");
+    mm_prediction p = predict(s);
+    uint64_t P = p.parameters_count;
+    ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 10 * P + 8 * 24);
+    mm_prediction_free(&p);
+    /* fused AdamW has no temporary: 8P */
+    set(s, "training.optimizer_impl=fused");
+    p = predict(s);
+    ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 8 * P + 8 * 24);
+    mm_prediction_free(&p);
+    /* fp32 master weights (autocast): params 4P + grads 4P + states 8P + sqrt 4P */
+    set(s, "training.optimizer_impl=foreach");
+    set(s, "training.master_weights=fp32");
+    p = predict(s);
+    ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 20 * P + 8 * 24);
+    mm_prediction_free(&p);
+    /* SGD without momentum: params + grads */
+    set(s, "training.master_weights=none");
+    set(s, "training.optimizer=sgd");
+    p = predict(s);
+    ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 4 * P + 8 * 24);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+END_TEST
+
+START_TEST(loss_dominates_small_models)
+{
+    /* Big vocab, long sequence, tiny model: the peak is the loss backward:
+     * fp32 log_softmax output + its gradient + the gradient of the fp32 logits */
+    mm_spec *s = tiny_llm("");
+    set(s, "llm.vocab_size=32000");
+    set(s, "training.seq_len=1024");
+    set(s, "training.micro_batch_size=4");
+    mm_prediction p = predict(s);
+    ck_assert_int_eq(p.peak_phase, MM_PHASE_BACKWARD);
+    ck_assert_msg(strstr(p.peak_event, "loss") != NULL, "%s", p.peak_event);
+    uint64_t TV = 4ull * 1024 * 32000;
+    ck_assert_uint_ge(p.allocated_peak_bytes, 12 * TV);
+    /* the rest: params + Adam states (8P), the lm_head gradient (2Vh) and the
+     * saved activations of 4 small layers (< 40 bytes per token and hidden unit) */
+    uint64_t rest = 8 * p.parameters_count + 2ull * 32000 * 256 + 40ull * 4096 * 256 * 4;
+    ck_assert_uint_le(p.allocated_peak_bytes, 12 * TV + rest);
+    mm_prediction_free(&p);
+    /* transformers < 4.46 also copies the shifted fp32 logits in forward:
+     * 2 (bf16) + 4 (fp32) + 4 (shifted) + 4 (log_softmax) = 14 TV > 12 TV */
+    set(s, "framework.transformers_version=4.37.2");
+    p = predict(s);
+    ck_assert_int_eq(p.peak_phase, MM_PHASE_FORWARD);
+    ck_assert_uint_ge(p.allocated_peak_bytes, 14 * TV - 4ull * 32000 * 4 * 2);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+END_TEST
+
+START_TEST(monotone_behaviour)
+{
+    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    set(s, "training.gradient_checkpointing=false");
+    set(s, "training.micro_batch_size=4");
+    mm_prediction base = predict(s);
+    /* checkpointing lowers the peak */
+    set(s, "training.gradient_checkpointing=true");
+    mm_prediction ck = predict(s);
+    ck_assert_uint_lt(ck.allocated_peak_bytes, base.allocated_peak_bytes);
+    /* eager attention keeps s^2 tensors: higher than flash */
+    set(s, "training.gradient_checkpointing=false");
+    set(s, "training.attention=eager");
+    mm_prediction eager = predict(s);
+    ck_assert_uint_gt(eager.allocated_peak_bytes, base.allocated_peak_bytes);
+    /* the eager excess at the peak is at least the saved fp32 + bf16 probs of 32
+     * layers (32 * b * a * s^2 * 6 bytes) minus what flash keeps instead: an fp32
+     * logsumexp per layer (32 * b * a * s * 4) */
+    uint64_t s2 = 32ull * 4 * 32 * 2048 * 2048 * 6 - 32ull * 4 * 32 * 2048 * 4;
+    ck_assert_uint_ge(eager.allocated_peak_bytes - base.allocated_peak_bytes, s2);
+    /* more GPUs with ZeRO-3 never raise the per-GPU peak; the terms agree with
+     * a direct prediction at every N */
+    set(s, "training.attention=flash");
+    for (uint32_t n = 1; n <= 64; n *= 2) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "training.data_parallel=%u", n);
+        set(s, kv);
+        mm_prediction q = predict(s);
+        ck_assert_uint_eq(mm_peak_for_dp(&base, n), q.peak_bytes);
+        if (n > 1)
+            ck_assert_uint_le(q.peak_bytes, mm_peak_for_dp(&base, n / 2));
+        mm_prediction_free(&q);
+    }
+    mm_prediction_free(&base);
+    mm_prediction_free(&ck);
+    mm_prediction_free(&eager);
+    mm_spec_free(s);
+}
+END_TEST
+
+START_TEST(factors_sum_to_allocated)
+{
+    const char *names[] = {"llava-1.5-7b-pretrain", "llava-1.5-7b-finetune", "llava-1.5-7b-lora",
+                           "llava-1.5-13b-finetune"};
+    for (size_t i = 0; i < 4; i++) {
+        mm_spec *s = load_contrib(names[i]);
+        mm_prediction p = predict(s);
+        const mm_factors *f = &p.factors;
+        ck_assert_uint_eq(f->parameters + f->gradients + f->optimizer_states + f->activations +
+                              f->temporaries,
+                          p.allocated_peak_bytes);
+        ck_assert_uint_eq(p.allocated_peak_bytes + f->overhead, p.peak_bytes);
+        uint64_t sum = 0;
+        for (size_t m = 0; m < p.n_modules; m++)
+            sum += p.modules[m].factors.parameters + p.modules[m].factors.gradients +
+                   p.modules[m].factors.optimizer_states + p.modules[m].factors.activations +
+                   p.modules[m].factors.temporaries;
+        ck_assert_uint_eq(sum, p.allocated_peak_bytes);
+        ck_assert_uint_ge(p.allocated_peak_bytes, p.phase_peak[p.peak_phase]);
+        char *j = mm_prediction_json(&p, 0);
+        ck_assert_ptr_nonnull(j);
+        ck_assert_ptr_nonnull(strstr(j, "\"peak_phase\""));
+        free(j);
+        mm_prediction_free(&p);
+        mm_spec_free(s);
+    }
+}
+END_TEST
+
+START_TEST(overflow_is_an_error)
+{
+    mm_spec *s = tiny_llm("");
+    set(s, "llm.hidden_size=131072");
+    set(s, "llm.num_attention_heads=4096");
+    set(s, "llm.intermediate_size=1048576");
+    set(s, "llm.vocab_size=16777216");
+    set(s, "training.seq_len=4194304");
+    set(s, "training.micro_batch_size=65536");
+    mm_prediction p;
+    mm_error e;
+    ck_assert_int_ne(mm_predict(s, &p, &e), 0);
+    ck_assert_msg(strstr(e.msg, "overflow"), "%s", e.msg);
+    mm_spec_free(s);
+}
+END_TEST
+
+START_TEST(fit_finds_largest_batch)
+{
+    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    mm_prediction p = predict(s);
+    uint64_t usable = p.peak_bytes; /* exactly what the spec needs */
+    mm_fit_result f;
+    mm_error e;
+    ck_assert_int_eq(mm_fit(s, usable, &f, &e), 0);
+    ck_assert(f.fits);
+    ck_assert_uint_ge(f.max_micro_batch, mm_spec_micro_batch(s));
+    char kv[64];
+    snprintf(kv, sizeof kv, "training.micro_batch_size=%u", f.max_micro_batch + 1);
+    set(s, kv);
+    mm_prediction q = predict(s);
+    ck_assert_uint_gt(q.peak_bytes, usable); /* one more does not fit */
+    mm_prediction_free(&q);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+END_TEST
+
+Suite *predict_suite(void)
+{
+    Suite *s = suite_create("predict");
+    TCase *tc = tcase_create("predict");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, llava7b_parameter_counts);
+    tcase_add_test(tc, llava13b_parameter_counts);
+    tcase_add_test(tc, lora_parameter_counts);
+    tcase_add_test(tc, zero_states_match_deepspeed_estimators);
+    tcase_add_test(tc, pure_bf16_adamw_optimizer_phase);
+    tcase_add_test(tc, loss_dominates_small_models);
+    tcase_add_test(tc, monotone_behaviour);
+    tcase_add_test(tc, factors_sum_to_allocated);
+    tcase_add_test(tc, overflow_is_an_error);
+    tcase_add_test(tc, fit_finds_largest_batch);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,18 @@
+/* unit.h - the Check suites of mmguard, one per file, run by test_main.c. */
+#ifndef MM_UNIT_H
+#define MM_UNIT_H
+
+#include <check.h>
+
+#ifndef SRCDIR
+#define SRCDIR "."
+#endif
+
+Suite *spec_suite(void);
+Suite *predict_suite(void);
+Suite *util_suite(void);
+Suite *report_suite(void);
+Suite *config_suite(void);
+Suite *hardening_suite(void);
+
+#endif

@@ -332,6 +332,7 @@ end
 
 -- Exact product of two doubles as p + err (Dekker/Veltkamp, no FMA needed).
 local function two_prod(a, b)
+    a, b = a + 0.0, b + 0.0             -- Lua 5.3+: the split needs float rounding
     local p = a * b
     local t = 134217729 * a            -- 2^27 + 1
     local ah = t - (t - a)

@@ -33,7 +33,10 @@ check-jobsubmit-lua: $(JOBSUBMIT_LUA) tests/jobsubmit/test_job_submit.lua
 
 # The Lua peak(N) arithmetic against `mmguard predict --set training.data_parallel=N`.
 check-jobsubmit-peak: $(BUILD)/mmguard $(JOBSUBMIT_LUA)
-	MMGUARD=$(BUILD)/mmguard LUA=$(LUA) sh tests/jobsubmit/test_peak_vs_cli.sh
+	@for lua in $(LUA_VERSIONS); do \
+	  command -v $$lua >/dev/null 2>&1 || continue; echo "== $$lua"; \
+	  MMGUARD=$(BUILD)/mmguard LUA=$$lua sh tests/jobsubmit/test_peak_vs_cli.sh || exit 1; \
+	done
 
 # Real single-node Slurm with JobSubmitPlugins=lua and the SPANK plugin; needs root.
 check-jobsubmit-slurm: $(BUILD)/mmguard $(SLURM_PLUGIN_SO) $(JOBSUBMIT_LUA)

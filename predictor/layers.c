@@ -20,6 +20,13 @@
 
 /* ---- small op helpers ------------------------------------------------------ */
 
+/* trainable here: the module is, and this layer's output reaches the loss
+ * (CLIP layers after select_layer get no gradient and so no optimizer state) */
+static int trainable(const lctx *c)
+{
+    return c->m->trainable && !c->dead;
+}
+
 static uint32_t row(lctx *c, const char *name, const char *kind)
 {
     return sim_row_get(c->s, c->mi, name, kind);
@@ -32,8 +39,10 @@ static void param(lctx *c, uint32_t r, uint64_t n, int trainable, int per_layer)
         return;
     sim_row *R = &c->s->rows[r];
     R->params = sim_add(c->s, R->params, n);
-    if (trainable)
+    if (trainable) {
         R->trainable = sim_add(c->s, R->trainable, n);
+        R->trainable_count++;
+    }
     R->count = per_layer ? (uint32_t)c->m->num_hidden_layers : 1;
     if (n > c->largest_param)
         c->largest_param = n;
@@ -116,7 +125,7 @@ static int32_t linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint6
                       uint64_t out, int bias, uint32_t lora_bit)
 {
     uint32_t r = row(c, name, "linear");
-    int tw = c->m->trainable;
+    int tw = trainable(c);
     uint64_t np = sim_add(c->s, sim_mul(c->s, in, out), bias ? out : 0);
     param(c, r, np, tw, c->per_layer);
     label(c, name, r);
@@ -197,7 +206,7 @@ static int32_t rmsnorm(lctx *c, const char *name, int32_t x)
 {
     uint32_t r = row(c, name, "rmsnorm");
     uint64_t h = c->m->hidden_size, T = c->T, Th = sim_mul(c->s, T, h);
-    int tw = c->m->trainable;
+    int tw = trainable(c);
     param(c, r, h, tw, c->per_layer);
     label(c, name, r);
     int32_t x32 = x;
@@ -249,7 +258,7 @@ static int32_t rmsnorm(lctx *c, const char *name, int32_t x)
 static int32_t layernorm(lctx *c, const char *name, int32_t x, uint64_t T, uint64_t h)
 {
     uint32_t r = row(c, name, "layernorm");
-    int tw = c->m->trainable;
+    int tw = trainable(c);
     param(c, r, 2 * h, tw, c->per_layer);
     label(c, name, r);
     int32_t mean = new_t(c, r, T, F32), rstd = new_t(c, r, T, F32);
@@ -542,6 +551,60 @@ static int32_t run_layer(lctx *c, layer_fn fn, int32_t x, uint32_t layer)
     return y;
 }
 
+/* ---- folding identical layers ---------------------------------------------------------- *
+ * In a run of identical layers every event's live bytes are a per-layer base,
+ * which changes by the same amount from one layer to the next, plus the same
+ * profile.  The maximum over the middle layers is therefore always reached in
+ * an end layer: simulating layers 0, 1 and the last one in full, and standing
+ * in for the M layers between with a ballast (what each layer leaves alive in
+ * forward; in backward swapped for each layer's weight gradients), gives the
+ * same peak exactly at a fraction of the cost.  Rows of the folded layers are
+ * reported under "layers.folded". */
+typedef struct fold_state {
+    uint64_t before, delta;  /* live (fixed) around layer 1's forward */
+    int32_t ballast;
+    uint32_t M;
+} fold_state;
+
+static int fold_enabled(const lctx *c, uint64_t run)
+{
+    return !c->counting && !c->nofold && run >= 5;
+}
+
+/* per-layer persistent weight-gradient bytes of the current module */
+static uint64_t layer_wgrad_bytes(lctx *c)
+{
+    if (c->zero >= 2 || c->grads_accumulate)
+        return 0;
+    uint64_t per = 0;
+    for (size_t r = 0; r < c->s->nrows; r++) {
+        const sim_row *R = &c->s->rows[r];
+        if (R->module == c->mi && R->count > 1 && R->trainable_count)
+            per = sim_add(c->s, per, R->trainable / R->trainable_count);
+    }
+    return sim_mul(c->s, per, c->gdt);
+}
+
+static void fold_insert(lctx *c, fold_state *f, uint64_t run)
+{
+    f->M = (uint32_t)(run - 3);
+    uint32_t r = row(c, "layers.folded", "folded");
+    label(c, "folded layers", r);
+    f->ballast = sim_alloc(c->s, r, sim_mul(c->s, f->delta, f->M), F_TEMP, 0);
+    if (f->ballast < 0)
+        return;
+    if (c->grad) {
+        sim_node *n = sim_node_new(c->s, r, -1);
+        if (n) {
+            n->free_first = 1;
+            sim_save(c->s, n, f->ballast);
+            n->wgrad_bytes = sim_mul(c->s, layer_wgrad_bytes(c), f->M);
+        }
+        sim_drop(c->s, f->ballast); /* now held by the node alone */
+        f->ballast = -1;
+    }
+}
+
 /* ---- modules -------------------------------------------------------------------------- */
 
 /* CLIP vision tower (CLIPVisionModel, output_hidden_states=True as LLaVA asks):
@@ -588,18 +651,41 @@ static int32_t vit_module(lctx *c)
     size_t nhs = 0;
     hs[nhs++] = x;
     c->per_layer = 1;
+    int grad_mode = c->grad;
+    uint64_t live_run = (uint64_t)sel < L ? (uint64_t)sel : L; /* layers before select_layer */
+    fold_state fs = {0, 0, -1, 0};
+    int fold = fold_enabled(c, live_run);
     for (uint32_t l = 0; l < L; l++) {
+        /* layers after select_layer run, but their output is discarded with the
+         * tuple: autograd frees what they saved at once and they get no grad */
+        c->dead = (int64_t)l >= sel;
+        c->grad = grad_mode && !c->dead;
+        if (fold && l == 1)
+            fs.before = sim_live_fixed(c->s);
+        if (fold && l == 2) {
+            fold_insert(c, &fs, live_run);
+            l = (uint32_t)live_run - 1;
+        }
         int32_t y = run_layer(c, clip_layer, x, l);
         hs[nhs++] = y; /* the tuple holds every hidden state */
         x = y;
+        if (fold && l == 1)
+            fs.delta = sim_live_fixed(c->s) - fs.before;
     }
+    if (fold) /* hs[] lost the folded layers: renumber select_layer */
+        sel -= (int64_t)fs.M;
+    c->grad = grad_mode;
+    c->dead = 1; /* post_layernorm only sees the CLS token of the last layer */
     c->per_layer = 0;
     uint32_t rpost = row(c, "post_layernorm", "layernorm");
-    param(c, rpost, 2 * h, tw, 0);
+    param(c, rpost, 2 * h, trainable(c), 0);
+    c->dead = 0;
     int32_t feat = hs[sel];
     for (size_t i = 0; i < nhs; i++)
         if ((int64_t)i != sel)
             drop(c, hs[i]);
+    if (fs.ballast >= 0)
+        drop(c, fs.ballast); /* no_grad: the tuple held those outputs, now released */
     return feat; /* (Bv, P+1, h); [:, 1:] is a view */
 }
 
@@ -677,10 +763,20 @@ static int32_t llama_module(lctx *c, int32_t image_features)
     if (c->attn == ATT_EAGER) /* 4-D causal mask (B,1,S,S) in dt for eager */
         c->mask = new_t(c, row(c, "causal_mask", "mask"), sim_mul3(c->s, B, S, S), c->dt);
     c->per_layer = 1;
+    fold_state fs = {0, 0, -1, 0};
+    int fold = fold_enabled(c, m->num_hidden_layers);
     for (uint32_t l = 0; l < m->num_hidden_layers; l++) {
+        if (fold && l == 1)
+            fs.before = sim_live_fixed(c->s);
+        if (fold && l == 2) {
+            fold_insert(c, &fs, m->num_hidden_layers);
+            l = (uint32_t)m->num_hidden_layers - 1;
+        }
         int32_t y = run_layer(c, llama_layer, x, l);
         drop(c, x);
         x = y;
+        if (fold && l == 1)
+            fs.delta = sim_live_fixed(c->s) - fs.before;
     }
     c->per_layer = 0;
     /* the forward's own references to cos/sin and the mask end here; layers

@@ -17,6 +17,9 @@ typedef struct lctx {
     int amp;             /* fp32 master weights at ZeRO 0: autocast */
     int zero;
     int has_vit;
+    int dead;            /* layer output never reaches the loss */
+    int nofold;          /* simulate every layer (tests compare both) */
+    int grads_accumulate; /* gradient accumulation: .grad exists, grads add in */
     int pretrain_input_grads;
     attn_kind attn;
     uint64_t dt;         /* activation dtype bytes */

@@ -78,6 +78,8 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
     c.cos = c.sin = c.mask = c.pixels = -1;
     c.late_drop[0] = c.late_drop[1] = -1;
     c.zero = t->zero_stage;
+    c.grads_accumulate = t->grad_accum > 1;
+    c.nofold = getenv("MMGUARD_NOFOLD") != NULL;
     c.dt = mm_dtype_bytes(t->precision);
     c.amp = t->zero_stage == 0 && t->master_weights == MASTER_FP32;
     /* weight dtype: fp32 under autocast, else the model dtype (ZeRO keeps the

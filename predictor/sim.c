@@ -49,9 +49,18 @@ uint64_t sim_add(sim *s, uint64_t a, uint64_t b)
 
 uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind)
 {
+    size_t h = (((uintptr_t)name >> 3) ^ module * 31u) & 255u;
+    /* names built in a reused buffer share a pointer: confirm the text */
+    if (s->rcache[h].name == name && s->rcache[h].module == module &&
+        s->rcache[h].row < s->nrows && strcmp(s->rows[s->rcache[h].row].name, name) == 0)
+        return s->rcache[h].row;
     for (size_t i = s->nrows; i-- > 0;)
-        if (s->rows[i].module == module && strcmp(s->rows[i].name, name) == 0)
+        if (s->rows[i].module == module && strcmp(s->rows[i].name, name) == 0) {
+            s->rcache[h].name = name;
+            s->rcache[h].module = module;
+            s->rcache[h].row = (uint32_t)i;
             return (uint32_t)i;
+        }
     if (s->nrows == s->caprows) {
         size_t cap = s->caprows ? s->caprows * 2 : 64;
         sim_row *r = realloc(s->rows, cap * sizeof *r);
@@ -67,7 +76,15 @@ uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind
     mm_strlcpy(r->name, name, sizeof r->name);
     mm_strlcpy(r->kind, kind, sizeof r->kind);
     r->module = module;
+    s->rcache[h].name = name;
+    s->rcache[h].module = module;
+    s->rcache[h].row = (uint32_t)s->nrows;
     return (uint32_t)s->nrows++;
+}
+
+uint64_t sim_live_fixed(const sim *s)
+{
+    return s->live_fixed;
 }
 
 uint64_t sim_live(const sim *s)
@@ -92,6 +109,9 @@ void sim_label(sim *s, const char *label, uint32_t row)
 
 static void add_term(sim *s, uint64_t f, uint64_t sh)
 {
+    /* fast path: same sharded level as the newest term (the common case) */
+    if (s->nterms && s->terms[s->nterms - 1].sharded == sh && s->terms[s->nterms - 1].fixed >= f)
+        return;
     /* keep the pareto set of (fixed, sharded): drop dominated points */
     for (size_t i = 0; i < s->nterms; i++)
         if (s->terms[i].fixed >= f && s->terms[i].sharded >= sh)
@@ -335,6 +355,9 @@ void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx
                 unsave(s, n.saved[i]);
             continue;
         }
+        if (n.free_first)
+            for (int i = 0; i < n.nsaved; i++)
+                unsave(s, n.saved[i]);
         for (int i = 0; i < n.nin; i++)
             grad_arrives(s, n.in[i], n.row);
         if (n.wgrad_bytes) {
@@ -346,7 +369,7 @@ void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx
             /* else stays alive: held until the optimizer's zero_grad */
         }
         sim_transient(s, n.row, n.bwd_tmp);
-        for (int i = 0; i < n.nsaved; i++)
+        for (int i = 0; !n.free_first && i < n.nsaved; i++)
             unsave(s, n.saved[i]);
         if (n.out >= 0 && s->t[n.out].grad >= 0) {
             sim_drop(s, s->t[n.out].grad);

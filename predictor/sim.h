@@ -36,6 +36,7 @@ typedef struct sim_node {
     uint8_t ckpt;                     /* checkpointed layer: recompute in backward */
     uint8_t wgrad_sharded;
     uint8_t wgrad_transient;          /* ZeRO-2/3: reduced into a bucket, then freed */
+    uint8_t free_first;               /* folded layers: release saved before the grads */
     uint32_t wgrad_row;
     uint64_t wgrad_bytes;             /* weight gradient this node creates */
     uint64_t bwd_tmp;                 /* transient working set of its backward */
@@ -48,6 +49,7 @@ typedef struct sim_row {
     char kind[32];
     uint32_t module;
     uint32_t count;
+    uint32_t trainable_count;  /* instances with trainable parameters */
     uint64_t params, trainable;
 } sim_row;
 
@@ -82,7 +84,9 @@ typedef struct sim {
     /* pareto terms (symbolic mode) */
     mm_dp_term *terms;
     size_t nterms, capterms;
-    /* breakdown rows */
+    /* breakdown rows; names are mostly string literals, so a cache keyed by
+     * the name pointer avoids a strcmp per op */
+    struct { const char *name; uint32_t module, row; } rcache[256];
     sim_row *rows;
     size_t nrows, caprows;
     int overflow;              /* an arithmetic overflow happened: result invalid */
@@ -94,6 +98,7 @@ void sim_free(sim *s);
 uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind);
 
 int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded);
+uint64_t sim_live_fixed(const sim *s);
 void sim_hold(sim *s, int32_t id);
 void sim_drop(sim *s, int32_t id);   /* release one hold */
 void sim_save(sim *s, sim_node *n, int32_t id);

@@ -296,6 +296,53 @@ START_TEST(fit_finds_largest_batch)
 }
 END_TEST
 
+/* Folding identical layers (layers.c) must not change any number: compare with
+ * a full simulation of every layer across modes, attention kinds, ZeRO stages,
+ * checkpointing, accumulation and precisions. */
+START_TEST(folding_is_exact)
+{
+    const char *names[] = {"llava-1.5-7b-pretrain", "llava-1.5-7b-finetune", "llava-1.5-7b-lora"};
+    const char *variants[][3] = {
+        {NULL, NULL, NULL},
+        {"training.gradient_checkpointing=false", "training.micro_batch_size=2", NULL},
+        {"training.attention=eager", "training.micro_batch_size=1", "training.seq_len=700"},
+        {"training.zero_stage=0", "training.data_parallel=1", NULL},
+        {"training.zero_stage=1", "vision_tower.trainable=true", NULL},
+        {"training.gradient_accumulation_steps=4", "training.zero_stage=2", NULL},
+        {"training.precision=fp32", "training.attention=sdpa", "training.gradient_checkpointing=false"},
+    };
+    for (size_t i = 0; i < 3; i++) {
+        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+            mm_spec *s = load_contrib(names[i]);
+            for (size_t k = 0; k < 3 && variants[v][k]; k++)
+                set(s, variants[v][k]);
+            mm_prediction a = predict(s);
+            setenv("MMGUARD_NOFOLD", "1", 1);
+            mm_prediction b = predict(s);
+            unsetenv("MMGUARD_NOFOLD");
+            ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
+            ck_assert_uint_eq(a.peak_bytes, b.peak_bytes);
+            ck_assert_int_eq(a.peak_phase, b.peak_phase);
+            for (int ph = 0; ph < MM_PHASE_COUNT; ph++)
+                ck_assert_uint_eq(a.phase_peak[ph], b.phase_peak[ph]);
+            ck_assert_uint_eq(a.allocated_dp1, b.allocated_dp1);
+            for (uint32_t n = 2; n <= 64; n *= 2)
+                ck_assert_uint_eq(mm_peak_for_dp(&a, n), mm_peak_for_dp(&b, n));
+            for (size_t m = 0; m < a.n_modules; m++) {
+                const mm_factors *fa = &a.modules[m].factors, *fb = &b.modules[m].factors;
+                ck_assert_uint_eq(fa->parameters + fa->gradients + fa->optimizer_states +
+                                      fa->activations + fa->temporaries,
+                                  fb->parameters + fb->gradients + fb->optimizer_states +
+                                      fb->activations + fb->temporaries);
+            }
+            mm_prediction_free(&a);
+            mm_prediction_free(&b);
+            mm_spec_free(s);
+        }
+    }
+}
+END_TEST
+
 Suite *predict_suite(void)
 {
     Suite *s = suite_create("predict");
@@ -311,6 +358,7 @@ Suite *predict_suite(void)
     tcase_add_test(tc, factors_sum_to_allocated);
     tcase_add_test(tc, overflow_is_an_error);
     tcase_add_test(tc, fit_finds_largest_batch);
+    tcase_add_test(tc, folding_is_exact);
     suite_add_tcase(s, tc);
     return s;
 }

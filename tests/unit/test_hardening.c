@@ -346,7 +346,7 @@ START_TEST(test_max_modules)
     expect_refused(s, strlen(s), "four.yaml", MM_FMT_YAML, "at most one");
     free(s);
     s = modules_spec(MM_MAX_MODULES + 1);
-    expect_refused(s, strlen(s), "toomany.yaml", MM_FMT_YAML, "at most");
+    expect_refused(s, strlen(s), "toomany.yaml", MM_FMT_YAML, "limit");
     free(s);
     s = modules_spec(10000);
     expect_refused(s, strlen(s), "huge.yaml", MM_FMT_YAML, NULL);
@@ -583,6 +583,31 @@ START_TEST(test_regress_json_single_quotes)
 }
 END_TEST
 
+/* fuzz_spec_yaml/json/set: a negative value for an unsigned key ("input_size: -1")
+ * evaluated (uint64_t)(-k->min) = (uint64_t)-1.0 before testing the key kind
+ * (spec.c:207, UBSan float-cast-overflow; clang -fsanitize=undefined aborts,
+ * gcc's does not check float casts).  Must be a range error naming key and file. */
+START_TEST(test_regress_negative_unsigned)
+{
+    static const char y[] = "name: t\nmodules:\n"
+                            "  - {name: p, type: mlp, input_size: -1, hidden_size: 8}\n"
+                            "training: {micro_batch_size: 1, seq_len: 16}\n";
+    expect_refused(y, sizeof y - 1, "neg.yaml", MM_FMT_YAML, "input_size");
+    static const char j[] = "{\"name\":\"t\",\"modules\":[{\"name\":\"l\",\"type\":\"llama\","
+                            "\"hidden_size\":64,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+                            "\"intermediate_size\":64,\"vocab_size\":100}],"
+                            "\"training\":{\"micro_batch_size\":-1,\"seq_len\":16}}";
+    expect_refused(j, sizeof j - 1, "neg.json", MM_FMT_JSON, "micro_batch_size");
+    char *y2 = fmt_spec("64", "1", "100", "1", "16");
+    mm_spec *s = load_ok(y2, "ok.yaml", MM_FMT_YAML);
+    free(y2);
+    mm_error e;
+    ck_assert_int_ne(mm_spec_set(s, "training.seq_len=-5", &e), 0);
+    ck_assert_msg(strstr(e.msg, "seq_len") != NULL, "unclear error: %s", e.msg);
+    mm_spec_free(s);
+}
+END_TEST
+
 Suite *hardening_suite(void)
 {
     Suite *s = suite_create("hardening");
@@ -612,6 +637,7 @@ Suite *hardening_suite(void)
     TCase *r = tcase_create("fuzz_regressions");
     tcase_add_test(r, test_regress_json_trailing_comma);
     tcase_add_test(r, test_regress_json_single_quotes);
+    tcase_add_test(r, test_regress_negative_unsigned);
     suite_add_tcase(s, r);
     return s;
 }

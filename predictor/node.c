@@ -339,8 +339,17 @@ typedef struct {
     size_t count;
 } jscan;
 
+/* the scanner runs only on text json-c accepted, but never trusts that: every
+ * read is bounded by the buffer length */
+static char jpeek(const jscan *j)
+{
+    return j->pos < j->len ? j->s[j->pos] : '\0';
+}
+
 static void jadv(jscan *j)
 {
+    if (j->pos >= j->len)
+        return;
     if (j->s[j->pos] == '\n') {
         j->line++;
         j->col = 1;
@@ -352,8 +361,7 @@ static void jadv(jscan *j)
 
 static void jws(jscan *j)
 {
-    while (j->pos < j->len && (j->s[j->pos] == ' ' || j->s[j->pos] == '\t' ||
-                               j->s[j->pos] == '\n' || j->s[j->pos] == '\r'))
+    while (jpeek(j) == ' ' || jpeek(j) == '\t' || jpeek(j) == '\n' || jpeek(j) == '\r')
         jadv(j);
 }
 
@@ -367,6 +375,8 @@ static char *jstring(jscan *j)
             jadv(j);
         jadv(j);
     }
+    if (j->pos >= j->len)
+        return NULL;
     jadv(j); /* closing quote */
     size_t tl = j->pos - start;
     struct json_tokener *tok = json_tokener_new();
@@ -390,7 +400,11 @@ static mm_node *jvalue(jscan *j, int depth)
                   depth > MM_MAX_DEPTH ? "nesting too deep" : "too many JSON values");
         return NULL;
     }
-    char c = j->s[j->pos];
+    char c = jpeek(j);
+    if (!c) {
+        mm_err_at(j->err, j->name, line, col, "malformed JSON: unexpected end");
+        return NULL;
+    }
     if (c == '{' || c == '[') {
         int is_map = c == '{';
         mm_node *n = mm_node_new(is_map ? MM_NODE_MAP : MM_NODE_SEQ, line, col);
@@ -398,7 +412,7 @@ static mm_node *jvalue(jscan *j, int depth)
             return NULL;
         jadv(j);
         jws(j);
-        if (j->s[j->pos] == (is_map ? '}' : ']')) {
+        if (jpeek(j) == (is_map ? '}' : ']')) {
             jadv(j);
             return n;
         }
@@ -406,9 +420,11 @@ static mm_node *jvalue(jscan *j, int depth)
             jws(j);
             if (is_map) {
                 int kl = j->line, kc = j->col;
-                char *key = jstring(j);
-                if (!key)
+                char *key = jpeek(j) == '"' ? jstring(j) : NULL;
+                if (!key) {
+                    mm_err_at(j->err, j->name, kl, kc, "malformed JSON: expected a key");
                     goto fail;
+                }
                 if (mm_node_get(n, key)) {
                     mm_err_at(j->err, j->name, kl, kc, "%s: duplicate key", key);
                     free(key);
@@ -431,7 +447,7 @@ static mm_node *jvalue(jscan *j, int depth)
                 }
             }
             jws(j);
-            char d = j->s[j->pos];
+            char d = jpeek(j);
             jadv(j);
             if (d != ',')
                 return n;
@@ -446,6 +462,8 @@ static mm_node *jvalue(jscan *j, int depth)
     if (c == '"') {
         n->quoted = 1;
         n->str = jstring(j);
+        if (!n->str)
+            mm_err_at(j->err, j->name, line, col, "malformed JSON string");
     } else {
         size_t start = j->pos;
         while (j->pos < j->len && !strchr(",]} \t\r\n", j->s[j->pos]))

@@ -204,7 +204,9 @@ static int decode_scalar(dctx *c, const keydesc *k, const mm_node *v, void *base
         uint64_t u;
         if (v->quoted || parse_u64_str(neg ? s + 1 : s, &u))
             return fail(c, v, path, "expected an integer, got '%s'", s);
-        if (neg ? (u > (uint64_t)(-k->min)) || k->kind == K_UINT : u > (uint64_t)k->max)
+        if (neg && (k->kind == K_UINT || k->min >= 0 || (double)u > -k->min))
+            goto range;
+        if (!neg && (double)u > k->max)
             goto range;
         if (!neg && (double)u < k->min)
             goto range;

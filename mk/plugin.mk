@@ -33,13 +33,13 @@ $(PLUGIN_SO): $(PLUGIN_OBJS) $(BUILD)/libmmguard.a $(PLUGIN_LDS)
 	  -o $@ $(PLUGIN_OBJS) $(BUILD)/libmmguard.a $(PKG_LIBS) -lm
 
 # Real single-node Slurm (munged, slurmctld, slurmd) on loopback; needs root.
-check-slurm: $(PLUGIN_SO)
-	PLUGIN=$(abspath $(PLUGIN_SO)) sh tests/slurm/test_plugin.sh
+check-slurm: $(PLUGIN_SO) $(BUILD)/mmguard
+	PLUGIN=$(abspath $(PLUGIN_SO)) MMGUARD_CLI=$(abspath $(BUILD)/mmguard) sh tests/slurm/test_plugin.sh
 
 demo:
 	sh scripts/install-deps.sh build slurm
-	$(MAKE) --no-print-directory $(PLUGIN_SO)
-	PLUGIN=$(abspath $(PLUGIN_SO)) sh scripts/demo.sh
+	$(MAKE) --no-print-directory $(PLUGIN_SO) $(BUILD)/mmguard
+	PLUGIN=$(abspath $(PLUGIN_SO)) MMGUARD_CLI=$(abspath $(BUILD)/mmguard) sh scripts/demo.sh
 
 BENCH_N ?= 50
 bench-sbatch: $(PLUGIN_SO)

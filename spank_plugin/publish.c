@@ -179,6 +179,8 @@ char *mmg_decision_json(const struct mmg_check *chk)
         json_object *mods = json_object_new_array();
         json_object_object_add(o, "usable_bytes", u64(chk->usable));
         json_object_object_add(o, "data_parallel", json_object_new_int64(chk->dp));
+        /* GPUs the job trains on (what `mmguard report` multiplies by time) */
+        json_object_object_add(o, "gpus", json_object_new_int64(chk->dp));
         json_object_object_add(o, "micro_batch_size", json_object_new_int64(p->micro_batch_size));
         json_object_object_add(o, "peak_bytes", u64(chk->peak));
         json_object_object_add(o, "allocated_peak_bytes", u64(chk->alloc_peak));

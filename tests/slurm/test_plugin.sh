@@ -16,6 +16,9 @@ work=$(mktemp -d /tmp/mmguard-test.XXXXXX)
 chmod 0755 "$work"
 export CLUSTER_DIR="$work/cluster"
 LOG=$work/decisions.jsonl
+cli=${MMGUARD_CLI:-$(dirname "$PLUGIN")/mmguard}
+# jobs inherit this environment: keep our own MMGUARD_* settings out of it
+unset MMGUARD_CLI MMGUARD_CONF
 pass=0
 fail=0
 
@@ -117,6 +120,14 @@ expect "batch step sees MMGUARD_PEAK_BYTES/DECISION/MAX_MICRO_BATCH" \
     has "$work/small.out" '^batch: .*MMGUARD_DECISION=accept .*MMGUARD_MAX_MICRO_BATCH=[0-9]+ .*MMGUARD_PEAK_BYTES=[0-9]+'
 expect "srun step inside the job sees MMGUARD_PEAK_BYTES" has "$work/small.out" '^step: .*MMGUARD_PEAK_BYTES=[0-9]+'
 expect "job sees the GPU type and the model name" has "$work/small.out" 'MMGUARD_GPU=h100 .*MMGUARD_MODEL=llava-1.5-7b-lora-small'
+# the plugin's fast search for the largest micro-batch must agree with mm_fit
+if [ -x "$cli" ]; then
+    usable=$(sed -n 's/^batch: .*MMGUARD_USABLE_BYTES=\([0-9]*\).*/\1/p' "$work/small.out")
+    want=$("$cli" fit "$SMALL" --gpu-mem "$usable" --json | sed -n 's/.*"max_micro_batch": *\([0-9]*\).*/\1/p')
+    expect "MMGUARD_MAX_MICRO_BATCH equals \`mmguard fit\` ($want)" has "$work/small.out" "MMGUARD_MAX_MICRO_BATCH=$want "
+else
+    not_ok "mmguard CLI $cli not built (needed to cross-check MMGUARD_MAX_MICRO_BATCH)"
+fi
 
 run sbatch -o "$work/directive.out" "$work/job_directive.sh"
 id=$(jobid); st=$(wait_job "$id")

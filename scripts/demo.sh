@@ -1,0 +1,89 @@
+#!/bin/sh
+# demo.sh - mmguard end to end on a throw-away single-node Slurm (needs root):
+# start munged/slurmctld/slurmd with the mmguard SPANK plugin, submit the
+# shipped LLaVA specs through the real sbatch (one accepted, one rejected with
+# its explanation), show the decision log, stop the cluster.
+# `make demo` installs the packages and builds the plugin first.
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+PLUGIN=${PLUGIN:-$root/build/spank_mmguard.so}
+MMGUARD_CLI=${MMGUARD_CLI:-$(dirname "$PLUGIN")/mmguard}
+FITS=$root/contrib/models/llava-1.5-7b-finetune.yaml
+TOO_BIG=$root/contrib/models/llava-1.5-13b-pretrain.yaml
+
+dir=$(mktemp -d /tmp/mmguard-demo.XXXXXX)
+chmod 0755 "$dir"
+export CLUSTER_DIR="$dir/cluster"
+trap 'sh "$root/tests/slurm/cluster.sh" stop; rm -rf "$dir"' EXIT INT TERM
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+show() { printf '$ %s\n' "$*"; }
+
+cat >"$dir/mmguard.conf" <<CONF
+# what an admin would put in /etc/slurm/mmguard.conf
+action=reject
+margin=10%
+log=$dir/decisions.jsonl
+CONF
+say "starting a single-node Slurm (8x h100, 8x h200 as /dev/null GRES) with the plugin"
+echo "plugstack.conf: required $PLUGIN config=$CLUSTER_DIR/etc/mmguard.conf"
+sed 's/^/mmguard.conf:   /' "$dir/mmguard.conf"
+MMGUARD_CONF=$dir/mmguard.conf PLUGIN=$PLUGIN GRES=h100:8,h200:8 \
+    sh "$root/tests/slurm/cluster.sh" start
+. "$CLUSTER_DIR/env.sh"
+cd "$dir"
+
+cat >"$dir/train.sh" <<'JOB'
+#!/bin/sh
+#SBATCH --gres=gpu:h100:8
+echo "job $SLURM_JOB_ID on $(hostname): the plugin's prediction, as the training script sees it:"
+env | grep '^MMGUARD_' | sort | sed 's/^/  /'
+JOB
+
+wait_job() {
+    i=0
+    while [ $i -lt 300 ]; do
+        case $(scontrol show job "$1" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p') in
+            COMPLETED|FAILED|CANCELLED|TIMEOUT) return 0 ;;
+        esac
+        sleep 0.1; i=$((i + 1))
+    done
+}
+
+say "1. a spec that fits one H100: accepted"
+show "sbatch --mm-model=contrib/models/$(basename "$FITS") -o job.out train.sh"
+out=$(sbatch --mm-model="$FITS" -o "$dir/job.out" "$dir/train.sh")
+echo "$out"
+id=${out##* }
+wait_job "$id"
+cat "$dir/job.out"
+
+say "2. a spec that does not fit one H100: rejected at submit time"
+show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") train.sh"
+rc=0
+sbatch --mm-model="$TOO_BIG" "$dir/train.sh" || rc=$?
+echo "(sbatch exit status $rc; no job was queued)"
+
+say "3. the same spec on an H200: accepted"
+show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") --mm-gpu=h200 --gres=gpu:h200:8 -o job2.out train.sh"
+sbatch --mm-model="$TOO_BIG" --mm-gpu=h200 --gres=gpu:h200:8 -o "$dir/job2.out" "$dir/train.sh"
+
+say "4. the decision log ($dir/decisions.jsonl), one JSON object per decision"
+if command -v python3 >/dev/null 2>&1; then
+    python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print("%s %-6s %-7s %-28s gpu=%-5s peak=%6.1f GiB usable=%6.1f GiB  %s" % (
+        r["time"], r["source"], r["decision"], r.get("model"), r.get("gpu"),
+        r.get("peak_bytes", 0) / 2**30, r.get("usable_bytes", 0) / 2**30, r["user"]))
+' "$dir/decisions.jsonl"
+else
+    cat "$dir/decisions.jsonl"
+fi
+if [ -x "$MMGUARD_CLI" ]; then
+    show "mmguard report decisions.jsonl"
+    "$MMGUARD_CLI" report "$dir/decisions.jsonl" || true
+fi
+
+say "stopping the cluster"

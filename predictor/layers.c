@@ -151,10 +151,15 @@ static int32_t linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint6
     if (!L->enabled || !(L->targets & lora_bit))
         return y;
     /* LoRA branch */
-    char an[MM_MAX_NAME], bn[MM_MAX_NAME];
-    snprintf(an, sizeof an, "%s.lora_A", name);
-    snprintf(bn, sizeof bn, "%s.lora_B", name);
-    uint32_t ra = row(c, an, "lora"), rb = row(c, bn, "lora");
+    if (!c->s->rows[r].lora_a) { /* first use: create the adapter rows once */
+        char an[MM_MAX_NAME], bn[MM_MAX_NAME];
+        snprintf(an, sizeof an, "%s.lora_A", name);
+        snprintf(bn, sizeof bn, "%s.lora_B", name);
+        uint32_t a_row = row(c, an, "lora"), b_row = row(c, bn, "lora");
+        c->s->rows[r].lora_a = a_row;
+        c->s->rows[r].lora_b = b_row;
+    }
+    uint32_t ra = c->s->rows[r].lora_a, rb = c->s->rows[r].lora_b;
     param(c, ra, sim_mul(c->s, in, L->r), 1, c->per_layer);
     param(c, rb, sim_mul(c->s, L->r, out), 1, c->per_layer);
     int32_t xd = x;

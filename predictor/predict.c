@@ -53,10 +53,12 @@ static uint64_t state_bytes(optimizer_kind o, uint64_t sdt)
 }
 
 typedef struct step_cfg {
+    const sim *rows_from;  /* rows and parameter counts of an earlier run, or NULL */
     uint64_t dp;           /* evaluate sharded bytes at this N */
     int multi;             /* N > 1 semantics (DDP buckets) */
     int symbolic;
     uint64_t snap_at;
+    uint64_t largest_param; /* with rows_from */
 } step_cfg;
 
 /* Run one step on `s`.  Returns 0, or -1 with err set. */
@@ -88,10 +90,23 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
     c.gdt = wdt;
     uint64_t sdt = (c.amp || t->zero_stage >= 1) ? 4 : c.dt;
 
-    /* pass 1: rows and parameter counts */
-    c.counting = 1;
-    layers_forward(&c);
-    c.counting = 0;
+    /* pass 1: rows and parameter counts (or copied from an earlier run) */
+    if (cfg->rows_from && cfg->rows_from->nrows) {
+        const sim *f = cfg->rows_from;
+        s->rows = malloc(f->nrows * sizeof *s->rows);
+        if (!s->rows) {
+            free(scratch);
+            mm_err(err, "out of memory");
+            return -1;
+        }
+        memcpy(s->rows, f->rows, f->nrows * sizeof *s->rows);
+        s->nrows = s->caprows = f->nrows;
+        c.largest_param = cfg->largest_param;
+    } else {
+        c.counting = 1;
+        layers_forward(&c);
+        c.counting = 0;
+    }
     if (s->oom || s->overflow)
         goto arith;
 
@@ -230,6 +245,7 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
     sim_drop(s, partition);
     sim_drop(s, inputs);
     sim_drop(s, c.pixels);
+    s->largest_param = c.largest_param;
     free(scratch);
     if (s->oom) {
         mm_err(err, "out of memory");
@@ -360,11 +376,21 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
     uint64_t alloc1 = N == 1 ? s.peak : 0;
     if (N > 1)
         n_multi = envelope(s.terms, s.nterms, multi_terms);
+    /* later runs reuse the rows and parameter counts of this one */
+    sim tmpl;
+    memset(&tmpl, 0, sizeof tmpl);
+    tmpl.rows = s.rows;
+    tmpl.nrows = s.nrows;
+    s.rows = NULL;
+    s.nrows = s.caprows = 0;
+    uint64_t largest = s.largest_param;
     sim_free(&s);
     /* the other regime: N = 1 if the spec has N > 1, else N >= 2 for the terms */
-    step_cfg other = {.dp = N > 1 ? 1 : 2, .multi = N == 1, .symbolic = N == 1};
+    step_cfg other = {.rows_from = &tmpl, .largest_param = largest, .dp = N > 1 ? 1 : 2,
+                      .multi = N == 1, .symbolic = N == 1};
     if (run_step(sp, &s, &other, err)) {
         sim_free(&s);
+        free(tmpl.rows);
         return -1;
     }
     if (N > 1)
@@ -377,8 +403,11 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
     memcpy(out->terms, multi_terms, n_multi * sizeof multi_terms[0]);
 
     /* replay to the peak event for the breakdown */
-    step_cfg snap = {.dp = N, .multi = N > 1, .symbolic = 0, .snap_at = peak_event};
-    if (run_step(sp, &s, &snap, err)) {
+    step_cfg snap = {.rows_from = &tmpl, .largest_param = largest, .dp = N, .multi = N > 1,
+                     .symbolic = 0, .snap_at = peak_event};
+    int rc = run_step(sp, &s, &snap, err);
+    free(tmpl.rows);
+    if (rc) {
         sim_free(&s);
         return -1;
     }

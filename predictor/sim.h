@@ -50,6 +50,7 @@ typedef struct sim_row {
     uint32_t module;
     uint32_t count;
     uint32_t trainable_count;  /* instances with trainable parameters */
+    uint32_t lora_a, lora_b;   /* rows of this linear's LoRA adapters (0 = none yet) */
     uint64_t params, trainable;
 } sim_row;
 
@@ -89,6 +90,7 @@ typedef struct sim {
     struct { const char *name; uint32_t module, row; } rcache[256];
     sim_row *rows;
     size_t nrows, caprows;
+    uint64_t largest_param;    /* largest single parameter tensor (optimizer temporaries) */
     int overflow;              /* an arithmetic overflow happened: result invalid */
     int oom;                   /* allocation failure */
 } sim;

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "mmguard.h"
 
 Suite *hardening_suite(void);
@@ -126,6 +127,8 @@ static void rm_tmpdir(void)
 /* mm_spec_load_file in a child, so that a hang fails the test instead of
  * hanging the suite (CK_FORK=no included).  Returns what the child wrote:
  * "OK" or "ERR <message>". */
+static int child_is_config;
+
 static void load_file_child(const char *path, char *out, size_t n)
 {
     int fds[2];
@@ -134,13 +137,22 @@ static void load_file_child(const char *path, char *out, size_t n)
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         close(fds[0]);
-        mm_error e;
-        mm_spec *s = mm_spec_load_file(path, &e);
-        char msg[900];
-        int len = snprintf(msg, sizeof msg, "%s %s", s ? "OK" : "ERR", s ? "" : e.msg);
-        if (write(fds[1], msg, (size_t)len) != len)
+        char msg[1200];
+        int len;
+        if (child_is_config) {
+            struct mmg_config c;
+            char cerr[1024] = "";
+            mmg_config_defaults(&c);
+            int rc = mmg_config_load_file(&c, path, cerr, sizeof cerr);
+            len = snprintf(msg, sizeof msg, "%s %s", rc == 0 ? "OK" : "ERR", rc == 0 ? "" : cerr);
+        } else {
+            mm_error e;
+            mm_spec *s = mm_spec_load_file(path, &e);
+            len = snprintf(msg, sizeof msg, "%s %s", s ? "OK" : "ERR", s ? "" : e.msg);
+            mm_spec_free(s);
+        }
+        if (len < 0 || write(fds[1], msg, (size_t)len) != len)
             _exit(3);
-        mm_spec_free(s);
         _exit(0);
     }
     close(fds[1]);
@@ -158,7 +170,7 @@ static void load_file_child(const char *path, char *out, size_t n)
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
         close(fds[0]);
-        ck_abort_msg("mm_spec_load_file(%s) hung", path);
+        ck_abort_msg("loading %s hung", path);
     }
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child died on %s", path);
     ssize_t r = read(fds[0], out, n - 1);
@@ -608,6 +620,111 @@ START_TEST(test_regress_negative_unsigned)
 }
 END_TEST
 
+/* ---- plugin configuration (spank_plugin/config.c, runs as root) ---------------- */
+
+static void expect_conf_refused(const char *path, const char *what)
+{
+    child_is_config = 1;
+    expect_file_refused(path, what);
+    child_is_config = 0;
+}
+
+static void conf_file(const char *name, const char *buf, size_t len, char *path, size_t n)
+{
+    snprintf(path, n, "%s/%s", tmpdir, name);
+    write_file(path, buf, len);
+}
+
+START_TEST(test_config_special_files)
+{
+    char path[128];
+    make_tmpdir();
+    snprintf(path, sizeof path, "%s/mmguard.conf", tmpdir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    expect_conf_refused(path, "not a regular file");
+    expect_conf_refused(tmpdir, "not a regular file");
+    expect_conf_refused("/dev/zero", "not a regular file");
+    expect_conf_refused("relative.conf", "absolute");
+    rm_tmpdir();
+}
+END_TEST
+
+START_TEST(test_config_hostile_content)
+{
+    char path[128];
+    make_tmpdir();
+    /* NUL byte */
+    static const char nul[] = "action=warn\n\0margin=10%\n";
+    conf_file("nul.conf", nul, sizeof nul - 1, path, sizeof path);
+    expect_conf_refused(path, "NUL");
+    /* one byte over the size limit, made of valid comment lines */
+    size_t n = MMG_CONF_MAX_BYTES + 1;
+    char *big = malloc(n);
+    ck_assert_ptr_nonnull(big);
+    memset(big, '#', n);
+    for (size_t i = 100; i < n; i += 100)
+        big[i] = '\n';
+    conf_file("big.conf", big, n, path, sizeof path);
+    expect_conf_refused(path, "larger");
+    /* exactly at the limit: accepted */
+    conf_file("limit.conf", big, n - 1, path, sizeof path);
+    char out[1200];
+    child_is_config = 1;
+    load_file_child(path, out, sizeof out);
+    child_is_config = 0;
+    ck_assert_msg(strncmp(out, "OK", 2) == 0, "a %u-byte config refused: %s", MMG_CONF_MAX_BYTES,
+                  out);
+    /* a line over the line limit */
+    memset(big, '#', MMG_CONF_MAX_LINE + 10);
+    big[MMG_CONF_MAX_LINE + 9] = '\n';
+    conf_file("line.conf", big, MMG_CONF_MAX_LINE + 10, path, sizeof path);
+    expect_conf_refused(path, "line");
+    free(big);
+    /* more GPU types than the table holds */
+    char gpus[4096] = "";
+    size_t off = 0;
+    for (int i = 0; i < MMG_MAX_GPU_TYPES + 2; i++)
+        off += (size_t)snprintf(gpus + off, sizeof gpus - off, "gpu.g%d=1GiB\n", i);
+    conf_file("gpus.conf", gpus, off, path, sizeof path);
+    expect_conf_refused(path, "GPU types");
+    /* a size that overflows 64 bits */
+    static const char ovf[] = "reserve=16777216TiB\n";
+    conf_file("ovf.conf", ovf, sizeof ovf - 1, path, sizeof path);
+    expect_conf_refused(path, "reserve");
+    rm_tmpdir();
+}
+END_TEST
+
+START_TEST(test_config_long_arguments)
+{
+    struct mmg_config c;
+    char err[256];
+    size_t n = 100000;
+    char *arg = malloc(n + 1);
+    ck_assert_ptr_nonnull(arg);
+    memcpy(arg, "log=/", 5);
+    memset(arg + 5, 'a', n - 5);
+    arg[n] = '\0';
+    char *av[] = {arg};
+    ck_assert_int_ne(mmg_config_parse_args(&c, 1, av, err, sizeof err), 0);
+    ck_assert_msg(memchr(err, '\0', sizeof err) != NULL, "unterminated error");
+    /* a path just below the argument limit fits MMG_PATH_MAX exactly, untruncated */
+    arg[MMG_CONF_MAX_LINE - 1] = '\0';
+    ck_assert_int_eq(mmg_config_parse_args(&c, 1, av, err, sizeof err), 0);
+    ck_assert_uint_eq(strlen(c.log_path), MMG_CONF_MAX_LINE - 1 - 4);
+    /* gpu.<long name> and default_gpu=<long name> */
+    memcpy(arg, "gpu.", 4);
+    memset(arg + 4, 'g', 200);
+    strcpy(arg + 204, "=80GiB");
+    ck_assert_int_ne(mmg_config_parse_args(&c, 1, av, err, sizeof err), 0);
+    /* a tiny error buffer is still terminated */
+    char small[8];
+    ck_assert_int_ne(mmg_config_parse_args(&c, 1, av, small, sizeof small), 0);
+    ck_assert_msg(memchr(small, '\0', sizeof small) != NULL, "unterminated error");
+    free(arg);
+}
+END_TEST
+
 Suite *hardening_suite(void)
 {
     Suite *s = suite_create("hardening");
@@ -634,6 +751,11 @@ Suite *hardening_suite(void)
     tcase_add_test(t, test_overflow_via_set);
     tcase_add_test(t, test_parse_size_overflow);
     suite_add_tcase(s, t);
+    TCase *cf = tcase_create("plugin_config");
+    tcase_add_test(cf, test_config_special_files);
+    tcase_add_test(cf, test_config_hostile_content);
+    tcase_add_test(cf, test_config_long_arguments);
+    suite_add_tcase(s, cf);
     TCase *r = tcase_create("fuzz_regressions");
     tcase_add_test(r, test_regress_json_trailing_comma);
     tcase_add_test(r, test_regress_json_single_quotes);

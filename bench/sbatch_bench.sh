@@ -16,8 +16,6 @@ chmod 0755 "$dir"
 export CLUSTER_DIR="$dir/cluster"
 trap 'sh "$root/tests/slurm/cluster.sh" stop; rm -rf "$dir"' EXIT INT TERM
 printf 'action=reject\nmargin=10%%\nlog=%s/decisions.jsonl\n' "$dir" >"$dir/mmguard.conf"
-MMGUARD_CONF=$dir/mmguard.conf PLUGIN=$PLUGIN sh "$root/tests/slurm/cluster.sh" start
-. "$CLUSTER_DIR/env.sh"
 cd "$dir"
 
 now_ns() { date +%s%N; }
@@ -34,6 +32,17 @@ batch() {
 }
 
 per=$(( (N + ROUNDS - 1) / ROUNDS ))
+n=$((per * ROUNDS))
+
+# 1. reference: the same cluster without the plugin in plugstack.conf
+PLUGIN=none sh "$root/tests/slurm/cluster.sh" start
+. "$CLUSTER_DIR/env.sh"
+batch 3 >/dev/null
+none=$(batch "$n")
+
+# 2. with the plugin: without and with --mm-model, interleaved
+MMGUARD_CONF=$dir/mmguard.conf PLUGIN=$PLUGIN sh "$root/tests/slurm/cluster.sh" start
+. "$CLUSTER_DIR/env.sh"
 batch 3 >/dev/null; batch 3 --mm-model="$SPEC" >/dev/null # warm up
 base=0; with=0; r=0
 while [ $r -lt "$ROUNDS" ]; do
@@ -41,12 +50,12 @@ while [ $r -lt "$ROUNDS" ]; do
     with=$((with + $(batch "$per" --mm-model="$SPEC")))
     r=$((r + 1))
 done
-n=$((per * ROUNDS))
 scancel --quiet --user="$(id -un)" || true
 logged=$(wc -l <"$dir/decisions.jsonl")
-awk -v b="$base" -v w="$with" -v n="$n" -v l="$logged" -v spec="$(basename "$SPEC")" 'BEGIN {
+awk -v z="$none" -v b="$base" -v w="$with" -v n="$n" -v l="$logged" -v spec="$(basename "$SPEC")" 'BEGIN {
     printf "sbatch x %d (held jobs, %d decisions logged)\n", n, l
-    printf "  without --mm-model: %8.2f ms per sbatch\n", b / n / 1e6
+    printf "  plugin not loaded:  %8.2f ms per sbatch\n", z / n / 1e6
+    printf "  without --mm-model: %8.2f ms per sbatch (plugin loaded)\n", b / n / 1e6
     printf "  with --mm-model=%s: %8.2f ms per sbatch\n", spec, w / n / 1e6
     printf "  ratio with/without: %.3f (plugin adds %+.1f%%, %.2f ms)\n", w / b, (w / b - 1) * 100, (w - b) / n / 1e6
 }'

@@ -24,7 +24,7 @@
  * (CLIP layers after select_layer get no gradient and so no optimizer state) */
 static int trainable(const lctx *c)
 {
-    return c->m->trainable && !c->dead;
+    return c->m->trainable && !c->dead && !c->unused;
 }
 
 static uint32_t row(lctx *c, const char *name, const char *kind)
@@ -622,7 +622,7 @@ static int32_t vit_module(lctx *c)
     const module_spec *m = c->m;
     uint64_t g = m->image_size / m->patch_size, P = g * g, h = m->hidden_size;
     uint64_t Bv = c->B;
-    int tw = m->trainable;
+    int tw = trainable(c);
     c->per_layer = 0;
     uint32_t rpe = row(c, "embeddings.patch_embedding", "conv2d");
     param(c, rpe, sim_mul3(c->s, h, m->num_channels, sim_mul(c->s, m->patch_size, m->patch_size)),
@@ -732,7 +732,7 @@ static int32_t llama_module(lctx *c, int32_t image_features)
     const module_spec *m = c->m;
     uint64_t T = c->T, h = m->hidden_size, V = m->vocab_size, B = c->B, S = c->S;
     uint64_t Th = sim_mul(c->s, T, h), TV = sim_mul(c->s, T, V);
-    int tw = m->trainable;
+    int tw = trainable(c);
     c->per_layer = 0;
     uint32_t re = row(c, "embed_tokens", "embedding");
     param(c, re, sim_mul(c->s, V, h), tw, 0);
@@ -920,6 +920,9 @@ int32_t layers_forward(lctx *c)
         int needs_grad = m->trainable || m->lora.enabled;
         if (m->type == MOD_VIT) {
             c->has_vit = t->images_per_sample > 0;
+            /* text-only samples: tower and projector never run, so they get no
+             * gradient and AdamW never creates their state (counted frozen) */
+            c->unused = !c->has_vit;
             if (!c->has_vit && !c->counting)
                 continue;
             /* a frozen tower runs under no_grad (LLaVA) */
@@ -933,6 +936,7 @@ int32_t layers_forward(lctx *c)
             c->ckpt = 0;
             feat = mlp_module(c, feat);
         } else {
+            c->unused = 0;
             c->grad = 1;
             c->ckpt = t->gradient_checkpointing;
             /* HF enable_input_require_grads() when checkpointing a frozen/LoRA

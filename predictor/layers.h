@@ -18,6 +18,7 @@ typedef struct lctx {
     int zero;
     int has_vit;
     int dead;            /* layer output never reaches the loss */
+    int unused;          /* module does not run (no images): no grads, no states */
     int nofold;          /* simulate every layer (tests compare both) */
     int grads_accumulate; /* gradient accumulation: .grad exists, grads add in */
     int pretrain_input_grads;

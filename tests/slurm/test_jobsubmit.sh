@@ -95,6 +95,7 @@ start "action=resize" "margin=5%" "reserve=1GiB" "max_gpus_per_node=4" "resize_t
 
 run sbatch --mm-model="$RESIZE" --gres=gpu:h100:2 -o "$work/resize.out" "$work/job.sh"
 id=$(jobid)
+cp "$work/err" "$work/resize.err"
 expect "resize: job submitted (rc 0, id)" test "$rc" -eq 0 -a -n "$id"
 expect "resize: user is told about the resize" has "$work/err" 'mmguard: .*job resized to gpu:h100:[34]'
 show "$id"
@@ -138,7 +139,7 @@ expect "no --mm-model: untouched, ran on 1 GPU, no decision logged" \
 # ---- per-node maximum: no type to switch to -> reject ---------------------------
 start "action=resize" "margin=5%" "reserve=1GiB" "max_gpus_per_node=4" "on_error=reject"
 njobs=$(squeue -h | wc -l)
-run sbatch --mm-model="$SWITCH" --gres=gpu:h100:2 -o /dev/null "$work/job.sh"
+run sbatch --mm-model="$SWITCH" --gres=gpu:h100:2 -t 30 -o /dev/null "$work/job.sh"
 expect "per-node maximum: nothing fits in 4 H100s -> sbatch exit 1" test "$rc" -eq 1
 expect "per-node maximum: message says no resize fits up to 4 GPUs/node" \
     has "$work/err" 'mmguard: job rejected: .*no resize fits \(up to 4 GPUs/node of h100\)'
@@ -149,12 +150,12 @@ expect "per-node maximum: nothing queued, ctld log says reject" \
 # The plugin in sbatch checks the spec's own data_parallel (4: fits); only slurmctld
 # sees that the job asks for 2 GPUs, and rejects it.
 start "action=reject" "margin=5%" "reserve=1GiB" "on_error=reject"
-run sbatch --mm-model="$RESIZE" --gres=gpu:h100:2 -o /dev/null "$work/job.sh"
+run sbatch --mm-model="$RESIZE" --gres=gpu:h100:2 -t 30 -o /dev/null "$work/job.sh"
 expect "reject: sbatch exit 1" test "$rc" -eq 1
 expect "reject: the message names the peak, the data-parallel degree and the usable memory" \
     has "$work/err" 'mmguard: job rejected: predicted peak [0-9.]+ GiB/GPU at 2-way data parallel exceeds [0-9.]+ GiB usable on h100'
 expect "reject: ctld log line with gpus and time limit" \
-    sh -c "[ '$(last_ctld decision)' = reject ] && [ '$(last_ctld gpus)' = 2 ] && [ '$(last_ctld source)' = slurmctld ]"
+    sh -c "[ '$(last_ctld decision)' = reject ] && [ '$(last_ctld gpus)' = 2 ] && [ '$(last_ctld time_limit_minutes)' = 30 ] && [ '$(last_ctld source)' = slurmctld ]"
 run sbatch --mm-model="$RESIZE" --gres=gpu:h100:4 -t 90 -o /dev/null "$work/job.sh"
 expect "reject mode: the same spec on 4 GPUs is accepted" sh -c "[ $rc -eq 0 ] && [ '$(last_ctld decision)' = accept ]"
 
@@ -180,17 +181,26 @@ expect "report: rc 0 and the human tables" \
     sh -c "[ $rc -eq 0 ] && grep -q '^Decisions' '$work/out' && grep -Eq '^  resize +[1-9]' '$work/out' && grep -q 'Rejected jobs: GPU-hours' '$work/out'"
 cp "$work/out" "$work/report.txt"
 run "$MMGUARD" report --json "$CTLD" "$LOG"
-expect "report --json: resize >= 3, reject >= 2, slurmctld and sbatch sources, no malformed lines" python3 - "$work/out" <<'PY'
+expect "report --json: 3 resize, 2 reject = 2.0 GPU-hours (2 GPUs x 30 min x 2), both sources, no malformed lines" python3 - "$work/out" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 src = {s["source"] for s in r["sources"]}
-ok = (r["decisions"]["resize"] >= 3 and r["decisions"]["reject"] >= 2 and r["malformed"] == 0
-      and {"slurmctld", "sbatch"} <= src and r["rejected_gpu_hours"]["jobs"] >= 2)
+g = r["rejected_gpu_hours"]
+ok = (r["decisions"]["resize"] == 3 and r["decisions"]["reject"] == 2 and r["malformed"] == 0
+      and {"slurmctld", "sbatch"} <= src and g["jobs"] == 2 and abs(g["gpu_hours"] - 2.0) < 1e-9
+      and g["by_gpus"] == [{"gpus": 2, "jobs": 2, "unknown_time": 0, "gpu_hours": 2}])
+if not ok:
+    print("#", json.dumps(r["decisions"]), json.dumps(g))
 sys.exit(0 if ok else 1)
 PY
+printf '{"decision":"accept"}\nnot json\n' >"$work/bad.jsonl"
+run "$MMGUARD" report "$CTLD" "$work/bad.jsonl"
+expect "report: a malformed line is listed as FILE:LINE, exit 0" \
+    sh -c "[ $rc -eq 0 ] && grep -q 'bad.jsonl:2: invalid JSON' '$work/out'"
 
 if [ "${SHOW:-0}" = 1 ] || [ -n "${TRANSCRIPT:-}" ]; then
     {
+        echo "## resize: sbatch"; cat "$work/resize.err"
         echo "## resize: scontrol show job"; grep -E 'JobId=|TresPerNode|AdminComment' "$work/resize.show"
         echo "## job output"; cat "$work/resize.out"
         echo "## mmguard report"; cat "$work/report.txt"

@@ -676,6 +676,13 @@ function M.decide(job_desc, vars, conf, nodes, rec, finish, fail, SUCCESS, ERROR
     end
     local model, merr = M.parse_peak_model(vars.MMGUARD_PEAK_MODEL)
     if not model then return fail(merr) end
+    -- allocated peak at N = 1, published beside the model (docs/plugin.md)
+    if vars.MMGUARD_ALLOC_DP1_BYTES ~= nil and not model.dp1 then
+        model.dp1 = parse_uint(vars.MMGUARD_ALLOC_DP1_BYTES)
+        if not model.dp1 then
+            return fail("MMGUARD_ALLOC_DP1_BYTES: bad value '" .. vars.MMGUARD_ALLOC_DP1_BYTES .. "'")
+        end
+    end
 
     -- the real GPU request
     local tpn_s, tpj_s = job_desc.tres_per_node, job_desc.tres_per_job

@@ -216,6 +216,18 @@ case("fits: accepted untouched", function()
     eq(#user_msgs, 0, "silent")
 end)
 
+case("MMGUARD_ALLOC_DP1_BYTES is the allocated peak at N=1", function()
+    write_conf(BASE .. "action=reject\n")
+    local j = job({ tpn = "gres:gpu:h100:1" })
+    -- terms at N=1 give 138 GiB (reject); the published N=1 allocation of 60 GiB fits
+    j.spank_job_env[7] = "MMGUARD_ALLOC_DP1_BYTES=" .. string.format("%.0f", 60 * GiB)
+    eq(slurm_job_submit(j, {}, 1000), slurm.SUCCESS, "rc")
+    has(last_log(), '"peak_bytes":' .. string.format("%.0f", 63 * GiB + 512 * MiB + 1024 * MiB + 1), "peak from dp1")
+    local j2 = job({ tpn = "gres:gpu:h100:1" })
+    j2.spank_job_env[7] = "MMGUARD_ALLOC_DP1_BYTES=lots"
+    eq(slurm_job_submit(j2, {}, 1000), slurm.ERROR, "malformed -> on_error=reject")
+end)
+
 case("reject", function()
     write_conf(BASE .. "action=reject\n")
     local j = job({ tpn = "gres:gpu:h100:2" })

@@ -68,6 +68,13 @@ static int valid_gpu_name(const char *s)
     return 1;
 }
 
+/* GPU type names are case-insensitive; stored lower-case (as job_submit.lua). */
+static void lower(char *s)
+{
+    for (; *s; s++)
+        *s = (char)tolower((unsigned char)*s);
+}
+
 const struct mmg_gpu *mmg_config_gpu(const struct mmg_config *c, const char *name)
 {
     if (!name)
@@ -192,6 +199,7 @@ int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
                             MMG_MAX_GPU_TYPES);
             g = &c->gpus[c->n_gpus++];
             snprintf(g->name, sizeof(g->name), "%s", name);
+            lower(g->name);
         }
         g->bytes = b;
         g->builtin = 0;
@@ -201,6 +209,7 @@ int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
         if (!valid_gpu_name(value))
             return fail(err, errlen, "%s: default_gpu: invalid GPU type '%s'", where, value);
         snprintf(c->default_gpu, sizeof(c->default_gpu), "%s", value);
+        lower(c->default_gpu);
         return 0;
     }
     if (!strcmp(key, "log"))

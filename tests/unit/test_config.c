@@ -117,7 +117,8 @@ START_TEST(gpu_table)
     ck_assert_uint_eq(mmg_config_gpu(&cfg, "B200")->bytes, 192000000000ull); /* added */
     ck_assert_uint_eq(mmg_config_gpu(&cfg, "h200")->bytes, 141 * GiB); /* case-insensitive */
     ck_assert_uint_eq(cfg.n_gpus, 6);
-    ck_assert_int_eq(parse("gpu.mi300x=192GiB", "default_gpu=mi300x", NULL), 0);
+    ck_assert_str_eq(mmg_config_gpu(&cfg, "b200")->name, "b200"); /* stored lower-case */
+    ck_assert_int_eq(parse("gpu.MI300X=192GiB", "default_gpu=Mi300x", NULL), 0);
     ck_assert_str_eq(cfg.default_gpu, "mi300x");
 }
 END_TEST
@@ -198,6 +199,16 @@ START_TEST(file_ok_and_override)
     ck_assert_int_eq(parse("action=resize", arg, NULL), 0);
     ck_assert_int_eq(cfg.action, MMG_ACTION_WARN);
     unlink(path);
+}
+END_TEST
+
+/* the shipped example must be valid as it is */
+START_TEST(shipped_example)
+{
+    ck_assert_int_eq(parse("config=" SRCDIR "/mmguard.conf.example", NULL), 0);
+    ck_assert_int_eq(cfg.action, MMG_ACTION_REJECT);
+    ck_assert(cfg.margin.percent == 10.0);
+    ck_assert_str_eq(cfg.resize_types, "h200,a100");
 }
 END_TEST
 
@@ -287,6 +298,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, arg_errors);
     tcase_add_test(tc, file_ok_and_override);
     tcase_add_test(tc, file_errors);
+    tcase_add_test(tc, shipped_example);
     tcase_add_test(tc, file_limits);
     suite_add_tcase(s, tc);
     return s;

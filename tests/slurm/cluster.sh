@@ -72,7 +72,9 @@ stepd_pids() {
     for _p in /proc/[0-9]*; do
         _comm=$(cat "$_p/comm" 2>/dev/null || true)
         case "$_comm" in slurmstepd*) ;; *) continue ;; esac
-        if ls -l "$_p/fd" 2>/dev/null | grep -q -- "-> $dir/"; then echo "${_p#/proc/}"; fi
+        for _fd in "$_p"/fd/*; do
+            case $(readlink "$_fd" 2>/dev/null) in "$dir"/*) echo "${_p#/proc/}"; break ;; esac
+        done
     done
 }
 

@@ -711,7 +711,11 @@ function M.decide(job_desc, vars, conf, nodes, rec, finish, fail, SUCCESS, ERROR
         per_node_count = ceil_div(total, nodes)
         rec.requested_tres = tpj_s
     else
-        return fail("the job has --mm-model but requests no GPU (--gres=gpu:N or --gpus)")
+        -- Nothing to compare at slurmctld: the job will get no GPU.  Accept it
+        -- unchanged (resizing a CPU job into a GPU job is not ours to decide).
+        local reason = "the job has --mm-model but requests no GPU (--gres=gpu:N or --gpus); not checked at admission"
+        log_user("mmguard: WARNING: " .. reason)
+        return finish("warn", reason, SUCCESS)
     end
     if total < 1 then return fail("the job requests 0 GPUs") end
 

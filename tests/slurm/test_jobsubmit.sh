@@ -125,6 +125,18 @@ expect "type switch: AdminComment gpu:h100:2 -> gpu:h200:$tsw" has "$work/show" 
 st=$(wait_job "$id")
 expect "type switch: job ran on $tsw GPUs ($st)" sh -c "[ '$st' = COMPLETED ] && grep -q '^gpus=$tsw ' '$work/switch.out'"
 
+# ---- the values the plugin really publishes: Lua peak(N) == mmguard predict at N ----
+run salloc --mm-model="$RESIZE" --gres=gpu:h100:4 sh -c 'echo "$SLURM_SPANK_MMGUARD_PEAK_MODEL dp1=$SLURM_SPANK_MMGUARD_ALLOC_DP1_BYTES"'
+: >"$work/cases"
+for n in 1 2 3 4 6 8 16; do
+    peak=$("$MMGUARD" predict "$RESIZE" --json --set "training.data_parallel=$n" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_bytes"])')
+    printf '%s\t%s\t%s\n' "$peak" "$n" "$(cat "$work/out")" >>"$work/cases"
+done
+lua=$(command -v lua5.1 || command -v lua5.3 || command -v lua)
+expect "published MMGUARD_PEAK_MODEL + MMGUARD_ALLOC_DP1_BYTES: Lua peak(N) equals mmguard predict for N=1..16" \
+    sh -c "[ $rc -eq 0 ] && grep -q '^v1 ' '$work/out' && '$lua' '$root/tests/jobsubmit/peak_check.lua' '$JOB_SUBMIT_LUA' '$work/cases' >'$work/err' 2>&1"
+
 # ---- fitting job and job without --mm-model: untouched --------------------------
 run sbatch --mm-model="$FITS" --gres=gpu:h100:1 -o /dev/null "$work/job.sh"
 id=$(jobid); show "$id"

@@ -97,6 +97,11 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
     int z = spec->training.zero_stage >= 1 ? spec->training.zero_stage : 1;
     int best_z = -1;
     uint32_t best_n = 0;
+    /* first with the spec's checkpointing; if no N fits and it was off, with it
+     * on: ZeRO shards model states, never activations */
+    for (int ck = spec->training.gradient_checkpointing; ck <= 1 && !best_n; ck++) {
+    s->training.gradient_checkpointing = ck;
+    out->min_data_parallel_ckpt = ck && !spec->training.gradient_checkpointing;
     for (int zz = z; zz <= 3 && !best_n; zz++) {
         s->training.zero_stage = zz;
         if (s->training.precision != PREC_FP32)
@@ -117,6 +122,9 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
         if (spec->training.zero_stage >= 1)
             break; /* only the spec's own stage when it already uses ZeRO */
     }
+    }
+    if (!best_n)
+        out->min_data_parallel_ckpt = 0;
     out->min_data_parallel = best_n;
     out->min_data_parallel_zero = best_z;
     mm_spec_free(s);

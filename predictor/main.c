@@ -339,11 +339,13 @@ static int cmd_fit(int argc, char **argv)
         printf("{\"fits\": %s, \"peak_bytes\": %llu, \"usable_bytes\": %llu, "
                "\"max_micro_batch\": %u, \"checkpointing_helps\": %s, "
                "\"max_micro_batch_checkpointing\": %u, \"min_zero_stage\": %d, "
-               "\"min_data_parallel\": %u, \"min_data_parallel_zero_stage\": %d}\n",
+               "\"min_data_parallel\": %u, \"min_data_parallel_zero_stage\": %d, "
+               "\"min_data_parallel_needs_checkpointing\": %s}\n",
                f.fits ? "true" : "false", (unsigned long long)f.peak_bytes,
                (unsigned long long)usable, f.max_micro_batch,
                f.checkpointing_helps ? "true" : "false", f.max_micro_batch_ckpt,
-               f.min_zero_stage, f.min_data_parallel, f.min_data_parallel_zero);
+               f.min_zero_stage, f.min_data_parallel, f.min_data_parallel_zero,
+               f.min_data_parallel_ckpt ? "true" : "false");
     } else {
         printf("%s: predicted peak %s per GPU, usable %s: %s\n", mm_spec_name(s), pk, us,
                f.fits ? "fits" : "does not fit");
@@ -362,7 +364,8 @@ static int cmd_fit(int argc, char **argv)
         else
             printf("  no ZeRO stage fits at %u GPUs\n", mm_spec_data_parallel(s));
         if (f.min_data_parallel)
-            printf("  smallest number of GPUs with ZeRO-%d: %u\n", f.min_data_parallel_zero,
+            printf("  smallest number of GPUs with ZeRO-%d%s: %u\n", f.min_data_parallel_zero,
+                   f.min_data_parallel_ckpt ? " and gradient checkpointing" : "",
                    f.min_data_parallel);
         else
             printf("  no number of GPUs up to 1024 fits with ZeRO\n");

@@ -166,6 +166,8 @@ typedef struct mm_fit_result {
     int min_zero_stage;          /* smallest ZeRO stage that fits at the spec's N, -1 none */
     uint32_t min_data_parallel;  /* smallest N (<= 1024) that fits at max(zero,1), 0 none */
     int min_data_parallel_zero;  /* the ZeRO stage min_data_parallel was computed for */
+    int min_data_parallel_ckpt;  /* min_data_parallel needs gradient checkpointing on
+                                    (activations are not sharded: without it no N fits) */
 } mm_fit_result;
 int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *err);
 

@@ -296,6 +296,33 @@ START_TEST(fit_finds_largest_batch)
 }
 END_TEST
 
+/* When no GPU count fits without checkpointing (activations are never
+ * sharded), fit says which count fits with it on - and that answer holds. */
+START_TEST(fit_suggests_checkpointing_with_gpus)
+{
+    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    set(s, "training.gradient_checkpointing=false");
+    mm_fit_result f;
+    mm_error e;
+    uint64_t usable = 80ull << 30;
+    ck_assert_int_eq(mm_fit(s, usable, &f, &e), 0);
+    ck_assert(!f.fits);
+    ck_assert_uint_gt(f.min_data_parallel, 1);
+    ck_assert_int_eq(f.min_data_parallel_ckpt, 1);
+    char kv[64];
+    set(s, "training.gradient_checkpointing=true");
+    snprintf(kv, sizeof kv, "training.zero_stage=%d", f.min_data_parallel_zero);
+    set(s, kv);
+    snprintf(kv, sizeof kv, "training.data_parallel=%u", f.min_data_parallel);
+    set(s, kv);
+    mm_prediction p = predict(s);
+    ck_assert_uint_le(p.peak_bytes, usable);
+    ck_assert_uint_gt(mm_peak_for_dp(&p, f.min_data_parallel - 1), usable);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+END_TEST
+
 /* Folding identical layers (layers.c) must not change any number: compare with
  * a full simulation of every layer across modes, attention kinds, ZeRO stages,
  * checkpointing, accumulation and precisions. */
@@ -359,6 +386,7 @@ Suite *predict_suite(void)
     tcase_add_test(tc, overflow_is_an_error);
     tcase_add_test(tc, fit_finds_largest_batch);
     tcase_add_test(tc, folding_is_exact);
+    tcase_add_test(tc, fit_suggests_checkpointing_with_gpus);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -324,7 +324,8 @@ static int account(mm_report *r, json_object *o, mm_decision d)
                 return -2;
             g->num = (uint64_t)gpus;
             g->total++;
-            if (get_num(o, "time_limit_minutes", &minutes) && minutes > 0) {
+            /* Slurm time limits are uint32 minutes; INFINITE (and beyond) is unknown */
+            if (get_num(o, "time_limit_minutes", &minutes) && minutes > 0 && minutes < 4294967295.0) {
                 double h = gpus * minutes / 60.0;
                 g->hours += h;
                 r->rej_hours += h;

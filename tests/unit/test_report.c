@@ -7,7 +7,7 @@
 
 #include "report.h"
 
-Suite *report_suite(void);
+#include "unit.h"
 
 static int add(mm_report *r, unsigned long lineno, const char *line)
 {
@@ -143,18 +143,19 @@ START_TEST(test_gpu_hours)
     add(r, 4, "{\"decision\":\"reject\",\"source\":\"sbatch\",\"data_parallel\":8}"); /* plugin */
     add(r, 5, "{\"decision\":\"reject\",\"gpus\":null,\"time_limit_minutes\":null}");
     add(r, 6, "{\"decision\":\"accept\",\"gpus\":8,\"time_limit_minutes\":600}");  /* not rejected */
+    add(r, 7, "{\"decision\":\"reject\",\"gpus\":2,\"time_limit_minutes\":1e308}"); /* infinite */
     o = summary(r, 0);
-    ck_assert_int_eq(ival(o, "rejected_gpu_hours", "jobs"), 5);
+    ck_assert_int_eq(ival(o, "rejected_gpu_hours", "jobs"), 6);
     ck_assert_int_eq(ival(o, "rejected_gpu_hours", "known"), 2);
     ck_assert_int_eq(ival(o, "rejected_gpu_hours", "unknown_gpus"), 2);
-    ck_assert_int_eq(ival(o, "rejected_gpu_hours", "unknown_time"), 1);
+    ck_assert_int_eq(ival(o, "rejected_gpu_hours", "unknown_time"), 2);
     ck_assert_double_eq_tol(json_object_get_double(path(o, "rejected_gpu_hours", "gpu_hours")), 7.0, 1e-9);
     by = path(o, "rejected_gpu_hours", "by_gpus");
     ck_assert_uint_eq(json_object_array_length(by), 2);
     row = json_object_array_get_idx(by, 0);
     ck_assert_int_eq(ival(row, "gpus", NULL), 2);
-    ck_assert_int_eq(ival(row, "jobs", NULL), 2);
-    ck_assert_int_eq(ival(row, "unknown_time", NULL), 1);
+    ck_assert_int_eq(ival(row, "jobs", NULL), 3);
+    ck_assert_int_eq(ival(row, "unknown_time", NULL), 2);
     ck_assert_double_eq_tol(json_object_get_double(path(row, "gpu_hours", NULL)), 1.0, 1e-9);
     row = json_object_array_get_idx(by, 1);
     ck_assert_int_eq(ival(row, "gpus", NULL), 4);

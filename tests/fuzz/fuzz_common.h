@@ -17,6 +17,48 @@ static inline void fuzz_check_error(const mm_error *e)
         abort();
 }
 
+static inline uint64_t fuzz_sum(const mm_factors *f)
+{
+    uint64_t r = 0;
+    const uint64_t v[] = {f->parameters, f->gradients, f->optimizer_states, f->activations,
+                          f->temporaries};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        if (__builtin_add_overflow(r, v[i], &r))
+            return UINT64_MAX;
+    return r;
+}
+
+/* The breakdown must add up (mmguard.h): allocated = the five factors exactly;
+ * parameter counts of layers and modules add up exactly; their factor rows add
+ * up to within one byte per factor per row (ZeRO shards are rounded up row by
+ * row when they do not divide evenly). */
+static inline void fuzz_check_sums(const mm_prediction *p)
+{
+    if (fuzz_sum(&p->factors) != p->allocated_peak_bytes)
+        abort();
+    uint64_t mp = 0, mf = 0, rows = 0;
+    for (size_t m = 0; m < p->n_modules; m++) {
+        const mm_module_result *M = &p->modules[m];
+        uint64_t lp = 0, lf = 0;
+        for (size_t l = 0; l < M->n_layers; l++) {
+            lp += M->layers[l].parameters_count;
+            lf += fuzz_sum(&M->layers[l].factors);
+            if (!memchr(M->layers[l].name, '\0', sizeof M->layers[l].name) ||
+                !memchr(M->layers[l].kind, '\0', sizeof M->layers[l].kind))
+                abort();
+        }
+        uint64_t slack = 5 * (uint64_t)M->n_layers, mfs = fuzz_sum(&M->factors);
+        if (lp != M->parameters_count || lf > mfs + slack || mfs > lf + slack)
+            abort();
+        rows += M->n_layers;
+        mp += M->parameters_count;
+        mf += fuzz_sum(&M->factors);
+    }
+    if (mp != p->parameters_count || mf > p->allocated_peak_bytes + 5 * rows ||
+        p->allocated_peak_bytes > mf + 5 * rows)
+        abort();
+}
+
 /* Predict, render and free; also exercises mm_peak_for_dp and clone. */
 static inline void fuzz_predict(const mm_spec *spec)
 {
@@ -34,6 +76,7 @@ static inline void fuzz_predict(const mm_spec *spec)
     /* the six factors must add up: allocated = the first five */
     if (p.peak_bytes < p.allocated_peak_bytes)
         abort();
+    fuzz_check_sums(&p);
     (void)mm_peak_for_dp(&p, 1);
     (void)mm_peak_for_dp(&p, 2);
     (void)mm_peak_for_dp(&p, 1024);

@@ -620,6 +620,74 @@ START_TEST(test_regress_negative_unsigned)
 }
 END_TEST
 
+/* fuzz_spec_yaml (invariant check in tests/fuzz/fuzz_common.h): mmguard.h says
+ * parameters + gradients + optimizer_states + activations + temporaries ==
+ * allocated bytes, and the module and layer rows add up to the totals.  Found
+ * off by one byte (ZeRO-2 shards rounded up per factor, not as a whole):
+ * a trainable llama, 6 layers, zero_stage 2, data_parallel 9 gave
+ * allocated 25640 but factors summing to 25641. */
+static uint64_t fsum(const mm_factors *f)
+{
+    return f->parameters + f->gradients + f->optimizer_states + f->activations + f->temporaries;
+}
+
+static void check_sums(const char *y, const char *name)
+{
+    mm_spec *s = load_ok(y, name, MM_FMT_YAML);
+    mm_prediction p;
+    mm_error e;
+    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s: %s", name, e.msg);
+    ck_assert_msg(fsum(&p.factors) == p.allocated_peak_bytes,
+                  "%s: factors add up to %llu, allocated peak is %llu", name,
+                  (unsigned long long)fsum(&p.factors),
+                  (unsigned long long)p.allocated_peak_bytes);
+    uint64_t mp = 0, mf = 0, rows = 0;
+    for (size_t m = 0; m < p.n_modules; m++) {
+        const mm_module_result *M = &p.modules[m];
+        uint64_t lp = 0, lf = 0;
+        for (size_t l = 0; l < M->n_layers; l++) {
+            lp += M->layers[l].parameters_count;
+            lf += fsum(&M->layers[l].factors);
+        }
+        /* rows are rounded up separately when ZeRO shards do not divide evenly:
+         * allow one byte per factor per row, never more */
+        uint64_t slack = 5 * (uint64_t)M->n_layers;
+        ck_assert_msg(lp == M->parameters_count, "%s: module %s layer parameters", name, M->name);
+        ck_assert_msg(lf <= fsum(&M->factors) + slack && fsum(&M->factors) <= lf + slack,
+                      "%s: module %s layers add up to %llu, module %llu", name, M->name,
+                      (unsigned long long)lf, (unsigned long long)fsum(&M->factors));
+        rows += M->n_layers;
+        mp += M->parameters_count;
+        mf += fsum(&M->factors);
+    }
+    ck_assert_msg(mp == p.parameters_count, "%s: module parameters add up to %llu, total %llu",
+                  name, (unsigned long long)mp, (unsigned long long)p.parameters_count);
+    ck_assert_msg(mf <= p.allocated_peak_bytes + 5 * rows && p.allocated_peak_bytes <= mf + 5 * rows,
+                  "%s: module factors add up to %llu, allocated peak is %llu", name,
+                  (unsigned long long)mf, (unsigned long long)p.allocated_peak_bytes);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+
+START_TEST(test_regress_factor_sum_zero_sharding)
+{
+    static const char *const dps[] = {"1", "2", "3", "7", "9", "1000"};
+    for (int z = 0; z <= 3; z++) {
+        for (size_t i = 0; i < sizeof dps / sizeof dps[0]; i++) {
+            char y[512], name[64];
+            snprintf(y, sizeof y,
+                     "name: n\nmodules:\n"
+                     "  - {name: v, type: llama, hidden_size: 4, num_hidden_layers: 6,\n"
+                     "     num_attention_heads: 2, intermediate_size: 8, vocab_size: 3}\n"
+                     "training: {micro_batch_size: 3, seq_len: 6, zero_stage: %d,\n"
+                     "           data_parallel: %s}\n", z, dps[i]);
+            snprintf(name, sizeof name, "zero%d-dp%s.yaml", z, dps[i]);
+            check_sums(y, name);
+        }
+    }
+}
+END_TEST
+
 /* ---- plugin configuration (spank_plugin/config.c, runs as root) ---------------- */
 
 static void expect_conf_refused(const char *path, const char *what)
@@ -760,6 +828,7 @@ Suite *hardening_suite(void)
     tcase_add_test(r, test_regress_json_trailing_comma);
     tcase_add_test(r, test_regress_json_single_quotes);
     tcase_add_test(r, test_regress_negative_unsigned);
+    tcase_add_test(r, test_regress_factor_sum_zero_sharding);
     suite_add_tcase(s, r);
     return s;
 }

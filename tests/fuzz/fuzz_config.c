@@ -19,6 +19,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static char tmp_path[64];
 static int tmp_fd = -1;
 
+static void tmp_remove(void)
+{
+    if (tmp_fd >= 0)
+        unlink(tmp_path);
+}
+
 static void tmp_write(const uint8_t *d, size_t n)
 {
     if (tmp_fd < 0) {
@@ -26,6 +32,7 @@ static void tmp_write(const uint8_t *d, size_t n)
         tmp_fd = mkstemp(tmp_path);
         if (tmp_fd < 0)
             abort();
+        atexit(tmp_remove);
     }
     if (ftruncate(tmp_fd, 0) != 0 || pwrite(tmp_fd, d, n, 0) != (ssize_t)n)
         abort();

@@ -5,16 +5,24 @@
 #define MM_FUZZ_COMMON_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mmguard.h"
 
+/* A broken contract: say which, then abort (libFuzzer saves the input). */
+#define FUZZ_FAIL(what)                                                                  \
+    do {                                                                                 \
+        fprintf(stderr, "FUZZ CONTRACT BROKEN at %s:%d: %s\n", __FILE__, __LINE__, what); \
+        abort();                                                                         \
+    } while (0)
+
 /* Errors must be terminated strings that fit their buffer. */
 static inline void fuzz_check_error(const mm_error *e)
 {
     if (!memchr(e->msg, '\0', sizeof e->msg))
-        abort();
+        FUZZ_FAIL("unterminated error message");
 }
 
 static inline uint64_t fuzz_sum(const mm_factors *f)
@@ -35,7 +43,7 @@ static inline uint64_t fuzz_sum(const mm_factors *f)
 static inline void fuzz_check_sums(const mm_prediction *p)
 {
     if (fuzz_sum(&p->factors) != p->allocated_peak_bytes)
-        abort();
+        FUZZ_FAIL("the five factors do not add up to allocated_peak_bytes");
     uint64_t mp = 0, mf = 0, rows = 0;
     for (size_t m = 0; m < p->n_modules; m++) {
         const mm_module_result *M = &p->modules[m];
@@ -45,18 +53,18 @@ static inline void fuzz_check_sums(const mm_prediction *p)
             lf += fuzz_sum(&M->layers[l].factors);
             if (!memchr(M->layers[l].name, '\0', sizeof M->layers[l].name) ||
                 !memchr(M->layers[l].kind, '\0', sizeof M->layers[l].kind))
-                abort();
+                FUZZ_FAIL("unterminated layer name/kind");
         }
         uint64_t slack = 5 * (uint64_t)M->n_layers, mfs = fuzz_sum(&M->factors);
         if (lp != M->parameters_count || lf > mfs + slack || mfs > lf + slack)
-            abort();
+            FUZZ_FAIL("a module's layer rows do not add up to the module");
         rows += M->n_layers;
         mp += M->parameters_count;
         mf += fuzz_sum(&M->factors);
     }
     if (mp != p->parameters_count || mf > p->allocated_peak_bytes + 5 * rows ||
         p->allocated_peak_bytes > mf + 5 * rows)
-        abort();
+        FUZZ_FAIL("the modules do not add up to the totals");
 }
 
 /* Predict, render and free; also exercises mm_peak_for_dp and clone. */
@@ -69,20 +77,20 @@ static inline void fuzz_predict(const mm_spec *spec)
     if (mm_predict(spec, &p, &e) != 0) {
         fuzz_check_error(&e);
         if (e.msg[0] == '\0')
-            abort(); /* a failure must say why */
+            FUZZ_FAIL("mm_predict failed without a message");
         mm_prediction_free(&p);
         return;
     }
     /* the six factors must add up: allocated = the first five */
     if (p.peak_bytes < p.allocated_peak_bytes)
-        abort();
+        FUZZ_FAIL("peak_bytes < allocated_peak_bytes");
     fuzz_check_sums(&p);
     (void)mm_peak_for_dp(&p, 1);
     (void)mm_peak_for_dp(&p, 2);
     (void)mm_peak_for_dp(&p, 1024);
     char *js = mm_prediction_json(&p, 0);
     if (!js)
-        abort();
+        FUZZ_FAIL("mm_prediction_json returned NULL");
     free(js);
     js = mm_prediction_json(&p, 1);
     free(js);

@@ -31,11 +31,11 @@ static void tmp_write(const uint8_t *d, size_t n)
         snprintf(tmp_path, sizeof tmp_path, "/tmp/mmguard-fuzz-conf-XXXXXX");
         tmp_fd = mkstemp(tmp_path);
         if (tmp_fd < 0)
-            abort();
+            FUZZ_FAIL("contract at this line");
         atexit(tmp_remove);
     }
     if (ftruncate(tmp_fd, 0) != 0 || pwrite(tmp_fd, d, n, 0) != (ssize_t)n)
-        abort();
+        FUZZ_FAIL("contract at this line");
 }
 
 static void exercise(const struct mmg_config *c)
@@ -45,21 +45,21 @@ static void exercise(const struct mmg_config *c)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const struct mmg_gpu *g = mmg_config_gpu(c, names[i]);
         if (g && mmg_config_usable(c, g->bytes) > g->bytes)
-            abort();
+            FUZZ_FAIL("contract at this line");
     }
     mmg_config_margin_str(c, buf, sizeof buf);
     mmg_config_margin_str(c, buf, 3);
     (void)mmg_action_name(c->action);
     if (c->n_gpus > MMG_MAX_GPU_TYPES)
-        abort();
+        FUZZ_FAIL("contract at this line");
     for (size_t i = 0; i < c->n_gpus; i++)
         if (!memchr(c->gpus[i].name, '\0', sizeof c->gpus[i].name))
-            abort();
+            FUZZ_FAIL("contract at this line");
     if (!memchr(c->default_gpu, '\0', sizeof c->default_gpu) ||
         !memchr(c->log_path, '\0', sizeof c->log_path) ||
         !memchr(c->ctld_log, '\0', sizeof c->ctld_log) ||
         !memchr(c->resize_types, '\0', sizeof c->resize_types))
-        abort();
+        FUZZ_FAIL("contract at this line");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -78,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (mmg_config_load_file(&c, tmp_path, err, sizeof err) == 0)
             (void)mmg_config_finish(&c, err, sizeof err);
         if (!memchr(err, '\0', sizeof err))
-            abort();
+            FUZZ_FAIL("contract at this line");
         exercise(&c);
         return 0;
     }
@@ -92,7 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *args = malloc(alen + 1);
     char **av = malloc((alen + 1) * sizeof *av);
     if (!args || !av)
-        abort();
+        FUZZ_FAIL("contract at this line");
     memcpy(args, data, alen);
     args[alen] = '\0';
     int ac = 0;
@@ -106,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     (void)mmg_config_parse_args(&c, ac, av, err, sizeof err);
     if (!memchr(err, '\0', sizeof err))
-        abort();
+        FUZZ_FAIL("contract at this line");
     exercise(&c);
     free(av);
     free(args);

@@ -37,10 +37,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     mm_error e;
     mm_spec *s = mm_spec_load_buffer(BASE, sizeof BASE - 1, "base.yaml", MM_FMT_YAML, &e);
     if (!s)
-        abort(); /* the base spec is valid */
+        FUZZ_FAIL("contract at this line"); /* the base spec is valid */
     char *in = malloc(size + 1);
     if (!in)
-        abort();
+        FUZZ_FAIL("contract at this line");
     memcpy(in, data, size);
     in[size] = '\0';
     int applied = 0;
@@ -54,11 +54,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (mm_spec_set(s, line, &e) != 0) {
             fuzz_check_error(&e);
             if (e.msg[0] == '\0')
-                abort();
+                FUZZ_FAIL("contract at this line");
             /* unchanged on error */
             if (mm_spec_micro_batch(s) != mb || mm_spec_data_parallel(s) != dp ||
                 strcmp(before, mm_spec_digest(s)) != 0)
-                abort();
+                FUZZ_FAIL("contract at this line");
             continue;
         }
         applied++;
@@ -73,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 mm_spec_data_parallel(c) != mm_spec_data_parallel(s) ||
                 mm_spec_zero_stage(c) != mm_spec_zero_stage(s) ||
                 mm_spec_checkpointing(c) != mm_spec_checkpointing(s))
-                abort();
+                FUZZ_FAIL("contract at this line");
             mm_spec_free(c);
         }
     }

@@ -15,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     char *s = malloc(size + 1);
     if (!s)
-        abort();
+        FUZZ_FAIL("contract at this line");
     memcpy(s, data, size);
     s[size] = '\0';
     mm_error e;
@@ -25,23 +25,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint64_t b2 = 0;
         snprintf(dec, sizeof dec, "%" PRIu64, b);
         if (mm_parse_size(dec, &b2, &e) != 0 || b2 != b)
-            abort();
+            FUZZ_FAIL("contract at this line");
         char fb[32];
         mm_format_bytes(b, fb, sizeof fb);
         mm_format_bytes(b, fb, 4); /* truncation must terminate */
         if (!memchr(fb, '\0', 4))
-            abort();
+            FUZZ_FAIL("contract at this line");
     } else {
         fuzz_check_error(&e);
     }
     mm_margin m;
     if (mm_parse_margin(s, &m, &e) == 0) {
         if (!(m.percent >= 0.0 && m.percent < 100.0))
-            abort();
+            FUZZ_FAIL("contract at this line");
         static const uint64_t mems[] = {0, 1, 81559ull << 20, UINT64_MAX};
         for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
             if (mm_usable_bytes(mems[i], &m) > mems[i])
-                abort();
+                FUZZ_FAIL("contract at this line");
     } else {
         fuzz_check_error(&e);
     }

@@ -469,7 +469,8 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
             L->count = R->count ? R->count : 1;
             L->parameters_count = R->params;
             L->trainable_count = R->trainable;
-            set_factor(&L->factors, &s.snap_row_fact[r * F_NFACT]);
+            if (r < s.snap_nrows) /* rows made after the peak hold nothing at it */
+                set_factor(&L->factors, &s.snap_row_fact[r * F_NFACT]);
             M->parameters_count += R->params;
             M->trainable_count += R->trainable;
             M->factors.parameters += L->factors.parameters;

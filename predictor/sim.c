@@ -139,17 +139,30 @@ static void add_term(sim *s, uint64_t f, uint64_t sh)
 static void snapshot(sim *s)
 {
     s->snapped = 1;
-    for (int f = 0; f < F_NFACT; f++)
-        s->snap_fact[f] = s->fact_fixed[f] + mm_ceil_div(s->fact_sharded[f], s->dp);
-    if (!s->snap_row_fact)
+    /* the sharded bytes are rounded once, as the peak is; each factor gets its
+     * floor and the last sharded one the remainder, so the factors add up */
+    uint64_t acc = 0;
+    int last = -1;
+    for (int f = 0; f < F_NFACT; f++) {
+        uint64_t sh = s->fact_sharded[f] / s->dp;
+        acc += sh;
+        if (s->fact_sharded[f])
+            last = f;
+        s->snap_fact[f] = s->fact_fixed[f] + sh;
+    }
+    if (last >= 0)
+        s->snap_fact[last] += mm_ceil_div(s->live_sharded, s->dp) - acc;
+    if (!s->snap_row_fact) {
         s->snap_row_fact = calloc(s->nrows * F_NFACT + 1, sizeof *s->snap_row_fact);
+        s->snap_nrows = s->nrows;
+    }
     if (!s->snap_row_fact) {
         s->oom = 1;
         return;
     }
     for (size_t i = 0; i < s->nt; i++) {
         const sim_tensor *t = &s->t[i];
-        if (!t->alive || t->row >= s->nrows)
+        if (!t->alive || t->row >= s->snap_nrows)
             continue;
         int f = t->cls == F_TEMP && t->refs ? F_ACT : t->cls;
         uint64_t b = t->sharded ? mm_ceil_div(t->bytes, s->dp) : t->bytes;

@@ -81,7 +81,8 @@ typedef struct sim {
     uint64_t snap_at;          /* 0 = none */
     int snapped;
     uint64_t snap_fact[F_NFACT];
-    uint64_t *snap_row_fact;   /* nrows * F_NFACT, filled at the snapshot */
+    uint64_t *snap_row_fact;   /* snap_nrows * F_NFACT, filled at the snapshot */
+    size_t snap_nrows;
     /* pareto terms (symbolic mode) */
     mm_dp_term *terms;
     size_t nterms, capterms;

@@ -743,7 +743,9 @@ static int32_t llama_module(lctx *c, int32_t image_features)
     sim_node *n = node(c, re, emb, -1, -1, -1, tw);
     if (n) {
         wgrad(c, n, sim_mul(c->s, V, h));
-        n->bwd_tmp = sim_mul(c->s, T, 4 * I64);
+        /* CUDA embedding_backward_cuda_kernel: sorted/segment index buffers and
+         * fp32 partial sums per segment (<= T rows of h) */
+        n->bwd_tmp = sim_add(c->s, sim_mul(c->s, T, 4 * I64), sim_mul3(c->s, T, h, F32));
     }
     int32_t x = emb;
     if (image_features >= 0 || c->counting) {

@@ -90,7 +90,7 @@ check-cli: $(BUILD)/mmguard
 # `make check` = what CI runs: install missing packages, build, every test suite.
 check: deps
 	$(MAKE) --no-print-directory all
-	$(MAKE) --no-print-directory check-unit check-cli check-asan $(CHECK_TARGETS)
+	$(MAKE) --no-print-directory -k check-unit check-cli check-asan $(CHECK_TARGETS)
 	@echo "make check: all suites passed"
 
 deps:

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <syslog.h>
@@ -203,6 +204,51 @@ char *mmg_decision_json(const struct mmg_check *chk)
     return out;
 }
 
+/* Append one record (line + newline) to fd, opened O_APPEND.  Writers take an
+ * exclusive flock() for at most ~1 s (a user holding the lock cannot stall
+ * every sbatch) so that a short write -- disk or quota full -- can be undone:
+ * the log keeps only complete lines.  0 ok, else an errno value. */
+static int append_record(int fd, const char *rec, size_t len)
+{
+    struct stat st;
+    off_t start = -1;
+    size_t done = 0;
+    int locked = 0, err = 0;
+
+    for (int i = 0; i < 100; i++) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            locked = 1;
+            break;
+        }
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            break; /* no locking here (e.g. some network file systems) */
+        (void)nanosleep(&(struct timespec){ .tv_sec = 0, .tv_nsec = 10 * 1000 * 1000 }, NULL);
+    }
+    if (locked && fstat(fd, &st) == 0)
+        start = st.st_size;
+    while (done < len) {
+        ssize_t n = write(fd, rec + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            err = n < 0 ? errno : ENOSPC;
+            break;
+        }
+        done += (size_t)n;
+        /* only continue a partial record while no other writer can interleave */
+        if (done < len && !locked) {
+            err = ENOSPC;
+            break;
+        }
+    }
+    /* drop our partial line */
+    if (err && done > 0 && start >= 0 && ftruncate(fd, start) != 0)
+        slurm_debug(MMG_PREFIX "cannot remove a partial log record: %s", strerror(errno));
+    if (locked)
+        (void)flock(fd, LOCK_UN);
+    return err;
+}
+
 void mmg_log_decision(const struct mmg_check *chk)
 {
     static int reported;
@@ -225,33 +271,29 @@ void mmg_log_decision(const struct mmg_check *chk)
     }
     if (chk->cfg.log_path[0]) {
         int fd, saved = 0;
-        ssize_t n = -1;
         len = strlen(json);
-        json[len] = '\n'; /* overwrite the NUL: one write() of line + newline */
+        json[len] = '\n'; /* overwrite the NUL: the record is line + newline */
+        /* O_NOFOLLOW: never write through a symlink planted in the log's place;
+         * O_NONBLOCK: never hang on a FIFO (refused below) */
         fd = open(chk->cfg.log_path,
                   O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
                   0644);
         if (fd >= 0) {
             struct stat st;
-            if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-                close(fd);
-                fd = -1;
+            if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
                 saved = EINVAL;
-            }
+            else
+                saved = append_record(fd, json, len + 1);
+            close(fd);
         } else {
             saved = errno;
         }
-        if (fd >= 0) {
-            do {
-                n = write(fd, json, len + 1);
-            } while (n < 0 && errno == EINTR);
-            saved = errno;
-            close(fd);
-        }
-        if (n != (ssize_t)(len + 1) && !reported++)
+        if (saved && !reported++)
             slurm_error(MMG_PREFIX "log=%s: cannot append the decision record: %s "
                         "(decision %s stands)", chk->cfg.log_path,
-                        n >= 0 ? "short write" : saved == EINVAL ? "not a regular file" : strerror(saved),
+                        saved == EINVAL ? "not a regular file"
+                        : saved == ELOOP ? "it is a symbolic link (not followed)"
+                        : strerror(saved),
                         mmg_decision_name(chk->decision));
     }
     free(json);

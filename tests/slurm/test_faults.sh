@@ -22,47 +22,21 @@ SMALL=$SPECS/llava-lora-small.yaml
 BIG=$SPECS/llava-finetune-big.yaml
 USR=${FAULT_USER:-mmgfault}
 
-work=$(mktemp -d /tmp/mmguard-faults.XXXXXX)
-chmod 0755 "$work"
-export CLUSTER_DIR="$work/cluster"
+. "$here/testlib.sh"
+tl_start faults
+RUN_TIMEOUT=30
 LOG=$work/logdir/decisions.jsonl
 MARKER="mmguard-secret-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')"
 unset MMGUARD_CONF MMGUARD_CLI
-pass=0
-fail=0
 made_user=0
 mounted=""
-
-cleanup() {
-    sh "$here/cluster.sh" stop >/dev/null 2>&1 || true
+tl_cleanup_hook() {
     [ -n "$mounted" ] && umount "$mounted" 2>/dev/null
     [ "$made_user" = 1 ] && userdel "$USR" 2>/dev/null
-    if [ "${KEEP:-0}" = 1 ]; then echo "# kept $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-ok() { pass=$((pass + 1)); echo "ok - $1"; }
-not_ok() {
-    fail=$((fail + 1)); echo "not ok - $1"
-    for f in "$work/out" "$work/err"; do
-        [ -s "$f" ] && sed -n '1,20s/^/#   /p' "$f"
-    done
     return 0
 }
 skip() { echo "ok - # SKIP $1"; }
-expect() { _name=$1; shift; if "$@"; then ok "$_name"; else not_ok "$_name"; fi; }
-has() { grep -Eq -- "$2" "$1"; }
-hasnt() { ! grep -Eq -- "$2" "$1"; }
 count() { grep -Ec -- "$2" "$1"; }
-finish() {
-    echo "$pass passed, $fail failed"
-    [ "$fail" -eq 0 ]
-    exit $?
-}
-
-# run CMD...: stdout -> $work/out, stderr -> $work/err, status -> $rc; bounded
-run() { timeout 30 "$@" >"$work/out" 2>"$work/err"; rc=$?; }
 # as_user CMD...: run as the unprivileged user (keeps SLURM_CONF)
 as_user() { run runuser -u "$USR" -- "$@"; }
 

@@ -17,37 +17,11 @@ FITS=$SPECS/fits-h100x1.yaml       # fits one H100
 RESIZE=$SPECS/resize-h100.yaml     # needs 3-4 H100s (ZeRO-3 shards over N)
 SWITCH=$SPECS/resize-h200.yaml     # does not fit 4 H100s, fits H200s
 
-work=$(mktemp -d /tmp/mmguard-js.XXXXXX)
-chmod 0755 "$work"
-export CLUSTER_DIR="$work/cluster"
+. "$here/testlib.sh"
+tl_start js
+SHOW="out err show"
 LOG=$work/plugin.jsonl
 CTLD=$work/ctld.jsonl
-pass=0
-fail=0
-
-cleanup() {
-    sh "$here/cluster.sh" stop >/dev/null 2>&1 || true
-    if [ "${KEEP:-0}" = 1 ]; then echo "# kept $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT INT TERM
-
-ok() { pass=$((pass + 1)); echo "ok - $1"; }
-not_ok() {
-    fail=$((fail + 1)); echo "not ok - $1"
-    for f in "$work/out" "$work/err" "$work/show"; do
-        [ -s "$f" ] && sed -n '1,20s/^/#   /p' "$f"
-    done
-    return 0
-}
-expect() { _name=$1; shift; if "$@"; then ok "$_name"; else not_ok "$_name"; fi; }
-has() { grep -Eq -- "$2" "$1"; }
-hasnt() { ! grep -Eq -- "$2" "$1"; }
-run() { timeout 60 "$@" >"$work/out" 2>"$work/err"; rc=$?; }
-finish() {
-    echo "$pass passed, $fail failed"
-    [ "$fail" -eq 0 ]
-    exit $?
-}
 
 start() { # start CONF_LINES...: fresh cluster with this mmguard.conf
     printf '%s\n' "$@" "log=$LOG" "ctld_log=$CTLD" >"$work/mmguard.conf"

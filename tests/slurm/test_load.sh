@@ -23,33 +23,11 @@ BAD=$SPECS/invalid.yaml                     # invalid spec: error, on_error=reje
 FT7=$root/contrib/models/llava-1.5-7b-finetune.yaml  # 8 GPUs: accept
 PT13=$root/contrib/models/llava-1.5-13b-pretrain.yaml # 8 GPUs: reject
 
-work=$(mktemp -d /tmp/mmguard-load.XXXXXX)
-chmod 0755 "$work"
-export CLUSTER_DIR="$work/cluster"
+. "$here/testlib.sh"
+tl_start load
+SHOW=why
 LOG=$work/decisions.jsonl
 unset MMGUARD_CONF
-pass=0
-fail=0
-
-cleanup() {
-    sh "$here/cluster.sh" stop >/dev/null 2>&1 || true
-    if [ "${KEEP:-0}" = 1 ]; then echo "# kept $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-ok() { pass=$((pass + 1)); echo "ok - $1"; }
-not_ok() {
-    fail=$((fail + 1)); echo "not ok - $1"
-    [ -s "$work/why" ] && sed -n '1,25s/^/#   /p' "$work/why"
-    return 0
-}
-expect() { _name=$1; shift; if "$@"; then ok "$_name"; else not_ok "$_name"; fi; }
-finish() {
-    echo "$pass passed, $fail failed"
-    [ "$fail" -eq 0 ]
-    exit $?
-}
 
 start() { # start PLUGIN [CONF_LINES...]
     _plugin=$1; shift

@@ -12,37 +12,12 @@ SMALL=$SPECS/llava-lora-small.yaml
 BIG=$SPECS/llava-finetune-big.yaml
 BAD=$SPECS/invalid.yaml
 
-work=$(mktemp -d /tmp/mmguard-test.XXXXXX)
-chmod 0755 "$work"
-export CLUSTER_DIR="$work/cluster"
+. "$here/testlib.sh"
+tl_start test
 LOG=$work/decisions.jsonl
 cli=${MMGUARD_CLI:-$(dirname "$PLUGIN")/mmguard}
 # jobs inherit this environment: keep our own MMGUARD_* settings out of it
 unset MMGUARD_CLI MMGUARD_CONF
-pass=0
-fail=0
-
-cleanup() {
-    sh "$here/cluster.sh" stop >/dev/null 2>&1 || true
-    if [ "${KEEP:-0}" = 1 ]; then echo "# kept $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT INT TERM
-
-ok() { pass=$((pass + 1)); echo "ok - $1"; }
-not_ok() {
-    fail=$((fail + 1)); echo "not ok - $1"
-    for f in "$work/out" "$work/err"; do
-        [ -s "$f" ] && sed -n '1,25s/^/#   /p' "$f"
-    done
-    return 0
-}
-# expect NAME COND...: COND is a command; passes when it succeeds
-expect() { _name=$1; shift; if "$@"; then ok "$_name"; else not_ok "$_name"; fi; }
-has() { grep -Eq -- "$2" "$1"; }
-hasnt() { ! grep -Eq -- "$2" "$1"; }
-
-# run CMD...: stdout -> $work/out, stderr -> $work/err, status -> $rc (bounded)
-run() { timeout 60 "$@" >"$work/out" 2>"$work/err"; rc=$?; }
 
 start() { # start CONF_LINES...: a fresh cluster with an mmguard.conf of these lines
     printf '%s\n' "$@" >"$work/mmguard.conf"

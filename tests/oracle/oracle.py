@@ -241,6 +241,19 @@ def make_spec(cid, mode, attn, gc_on, prec, rnd):
     return spec
 
 
+def torch_version():
+    """Debian's python3-torch 1.13.1 reports __version__ 1.13.0a0: prefer the package version."""
+    import subprocess
+    try:
+        v = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "python3-torch"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, universal_newlines=True).stdout.strip()
+        if v:
+            return v.split("+")[0]
+    except OSError:
+        pass
+    return torch.__version__
+
+
 def config_list(count, seed):
     rnd = random.Random(seed)
     combos = []
@@ -293,11 +306,12 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     tmp = a.out + ".tmp"
     t0 = time.time()
+    tver = torch_version()
     with open(tmp, "w") as f:
         for n, (cid, mode, spec) in enumerate(cfgs):
             meas = measure(spec)
             rec = {"id": cid, "mode": mode, "spec": spec, "measured": meas,
-                   "torch": torch.__version__}
+                   "torch": tver}
             f.write(json.dumps(rec, sort_keys=True) + "\n")
             f.flush()
             print("[%3d/%d] %-40s peak %12d (%s) %.1fs" % (n + 1, len(cfgs), cid, meas["peak_bytes"],

@@ -339,8 +339,9 @@ static int32_t rope(lctx *c, uint32_t r, int32_t x, uint64_t elems)
  *  sdpa (torch SDPA flash / mem-efficient kernel, HF sdpa path): repeat_kv as
  *    eager; keeps q, k, v, the output and an fp32 logsumexp (B*a*S); backward
  *    keeps an fp32 dq accumulator.  No S^2 tensor.
- *  flash (HF flash_attention_2): as sdpa but native GQA (no repeat); the
- *    (B,S,a,d) output is already contiguous, so o_proj keeps the same tensor. */
+ *    The kernel's output is a transposed view of (B,S,a,d) storage, so the
+ *    following transpose(1, 2).contiguous() is free and o_proj keeps it.
+ *  flash (HF flash_attention_2): as sdpa but native GQA (no repeat). */
 static int32_t attention_core(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, int causal)
 {
     uint64_t B = c->B, S = c->S, a = c->m->num_attention_heads, d = c->m->head_dim;
@@ -371,21 +372,24 @@ static int32_t attention_core(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t
             drop(c, sc2);
             sc2 = sc3;
         }
+        /* attn_weights = softmax(attn_weights, dtype=float32).to(dt): the old
+         * attn_weights stays referenced until the whole expression assigns, so
+         * the scores, their fp32 copy and the fp32 softmax coexist */
         int32_t f = sc2;
-        if (c->dt != F32 && c->m->type == MOD_LLAMA) { /* softmax(dtype=float32) */
+        if (c->dt != F32 && c->m->type == MOD_LLAMA) /* softmax(dtype=float32) */
             f = plain(c, r, sc2, -1, ss, F32);
-            drop(c, sc2);
-        }
         uint64_t pb = c->m->type == MOD_LLAMA ? F32 : c->dt;
         int32_t p32 = new_t(c, r, ss, pb);
         n = node(c, r, p32, f, -1, -1, 0);
         save(c, n, p32);
-        drop(c, f);
+        if (f != sc2)
+            drop(c, f);
         int32_t p = p32;
         if (pb != c->dt) { /* .to(query.dtype) */
             p = plain(c, r, p32, -1, ss, c->dt);
             drop(c, p32);
         }
+        drop(c, sc2);
         out = new_t(c, r, qe, c->dt);
         n = node(c, r, out, p, vr, -1, 0);
         save(c, n, p);
@@ -410,9 +414,10 @@ static int32_t attention_core(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t
     }
     drop(c, kr);
     drop(c, vr);
-    if (ak == ATT_FLASH)
-        return out; /* (B,S,a,d) contiguous: reshape is a view */
-    /* transpose(1, 2).contiguous() / reshape: a copy that o_proj keeps */
+    if (ak != ATT_EAGER)
+        return out; /* flash-attn and torch's SDPA kernels write the output in
+                       (B,S,a,d) storage: transpose(1, 2).contiguous() is free */
+    /* eager: transpose(1, 2).contiguous() / reshape is a copy that o_proj keeps */
     int32_t oc = plain(c, r, out, -1, qe, c->dt);
     drop(c, out);
     return oc;
@@ -743,9 +748,15 @@ static int32_t llama_module(lctx *c, int32_t image_features)
     sim_node *n = node(c, re, emb, -1, -1, -1, tw);
     if (n) {
         wgrad(c, n, sim_mul(c->s, V, h));
+        /* LLaVA (prepare_inputs_labels_for_multimodal) embeds each sample's text
+         * separately: with images and B > 1 each later sample's V x h gradient
+         * is a temporary while AccumulateGrad adds it into .grad */
+        if (image_features >= 0 && B > 1)
+            n->bwd_tmp = sim_add(c->s, n->bwd_tmp, sim_mul3(c->s, V, h, c->gdt));
         /* CUDA embedding_backward_cuda_kernel: sorted/segment index buffers and
          * fp32 partial sums per segment (<= T rows of h) */
-        n->bwd_tmp = sim_add(c->s, sim_mul(c->s, T, 4 * I64), sim_mul3(c->s, T, h, F32));
+        n->bwd_tmp = sim_add(c->s, n->bwd_tmp,
+                             sim_add(c->s, sim_mul(c->s, T, 4 * I64), sim_mul3(c->s, T, h, F32)));
     }
     int32_t x = emb;
     if (image_features >= 0 || c->counting) {

@@ -757,6 +757,10 @@ static int32_t llama_module(lctx *c, int32_t image_features)
          * fp32 partial sums per segment (<= T rows of h) */
         n->bwd_tmp = sim_add(c->s, n->bwd_tmp,
                              sim_add(c->s, sim_mul(c->s, T, 4 * I64), sim_mul3(c->s, T, h, F32)));
+        /* tied lm_head: its gradient (earlier in backward) is already .grad;
+         * this one is added into it */
+        if (m->tie_word_embeddings)
+            n->wgrad_transient = 1;
     }
     int32_t x = emb;
     if (image_features >= 0 || c->counting) {

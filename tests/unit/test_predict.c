@@ -160,6 +160,21 @@ START_TEST(pure_bf16_adamw_optimizer_phase)
 }
 END_TEST
 
+/* Tied embeddings: one weight, one .grad (the embedding's gradient is added
+ * into lm_head's), one set of Adam states: the step is still 10P. */
+START_TEST(tied_embeddings_one_gradient)
+{
+    mm_spec *s = tiny_llm("");
+    set(s, "llm.tie_word_embeddings=true");
+    mm_prediction p = predict(s);
+    uint64_t P = p.parameters_count;
+    ck_assert_uint_eq(P, 1000ull * 256 + 4 * (4ull * 256 * 256 + 3ull * 256 * 512 + 2 * 256) + 256);
+    ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 10 * P + 8 * 24);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+END_TEST
+
 START_TEST(loss_dominates_small_models)
 {
     /* Big vocab, long sequence, tiny model: the peak is the loss backward:
@@ -380,6 +395,7 @@ Suite *predict_suite(void)
     tcase_add_test(tc, lora_parameter_counts);
     tcase_add_test(tc, zero_states_match_deepspeed_estimators);
     tcase_add_test(tc, pure_bf16_adamw_optimizer_phase);
+    tcase_add_test(tc, tied_embeddings_one_gradient);
     tcase_add_test(tc, loss_dominates_small_models);
     tcase_add_test(tc, monotone_behaviour);
     tcase_add_test(tc, factors_sum_to_allocated);

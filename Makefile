@@ -19,7 +19,7 @@ CSTD     := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE
 OPT      ?= -O2 -g
 CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(HARDEN) $(PKG_CFLAGS) -Ipredictor $(CFLAGS)
 LDHARDEN := -Wl,-z,relro -Wl,-z,now -Wl,-z,noexecstack
-ASAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+ASAN     := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
 CFLAGS_ASAN = $(CSTD) -O1 -g $(WARN) -fPIC $(ASAN) $(PKG_CFLAGS) -Ipredictor $(CFLAGS)
 
 LIB_SRCS := $(filter-out predictor/main.c predictor/cli_%.c,$(wildcard predictor/*.c))

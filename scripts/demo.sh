@@ -7,9 +7,10 @@
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 PLUGIN=${PLUGIN:-$root/build/spank_mmguard.so}
-MMGUARD_CLI=${MMGUARD_CLI:-$(dirname "$PLUGIN")/mmguard}
-FITS=$root/contrib/models/llava-1.5-7b-finetune.yaml
-TOO_BIG=$root/contrib/models/llava-1.5-13b-pretrain.yaml
+cli=${MMGUARD_CLI:-$(dirname "$PLUGIN")/mmguard}
+unset MMGUARD_CLI # jobs inherit this environment: keep it free of our settings
+FITS=$root/contrib/models/llava-1.5-7b-finetune.yaml     # ZeRO-3 on 8 GPUs
+TOO_BIG=$root/contrib/models/llava-1.5-13b-finetune.yaml # ZeRO-3: needs 8 H100s, not 4
 
 dir=$(mktemp -d /tmp/mmguard-demo.XXXXXX)
 chmod 0755 "$dir"
@@ -50,23 +51,23 @@ wait_job() {
     done
 }
 
-say "1. a spec that fits one H100: accepted"
-show "sbatch --mm-model=contrib/models/$(basename "$FITS") -o job.out train.sh"
-out=$(sbatch --mm-model="$FITS" -o "$dir/job.out" "$dir/train.sh")
+say "1. LLaVA-1.5-7B full fine-tune on 8 H100s: accepted"
+show "sbatch --mm-model=contrib/models/$(basename "$FITS") --gres=gpu:h100:8 -o job.out train.sh"
+out=$(sbatch --mm-model="$FITS" --gres=gpu:h100:8 -o "$dir/job.out" "$dir/train.sh")
 echo "$out"
 id=${out##* }
 wait_job "$id"
 cat "$dir/job.out"
 
-say "2. a spec that does not fit one H100: rejected at submit time"
-show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") train.sh"
+say "2. LLaVA-1.5-13B full fine-tune on only 4 H100s: rejected at submit time"
+show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") --mm-gpus=4 --gres=gpu:h100:4 train.sh"
 rc=0
-sbatch --mm-model="$TOO_BIG" "$dir/train.sh" || rc=$?
+sbatch --mm-model="$TOO_BIG" --mm-gpus=4 --gres=gpu:h100:4 "$dir/train.sh" || rc=$?
 echo "(sbatch exit status $rc; no job was queued)"
 
-say "3. the same spec on an H200: accepted"
-show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") --mm-gpu=h200 --gres=gpu:h200:8 -o job2.out train.sh"
-sbatch --mm-model="$TOO_BIG" --mm-gpu=h200 --gres=gpu:h200:8 -o "$dir/job2.out" "$dir/train.sh"
+say "3. the same 13B fine-tune on 4 H200s: accepted"
+show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") --mm-gpu=h200 --mm-gpus=4 --gres=gpu:h200:4 -o job2.out train.sh"
+sbatch --mm-model="$TOO_BIG" --mm-gpu=h200 --mm-gpus=4 --gres=gpu:h200:4 -o "$dir/job2.out" "$dir/train.sh"
 
 say "4. the decision log ($dir/decisions.jsonl), one JSON object per decision"
 if command -v python3 >/dev/null 2>&1; then
@@ -81,9 +82,9 @@ for line in open(sys.argv[1]):
 else
     cat "$dir/decisions.jsonl"
 fi
-if [ -x "$MMGUARD_CLI" ]; then
+if [ -x "$cli" ]; then
     show "mmguard report decisions.jsonl"
-    "$MMGUARD_CLI" report "$dir/decisions.jsonl" || true
+    "$cli" report "$dir/decisions.jsonl" || true
 fi
 
 say "stopping the cluster"

@@ -21,7 +21,7 @@ SMALL=$SPECS/llava-lora-small.yaml          # fits one h100: accept
 BIG=$SPECS/llava-finetune-big.yaml          # does not fit: reject
 BAD=$SPECS/invalid.yaml                     # invalid spec: error, on_error=reject
 FT7=$root/contrib/models/llava-1.5-7b-finetune.yaml  # 8 GPUs: accept
-PT13=$root/contrib/models/llava-1.5-13b-pretrain.yaml # 8 GPUs: reject
+FT13=$root/contrib/models/llava-1.5-13b-finetune.yaml # 4 GPUs: reject (needs 8)
 
 . "$here/testlib.sh"
 tl_start load
@@ -54,7 +54,7 @@ small) set -- --mm-model=$SMALL --gres=gpu:h100:1 ;;
 big)   set -- --mm-model=$BIG ;;
 bad)   set -- --mm-model=$BAD ;;
 ft7)   set -- --mm-model=$FT7 --mm-gpus=8 ;;
-pt13)  set -- --mm-model=$PT13 ;;
+ft13x4) set -- --mm-model=$FT13 --mm-gpus=4 ;;
 esac
 timeout 60 sbatch --hold -J "load-\$kind-\$i" -o /dev/null "\$@" --wrap true \
     >"$work/r/\$i.out" 2>"$work/r/\$i.err"
@@ -112,7 +112,7 @@ expect "round $round, plugin loaded: $N plain submissions all succeed, nothing l
     sh -c "[ $bad_rc -eq 0 ] && [ ! -s '$LOG' ]"
 timeout 30 scancel --quiet --user="$(id -un)" || true
 
-plan small big bad plain ft7 small pt13 big small bad
+plan small big bad plain ft7 small ft13x4 big small bad
 cp "$work/plan" "$work/plan.mix"
 ns_mix=$((ns_mix + $(fire)))
 
@@ -122,7 +122,7 @@ import collections, json, os, re, sys
 plan = [l.split() for l in open(sys.argv[1])]
 rdir, log = sys.argv[2], sys.argv[3]
 want = {"plain": (0, None), "small": (0, "accept"), "ft7": (0, "accept"),
-        "big": (1, "reject"), "pt13": (1, "reject"), "bad": (1, "error")}
+        "big": (1, "reject"), "ft13x4": (1, "reject"), "bad": (1, "error")}
 msg = {"accept": r"^sbatch: mmguard: --mm-model=\S+: predicted peak [0-9.]+ \S+ per GPU fits h100",
        "reject": r"^sbatch: error: mmguard: --mm-model=\S+: job rejected: predicted peak",
        "error": r"^sbatch: error: mmguard: --mm-model=\S+invalid.yaml: invalid spec: "}
@@ -221,5 +221,5 @@ echo "# submissions per second ($ROUNDS x $N sbatch per row, $P concurrent, held
 echo "#   plugin not loaded, plain sbatch:           $rate_none/s"
 echo "#   plugin loaded, plain sbatch:               $rate_plain/s"
 echo "#   plugin loaded, --mm-model, all accepted: $rate_acc/s"
-echo "#   plugin loaded, mixed --mm-model workload:  $rate_mix/s ($(grep -Ec '^(small|ft7) ' "$work/plan.mix") accept, $(grep -Ec '^(big|pt13) ' "$work/plan.mix") reject, $(grep -c '^bad ' "$work/plan.mix") invalid, $n_plain plain)"
+echo "#   plugin loaded, mixed --mm-model workload:  $rate_mix/s ($(grep -Ec '^(small|ft7) ' "$work/plan.mix") accept, $(grep -Ec '^(big|ft13x4) ' "$work/plan.mix") reject, $(grep -c '^bad ' "$work/plan.mix") invalid, $n_plain plain)"
 finish

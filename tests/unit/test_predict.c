@@ -311,6 +311,34 @@ START_TEST(fit_finds_largest_batch)
 }
 END_TEST
 
+/* Public measured points (docs: shared/memory-reference.md, haotian-liu/LLaVA
+ * #569 and #655, the LLaVA-1.5 README): a 7B full fine-tune with ZeRO-2 at
+ * batch 1 runs out of memory on 4 x A100-40G and works on 8; the 13B pretrain
+ * and fine-tune scripts run on 8 x A100-80G. */
+START_TEST(public_measured_points)
+{
+    uint64_t a100_40 = 40960ull << 20, a100_80 = 81920ull << 20;
+    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    set(s, "training.zero_stage=2");
+    set(s, "training.micro_batch_size=1");
+    mm_prediction p = predict(s);
+    ck_assert_uint_gt(mm_peak_for_dp(&p, 4), a100_40);
+    ck_assert_uint_le(mm_peak_for_dp(&p, 8), a100_40);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+    const char *fit80[] = {"llava-1.5-13b-pretrain", "llava-1.5-13b-finetune", "llava-1.5-13b-lora",
+                           "llava-1.5-7b-pretrain", "llava-1.5-7b-finetune", "llava-1.5-7b-lora"};
+    for (size_t i = 0; i < 6; i++) {
+        s = load_contrib(fit80[i]);
+        p = predict(s);
+        ck_assert_msg(p.peak_bytes <= a100_80, "%s: %llu", fit80[i],
+                      (unsigned long long)p.peak_bytes);
+        mm_prediction_free(&p);
+        mm_spec_free(s);
+    }
+}
+END_TEST
+
 /* When no GPU count fits without checkpointing (activations are never
  * sharded), fit says which count fits with it on - and that answer holds. */
 START_TEST(fit_suggests_checkpointing_with_gpus)
@@ -403,6 +431,7 @@ Suite *predict_suite(void)
     tcase_add_test(tc, fit_finds_largest_batch);
     tcase_add_test(tc, folding_is_exact);
     tcase_add_test(tc, fit_suggests_checkpointing_with_gpus);
+    tcase_add_test(tc, public_measured_points);
     suite_add_tcase(s, tc);
     return s;
 }

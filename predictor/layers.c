@@ -13,6 +13,7 @@
 #include "util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define F32 4u
@@ -155,7 +156,8 @@ static int32_t linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint6
         char an[MM_MAX_NAME], bn[MM_MAX_NAME];
         snprintf(an, sizeof an, "%s.lora_A", name);
         snprintf(bn, sizeof bn, "%s.lora_B", name);
-        uint32_t a_row = row(c, an, "lora"), b_row = row(c, bn, "lora");
+        uint32_t a_row = sim_row_get_tmp(c->s, c->mi, an, "lora");
+        uint32_t b_row = sim_row_get_tmp(c->s, c->mi, bn, "lora");
         c->s->rows[r].lora_a = a_row;
         c->s->rows[r].lora_b = b_row;
     }
@@ -574,11 +576,38 @@ typedef struct fold_state {
     uint64_t before, delta;  /* live (fixed) around layer 1's forward */
     int32_t ballast;
     uint32_t M;
+    sim_row *rows_before;    /* counting pass: rows before layer 1 */
+    size_t nrows_before;
 } fold_state;
 
 static int fold_enabled(const lctx *c, uint64_t run)
 {
-    return !c->counting && !c->nofold && run >= 5;
+    return !c->nofold && run >= 5;
+}
+
+/* counting pass: what layer 1 added to each row, M more times */
+static void fold_count_begin(lctx *c, fold_state *f)
+{
+    f->nrows_before = c->s->nrows;
+    f->rows_before = malloc(f->nrows_before * sizeof *f->rows_before + 1);
+    if (!f->rows_before)
+        c->s->oom = 1;
+    else
+        memcpy(f->rows_before, c->s->rows, f->nrows_before * sizeof *f->rows_before);
+}
+
+static void fold_count_insert(lctx *c, fold_state *f, uint64_t run)
+{
+    uint32_t M = (uint32_t)(run - 3);
+    for (size_t r = 0; f->rows_before && r < f->nrows_before && r < c->s->nrows; r++) {
+        sim_row *R = &c->s->rows[r];
+        const sim_row *B = &f->rows_before[r];
+        R->params = sim_add(c->s, R->params, sim_mul(c->s, R->params - B->params, M));
+        R->trainable = sim_add(c->s, R->trainable, sim_mul(c->s, R->trainable - B->trainable, M));
+        R->trainable_count += (R->trainable_count - B->trainable_count) * M;
+    }
+    free(f->rows_before);
+    f->rows_before = NULL;
 }
 
 /* per-layer persistent weight-gradient bytes of the current module */
@@ -663,23 +692,31 @@ static int32_t vit_module(lctx *c)
     c->per_layer = 1;
     int grad_mode = c->grad;
     uint64_t live_run = (uint64_t)sel < L ? (uint64_t)sel : L; /* layers before select_layer */
-    fold_state fs = {0, 0, -1, 0};
+    fold_state fs = {0, 0, -1, 0, NULL, 0};
     int fold = fold_enabled(c, live_run);
     for (uint32_t l = 0; l < L; l++) {
         /* layers after select_layer run, but their output is discarded with the
          * tuple: autograd frees what they saved at once and they get no grad */
         c->dead = (int64_t)l >= sel;
         c->grad = grad_mode && !c->dead;
-        if (fold && l == 1)
-            fs.before = sim_live_fixed(c->s);
+        if (fold && l == 1) {
+            if (c->counting)
+                fold_count_begin(c, &fs);
+            else
+                fs.before = sim_live_fixed(c->s);
+        }
         if (fold && l == 2) {
-            fold_insert(c, &fs, live_run);
+            if (c->counting)
+                fold_count_insert(c, &fs, live_run);
+            else
+                fold_insert(c, &fs, live_run);
+            fs.M = (uint32_t)(live_run - 3);
             l = (uint32_t)live_run - 1;
         }
         int32_t y = run_layer(c, clip_layer, x, l);
         hs[nhs++] = y; /* the tuple holds every hidden state */
         x = y;
-        if (fold && l == 1)
+        if (fold && l == 1 && !c->counting)
             fs.delta = sim_live_fixed(c->s) - fs.before;
     }
     if (fold) /* hs[] lost the folded layers: renumber select_layer */
@@ -785,19 +822,26 @@ static int32_t llama_module(lctx *c, int32_t image_features)
     if (c->attn == ATT_EAGER) /* 4-D causal mask (B,1,S,S) in dt for eager */
         c->mask = new_t(c, row(c, "causal_mask", "mask"), sim_mul3(c->s, B, S, S), c->dt);
     c->per_layer = 1;
-    fold_state fs = {0, 0, -1, 0};
+    fold_state fs = {0, 0, -1, 0, NULL, 0};
     int fold = fold_enabled(c, m->num_hidden_layers);
     for (uint32_t l = 0; l < m->num_hidden_layers; l++) {
-        if (fold && l == 1)
-            fs.before = sim_live_fixed(c->s);
+        if (fold && l == 1) {
+            if (c->counting)
+                fold_count_begin(c, &fs);
+            else
+                fs.before = sim_live_fixed(c->s);
+        }
         if (fold && l == 2) {
-            fold_insert(c, &fs, m->num_hidden_layers);
+            if (c->counting)
+                fold_count_insert(c, &fs, m->num_hidden_layers);
+            else
+                fold_insert(c, &fs, m->num_hidden_layers);
             l = (uint32_t)m->num_hidden_layers - 1;
         }
         int32_t y = run_layer(c, llama_layer, x, l);
         drop(c, x);
         x = y;
-        if (fold && l == 1)
+        if (fold && l == 1 && !c->counting)
             fs.delta = sim_live_fixed(c->s) - fs.before;
     }
     c->per_layer = 0;

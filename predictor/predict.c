@@ -55,7 +55,6 @@ static uint64_t state_bytes(optimizer_kind o, uint64_t sdt)
 typedef struct step_cfg {
     const sim *rows_from;  /* rows and parameter counts of an earlier run, or NULL */
     uint64_t dp;           /* evaluate sharded bytes at this N */
-    int multi;             /* N > 1 semantics (DDP buckets) */
     int symbolic;
     uint64_t snap_at;
     uint64_t largest_param; /* with rows_from */
@@ -101,6 +100,7 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
         }
         memcpy(s->rows, f->rows, f->nrows * sizeof *s->rows);
         s->nrows = s->caprows = f->nrows;
+        memcpy(s->rcache, f->rcache, sizeof s->rcache); /* same rows, same ids */
         c.largest_param = cfg->largest_param;
     } else {
         c.counting = 1;
@@ -154,8 +154,8 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
             sim_alloc(s, (uint32_t)r, st, F_OPT, t->zero_stage >= 1);
         if (t->grad_accum > 1 && t->zero_stage <= 1) /* .grad alive across micro-steps */
             sim_alloc(s, (uint32_t)r, sim_mul(s, R->trainable, c.gdt), F_GRAD, 0);
-        if (t->zero_stage == 0 && cfg->multi) /* DDP gradient buckets (a full copy) */
-            sim_alloc(s, (uint32_t)r, sim_mul(s, R->trainable, c.gdt), F_GRAD, 0);
+        if (t->zero_stage == 0) /* DDP gradient buckets (a full copy), only when N > 1 */
+            sim_alloc(s, (uint32_t)r, sim_mul(s, R->trainable, c.gdt), F_GRAD, SIM_MULTI);
     }
     int32_t partition = -1;
     if (t->grad_accum > 1 && t->zero_stage >= 2 && P_tr)
@@ -355,7 +355,8 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
     const training_spec *t = &sp->training;
     uint64_t N = t->data_parallel;
     sim s;
-    step_cfg cfg = {.dp = N, .multi = N > 1, .symbolic = N > 1, .snap_at = 0};
+    /* one run gives the spec's peak, the N = 1 peak and the envelope for N >= 2 */
+    step_cfg cfg = {.dp = N, .symbolic = 1, .snap_at = 0};
     if (run_step(sp, &s, &cfg, err)) {
         sim_free(&s);
         return -1;
@@ -371,40 +372,22 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
                  mm_phase_name(s.peak_phase), mod, rowname, s.peak_label ? ": " : "",
                  s.peak_label ? s.peak_label : "");
     }
-    mm_dp_term multi_terms[MM_MAX_TERMS];
-    size_t n_multi = 0;
-    uint64_t alloc1 = N == 1 ? s.peak : 0;
-    if (N > 1)
-        n_multi = envelope(s.terms, s.nterms, multi_terms);
-    /* later runs reuse the rows and parameter counts of this one */
+    out->allocated_dp1 = s.peak_dp1;
+    out->n_terms = envelope(s.terms, s.nterms, out->terms);
+    /* the replay reuses the rows and parameter counts of this run */
     sim tmpl;
     memset(&tmpl, 0, sizeof tmpl);
     tmpl.rows = s.rows;
     tmpl.nrows = s.nrows;
+    memcpy(tmpl.rcache, s.rcache, sizeof tmpl.rcache);
     s.rows = NULL;
     s.nrows = s.caprows = 0;
     uint64_t largest = s.largest_param;
     sim_free(&s);
-    /* the other regime: N = 1 if the spec has N > 1, else N >= 2 for the terms */
-    step_cfg other = {.rows_from = &tmpl, .largest_param = largest, .dp = N > 1 ? 1 : 2,
-                      .multi = N == 1, .symbolic = N == 1};
-    if (run_step(sp, &s, &other, err)) {
-        sim_free(&s);
-        free(tmpl.rows);
-        return -1;
-    }
-    if (N > 1)
-        alloc1 = s.peak;
-    else
-        n_multi = envelope(s.terms, s.nterms, multi_terms);
-    sim_free(&s);
-    out->allocated_dp1 = alloc1;
-    out->n_terms = n_multi;
-    memcpy(out->terms, multi_terms, n_multi * sizeof multi_terms[0]);
 
     /* replay to the peak event for the breakdown */
-    step_cfg snap = {.rows_from = &tmpl, .largest_param = largest, .dp = N, .multi = N > 1,
-                     .symbolic = 0, .snap_at = peak_event};
+    step_cfg snap = {.rows_from = &tmpl, .largest_param = largest, .dp = N, .symbolic = 0,
+                     .snap_at = peak_event};
     int rc = run_step(sp, &s, &snap, err);
     free(tmpl.rows);
     if (rc) {

@@ -47,20 +47,11 @@ uint64_t sim_add(sim *s, uint64_t a, uint64_t b)
     return r;
 }
 
-uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind)
+static uint32_t row_find_or_add(sim *s, uint32_t module, const char *name, const char *kind)
 {
-    size_t h = (((uintptr_t)name >> 3) ^ module * 31u) & 255u;
-    /* names built in a reused buffer share a pointer: confirm the text */
-    if (s->rcache[h].name == name && s->rcache[h].module == module &&
-        s->rcache[h].row < s->nrows && strcmp(s->rows[s->rcache[h].row].name, name) == 0)
-        return s->rcache[h].row;
     for (size_t i = s->nrows; i-- > 0;)
-        if (s->rows[i].module == module && strcmp(s->rows[i].name, name) == 0) {
-            s->rcache[h].name = name;
-            s->rcache[h].module = module;
-            s->rcache[h].row = (uint32_t)i;
+        if (s->rows[i].module == module && strcmp(s->rows[i].name, name) == 0)
             return (uint32_t)i;
-        }
     if (s->nrows == s->caprows) {
         size_t cap = s->caprows ? s->caprows * 2 : 64;
         sim_row *r = realloc(s->rows, cap * sizeof *r);
@@ -76,10 +67,25 @@ uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind
     mm_strlcpy(r->name, name, sizeof r->name);
     mm_strlcpy(r->kind, kind, sizeof r->kind);
     r->module = module;
+    return (uint32_t)s->nrows++;
+}
+
+uint32_t sim_row_get_tmp(sim *s, uint32_t module, const char *name, const char *kind)
+{
+    return row_find_or_add(s, module, name, kind);
+}
+
+uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind)
+{
+    uintptr_t a = (uintptr_t)name;
+    size_t h = ((a >> 3) ^ (a >> 12) ^ module * 2654435761u) & 511u;
+    if (s->rcache[h].name == name && s->rcache[h].module == module && s->rcache[h].row < s->nrows)
+        return s->rcache[h].row; /* static name: the address identifies it */
+    uint32_t r = row_find_or_add(s, module, name, kind);
     s->rcache[h].name = name;
     s->rcache[h].module = module;
-    s->rcache[h].row = (uint32_t)s->nrows;
-    return (uint32_t)s->nrows++;
+    s->rcache[h].row = r;
+    return r;
 }
 
 uint64_t sim_live_fixed(const sim *s)
@@ -89,7 +95,7 @@ uint64_t sim_live_fixed(const sim *s)
 
 uint64_t sim_live(const sim *s)
 {
-    return s->live_fixed + mm_ceil_div(s->live_sharded, s->dp);
+    return s->live_fixed + (s->dp > 1 ? s->live_multi : 0) + mm_ceil_div(s->live_sharded, s->dp);
 }
 
 void sim_set_phase(sim *s, mm_phase p)
@@ -139,6 +145,7 @@ static void add_term(sim *s, uint64_t f, uint64_t sh)
 static void snapshot(sim *s)
 {
     s->snapped = 1;
+    s->stopped = 1; /* a replay only exists for this snapshot: stop here */
     /* the sharded bytes are rounded once, as the peak is; each factor gets its
      * floor and the last sharded one the remainder, so the factors add up */
     uint64_t acc = 0;
@@ -148,7 +155,7 @@ static void snapshot(sim *s)
         acc += sh;
         if (s->fact_sharded[f])
             last = f;
-        s->snap_fact[f] = s->fact_fixed[f] + sh;
+        s->snap_fact[f] = s->fact_fixed[f] + sh + (s->dp > 1 ? s->fact_multi[f] : 0);
     }
     if (last >= 0)
         s->snap_fact[last] += mm_ceil_div(s->live_sharded, s->dp) - acc;
@@ -165,7 +172,9 @@ static void snapshot(sim *s)
         if (!t->alive || t->row >= s->snap_nrows)
             continue;
         int f = t->cls == F_TEMP && t->refs ? F_ACT : t->cls;
-        uint64_t b = t->sharded ? mm_ceil_div(t->bytes, s->dp) : t->bytes;
+        if (t->sharded == SIM_MULTI && s->dp == 1)
+            continue;
+        uint64_t b = t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, s->dp) : t->bytes;
         s->snap_row_fact[t->row * F_NFACT + (size_t)f] += b;
     }
 }
@@ -184,8 +193,11 @@ static void event(sim *s)
         s->peak_label = s->event_label;
         s->peak_row = s->event_row;
     }
+    uint64_t dp1 = s->live_fixed + s->live_sharded;
+    if (dp1 > s->peak_dp1)
+        s->peak_dp1 = dp1;
     if (s->symbolic)
-        add_term(s, s->live_fixed, s->live_sharded);
+        add_term(s, s->live_fixed + s->live_multi, s->live_sharded);
     if (s->snap_at && s->nevents == s->snap_at)
         snapshot(s);
 }
@@ -198,19 +210,24 @@ static int fact_of(const sim_tensor *t)
 static void account(sim *s, const sim_tensor *t, int sign)
 {
     int f = fact_of(t);
-    if (t->sharded) {
+    if (t->sharded == SIM_MULTI) {
+        s->live_multi = sign > 0 ? mm_sat_add(s->live_multi, t->bytes) : s->live_multi - t->bytes;
+        s->fact_multi[f] = sign > 0 ? mm_sat_add(s->fact_multi[f], t->bytes) : s->fact_multi[f] - t->bytes;
+    } else if (t->sharded) {
         s->live_sharded = sign > 0 ? mm_sat_add(s->live_sharded, t->bytes) : s->live_sharded - t->bytes;
         s->fact_sharded[f] = sign > 0 ? mm_sat_add(s->fact_sharded[f], t->bytes) : s->fact_sharded[f] - t->bytes;
     } else {
         s->live_fixed = sign > 0 ? mm_sat_add(s->live_fixed, t->bytes) : s->live_fixed - t->bytes;
         s->fact_fixed[f] = sign > 0 ? mm_sat_add(s->fact_fixed[f], t->bytes) : s->fact_fixed[f] - t->bytes;
     }
-    if (s->live_fixed == UINT64_MAX || s->live_sharded == UINT64_MAX)
+    if (s->live_fixed == UINT64_MAX || s->live_sharded == UINT64_MAX || s->live_multi == UINT64_MAX)
         s->overflow = 1;
 }
 
 int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
 {
+    if (s->stopped)
+        return -1;
     if (s->nt == s->capt) {
         size_t cap = s->capt ? s->capt * 2 : 1024;
         sim_tensor *t = realloc(s->t, cap * sizeof *t);
@@ -223,14 +240,8 @@ int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
     }
     int32_t id = (int32_t)s->nt++;
     sim_tensor *t = &s->t[id];
-    memset(t, 0, sizeof *t);
-    t->bytes = bytes;
-    t->row = row;
-    t->cls = (uint8_t)cls;
-    t->sharded = (uint8_t)sharded;
-    t->alive = 1;
-    t->holds = 1;
-    t->grad = -1;
+    *t = (sim_tensor){.bytes = bytes, .row = row, .cls = (uint8_t)cls,
+                      .sharded = (uint8_t)sharded, .alive = 1, .holds = 1, .grad = -1};
     account(s, t, +1);
     event(s);
     return id;
@@ -263,6 +274,8 @@ void sim_drop(sim *s, int32_t id)
 
 sim_node *sim_node_new(sim *s, uint32_t row, int32_t out)
 {
+    if (s->stopped)
+        return NULL;
     if (s->ntape == s->captape) {
         size_t cap = s->captape ? s->captape * 2 : 1024;
         sim_node *n = realloc(s->tape, cap * sizeof *n);
@@ -345,7 +358,7 @@ void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx
 {
     for (size_t k = to; k-- > from;) {
         sim_node n = s->tape[k]; /* copy: recompute may grow (realloc) the tape */
-        if (s->oom)
+        if (s->oom || s->stopped)
             return;
         sim_label(s, NULL, n.row);
         if (n.ckpt) {

@@ -12,12 +12,14 @@
 #include "spec.h"
 
 enum { F_PARAM = 0, F_GRAD, F_OPT, F_ACT, F_TEMP, F_NFACT }; /* F_ACT: saved for backward */
+/* how a tensor's bytes depend on the data-parallel degree N */
+enum { SIM_FIXED = 0, SIM_SHARDED = 1, SIM_MULTI = 2 /* exists only when N > 1 (DDP buckets) */ };
 
 typedef struct sim_tensor {
     uint64_t bytes;      /* unsharded size */
     uint32_t row;        /* owning breakdown row */
     uint8_t cls;         /* F_PARAM, F_GRAD, F_OPT, or F_TEMP (data; F_ACT while saved) */
-    uint8_t sharded;     /* divided by the data-parallel degree (ZeRO partitions) */
+    uint8_t sharded;     /* SIM_FIXED, SIM_SHARDED (ZeRO partitions: / N) or SIM_MULTI */
     uint8_t alive;
     uint8_t rg;          /* requires grad */
     uint32_t holds;      /* Python references (variables, tuples, caches) */
@@ -57,15 +59,16 @@ typedef struct sim_row {
 typedef struct sim {
     /* configuration */
     uint64_t dp;               /* data-parallel degree used to evaluate sharded bytes */
-    int symbolic;              /* collect (fixed, sharded) pareto terms */
+    int symbolic;              /* collect (fixed + multi, sharded) pareto terms for N >= 2 */
     /* tensors and tape */
     sim_tensor *t;
     size_t nt, capt;
     sim_node *tape;
     size_t ntape, captape;
-    /* live bytes: fixed and sharded, per factor */
-    uint64_t live_fixed, live_sharded;
-    uint64_t fact_fixed[F_NFACT], fact_sharded[F_NFACT];
+    /* live bytes: fixed, sharded and N > 1 only, per factor */
+    uint64_t live_fixed, live_sharded, live_multi;
+    uint64_t fact_fixed[F_NFACT], fact_sharded[F_NFACT], fact_multi[F_NFACT];
+    uint64_t peak_dp1;         /* the allocated peak the same step has at N = 1 */
     /* peak tracking */
     mm_phase phase;
     const char *event_label;   /* current op, for the peak description */
@@ -80,6 +83,7 @@ typedef struct sim {
     /* snapshot at a given event (second pass) */
     uint64_t snap_at;          /* 0 = none */
     int snapped;
+    int stopped;               /* snapshot taken: the rest of the replay is skipped */
     uint64_t snap_fact[F_NFACT];
     uint64_t *snap_row_fact;   /* snap_nrows * F_NFACT, filled at the snapshot */
     size_t snap_nrows;
@@ -88,7 +92,7 @@ typedef struct sim {
     size_t nterms, capterms;
     /* breakdown rows; names are mostly string literals, so a cache keyed by
      * the name pointer avoids a strcmp per op */
-    struct { const char *name; uint32_t module, row; } rcache[256];
+    struct { const char *name; uint32_t module, row; } rcache[512];
     sim_row *rows;
     size_t nrows, caprows;
     uint64_t largest_param;    /* largest single parameter tensor (optimizer temporaries) */
@@ -98,7 +102,11 @@ typedef struct sim {
 
 void sim_init(sim *s, uint64_t dp, int symbolic);
 void sim_free(sim *s);
+/* The row of (module, name), created on first use.  `name` must have static
+ * storage (a string literal): it is cached by address.  Names built in a
+ * temporary buffer go through sim_row_get_tmp, which never caches. */
 uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind);
+uint32_t sim_row_get_tmp(sim *s, uint32_t module, const char *name, const char *kind);
 
 int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded);
 uint64_t sim_live_fixed(const sim *s);

@@ -380,6 +380,8 @@ START_TEST(folding_is_exact)
         {"training.zero_stage=1", "vision_tower.trainable=true", NULL},
         {"training.gradient_accumulation_steps=4", "training.zero_stage=2", NULL},
         {"training.precision=fp32", "training.attention=sdpa", "training.gradient_checkpointing=false"},
+        {"vision_tower.trainable=true", "vision_tower.select_layer=10", "training.zero_stage=1"},
+        {"training.images_per_sample=0", NULL, NULL},
     };
     for (size_t i = 0; i < 3; i++) {
         for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -399,6 +401,8 @@ START_TEST(folding_is_exact)
             for (uint32_t n = 2; n <= 64; n *= 2)
                 ck_assert_uint_eq(mm_peak_for_dp(&a, n), mm_peak_for_dp(&b, n));
             for (size_t m = 0; m < a.n_modules; m++) {
+                ck_assert_uint_eq(a.modules[m].parameters_count, b.modules[m].parameters_count);
+                ck_assert_uint_eq(a.modules[m].trainable_count, b.modules[m].trainable_count);
                 const mm_factors *fa = &a.modules[m].factors, *fb = &b.modules[m].factors;
                 ck_assert_uint_eq(fa->parameters + fa->gradients + fa->optimizer_states +
                                       fa->activations + fa->temporaries,

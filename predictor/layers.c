@@ -644,6 +644,35 @@ static void fold_insert(lctx *c, fold_state *f, uint64_t run)
     }
 }
 
+/* Call before running layer l of a run of `run` identical layers; returns the
+ * layer to run (l, or the last one when the middle was folded). */
+static uint32_t fold_before(lctx *c, fold_state *f, int fold, uint32_t l, uint64_t run)
+{
+    if (!fold)
+        return l;
+    if (l == 1) {
+        if (c->counting)
+            fold_count_begin(c, f);
+        else
+            f->before = sim_live_fixed(c->s);
+    } else if (l == 2) {
+        if (c->counting)
+            fold_count_insert(c, f, run);
+        else
+            fold_insert(c, f, run);
+        f->M = (uint32_t)(run - 3);
+        return (uint32_t)run - 1;
+    }
+    return l;
+}
+
+/* Call after running layer l. */
+static void fold_after(lctx *c, fold_state *f, int fold, uint32_t l)
+{
+    if (fold && l == 1 && !c->counting)
+        f->delta = sim_live_fixed(c->s) - f->before;
+}
+
 /* ---- modules -------------------------------------------------------------------------- */
 
 /* CLIP vision tower (CLIPVisionModel, output_hidden_states=True as LLaVA asks):
@@ -699,25 +728,11 @@ static int32_t vit_module(lctx *c)
          * tuple: autograd frees what they saved at once and they get no grad */
         c->dead = (int64_t)l >= sel;
         c->grad = grad_mode && !c->dead;
-        if (fold && l == 1) {
-            if (c->counting)
-                fold_count_begin(c, &fs);
-            else
-                fs.before = sim_live_fixed(c->s);
-        }
-        if (fold && l == 2) {
-            if (c->counting)
-                fold_count_insert(c, &fs, live_run);
-            else
-                fold_insert(c, &fs, live_run);
-            fs.M = (uint32_t)(live_run - 3);
-            l = (uint32_t)live_run - 1;
-        }
+        l = fold_before(c, &fs, fold, l, live_run);
         int32_t y = run_layer(c, clip_layer, x, l);
         hs[nhs++] = y; /* the tuple holds every hidden state */
         x = y;
-        if (fold && l == 1 && !c->counting)
-            fs.delta = sim_live_fixed(c->s) - fs.before;
+        fold_after(c, &fs, fold, l);
     }
     if (fold) /* hs[] lost the folded layers: renumber select_layer */
         sel -= (int64_t)fs.M;
@@ -825,24 +840,11 @@ static int32_t llama_module(lctx *c, int32_t image_features)
     fold_state fs = {0, 0, -1, 0, NULL, 0};
     int fold = fold_enabled(c, m->num_hidden_layers);
     for (uint32_t l = 0; l < m->num_hidden_layers; l++) {
-        if (fold && l == 1) {
-            if (c->counting)
-                fold_count_begin(c, &fs);
-            else
-                fs.before = sim_live_fixed(c->s);
-        }
-        if (fold && l == 2) {
-            if (c->counting)
-                fold_count_insert(c, &fs, m->num_hidden_layers);
-            else
-                fold_insert(c, &fs, m->num_hidden_layers);
-            l = (uint32_t)m->num_hidden_layers - 1;
-        }
+        l = fold_before(c, &fs, fold, l, m->num_hidden_layers);
         int32_t y = run_layer(c, llama_layer, x, l);
         drop(c, x);
         x = y;
-        if (fold && l == 1 && !c->counting)
-            fs.delta = sim_live_fixed(c->s) - fs.before;
+        fold_after(c, &fs, fold, l);
     }
     c->per_layer = 0;
     /* the forward's own references to cos/sin and the mask end here; layers

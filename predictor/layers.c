@@ -103,7 +103,9 @@ static void wgrad(lctx *c, sim_node *n, uint64_t elems)
     n->wgrad_bytes = sim_add(c->s, n->wgrad_bytes, sim_mul(c->s, elems, c->gdt));
     if (c->amp) /* autocast: bf16 grad first, then AccumulateGrad into fp32 .grad */
         n->bwd_tmp = sim_add(c->s, n->bwd_tmp, sim_mul(c->s, elems, c->dt));
-    n->wgrad_transient = (uint8_t)(c->zero >= 2);
+    /* ZeRO-2/3 reduce it into a bucket; with gradient accumulation it is added
+     * into the .grad of the previous micro-step: a temporary either way */
+    n->wgrad_transient = (uint8_t)(c->zero >= 2 || c->grads_accumulate);
 }
 
 static void label(lctx *c, const char *l, uint32_t r)

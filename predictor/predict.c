@@ -208,9 +208,6 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
             partition = sim_alloc(s, r_part, sim_mul(s, P_tr, t->zero_stage == 3 ? 4 : c.dt),
                                   F_GRAD, 1);
     }
-    if (t->grad_accum > 1) /* AccumulateGrad adds into the existing .grad */
-        for (size_t k = 0; k < s->ntape; k++)
-            s->tape[k].wgrad_transient = 1;
     sim_backward(s, 0, s->ntape, layers_recompute, &c);
     sim_drop(s, loss);
     sim_drop(s, bucket);

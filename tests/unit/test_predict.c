@@ -160,6 +160,22 @@ START_TEST(pure_bf16_adamw_optimizer_phase)
 }
 END_TEST
 
+/* Gradient accumulation: .grad exists from the previous micro-step and every
+ * new gradient is added into it, also those of layers recomputed by
+ * checkpointing in backward; the step is params + grads + states + sqrt. */
+START_TEST(accumulation_adds_into_grad)
+{
+    for (int ck = 0; ck <= 1; ck++) {
+        mm_spec *s = tiny_llm(ck ? ", gradient_checkpointing: true" : "");
+        set(s, "training.gradient_accumulation_steps=4");
+        mm_prediction p = predict(s);
+        ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 10 * p.parameters_count + 8 * 24);
+        mm_prediction_free(&p);
+        mm_spec_free(s);
+    }
+}
+END_TEST
+
 /* Tied embeddings: one weight, one .grad (the embedding's gradient is added
  * into lm_head's), one set of Adam states: the step is still 10P. */
 START_TEST(tied_embeddings_one_gradient)
@@ -428,6 +444,7 @@ Suite *predict_suite(void)
     tcase_add_test(tc, zero_states_match_deepspeed_estimators);
     tcase_add_test(tc, pure_bf16_adamw_optimizer_phase);
     tcase_add_test(tc, tied_embeddings_one_gradient);
+    tcase_add_test(tc, accumulation_adds_into_grad);
     tcase_add_test(tc, loss_dominates_small_models);
     tcase_add_test(tc, monotone_behaviour);
     tcase_add_test(tc, factors_sum_to_allocated);

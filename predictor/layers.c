@@ -132,11 +132,8 @@ static int32_t linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint6
     uint64_t np = sim_add(c->s, sim_mul(c->s, in, out), bias ? out : 0);
     param(c, r, np, tw, c->per_layer);
     label(c, name, r);
-    int32_t wcast = -1;
-    if (c->amp && !c->counting && (c->grad || 1)) {
-        /* autocast's weight cast (bf16 copy of W), cached for trainable leaves */
-        wcast = new_t(c, r, np, c->dt);
-    }
+    /* autocast's weight cast (bf16 copy of W), cached for trainable leaves */
+    int32_t wcast = c->amp ? new_t(c, r, np, c->dt) : -1;
     int32_t y = new_t(c, r, sim_mul(c->s, rows, out), c->dt);
     sim_node *n = node(c, r, y, x, -1, -1, tw);
     if (n) {
@@ -146,8 +143,6 @@ static int32_t linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint6
             save(c, n, wcast);
         if (tw)
             wgrad(c, n, np);
-        if (tw && bias) /* db = dy.sum(0): reduction workspace, small */
-            n->bwd_tmp = 0;
     }
     drop(c, wcast);
     const lora_spec *L = &c->m->lora;
@@ -920,10 +915,10 @@ static int32_t llama_module(lctx *c, int32_t image_features)
 
 int32_t layers_recompute(sim *s, const sim_node *ck, void *ctx)
 {
+    (void)s;
     lctx *c = ctx;
     const module_spec *m = ck->ckpt_prog;
-    const module_spec *saved_m = c->m;
-    lctx save_ctx = *c;
+    lctx outer = *c; /* the backward goes on in whatever module it was */
     layers_enter_module(c, (uint32_t)(m - c->spec->modules));
     c->grad = 1;
     c->per_layer = 1;
@@ -931,17 +926,7 @@ int32_t layers_recompute(sim *s, const sim_node *ck, void *ctx)
     int32_t x = ck->saved[0];
     int32_t y = m->type == MOD_LLAMA ? llama_layer(c, x, ck->ckpt_layer)
                                      : clip_layer(c, x, ck->ckpt_layer);
-    (void)s;
-    (void)saved_m;
-    c->m = save_ctx.m;
-    c->mi = save_ctx.mi;
-    c->grad = save_ctx.grad;
-    c->ckpt = save_ctx.ckpt;
-    c->B = save_ctx.B;
-    c->S = save_ctx.S;
-    c->T = save_ctx.T;
-    c->attn = save_ctx.attn;
-    c->per_layer = save_ctx.per_layer;
+    *c = outer;
     return y;
 }
 
@@ -977,7 +962,6 @@ int32_t layers_forward(lctx *c)
     const mm_spec *sp = c->spec;
     const training_spec *t = &sp->training;
     int32_t feat = -1;
-    int any_trainable_before = 0;
     c->has_vit = 0;
     for (uint32_t mi = 0; mi < sp->n_modules; mi++) {
         layers_enter_module(c, mi);
@@ -1010,8 +994,6 @@ int32_t layers_forward(lctx *c)
             int32_t loss = llama_module(c, c->has_vit ? feat : -1);
             return loss;
         }
-        any_trainable_before |= needs_grad;
     }
-    (void)any_trainable_before;
     return -1;
 }

@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef enum { K_UINT, K_INT, K_BOOL, K_FLOAT, K_ENUM, K_STRING, K_SIZE, K_VERSION, K_TARGETS,
+typedef enum { K_UINT, K_INT, K_INT32, K_BOOL, K_FLOAT, K_ENUM, K_STRING, K_SIZE, K_VERSION, K_TARGETS,
                K_NAME } kkind;
 
 #define T_VIT (1u << MOD_VIT)
@@ -91,7 +91,7 @@ static const keydesc training_keys[] = {
     {"master_weights", K_ENUM, TR(master_weights), 0, 0, master_names, 0, 0},
     {"optimizer", K_ENUM, TR(optimizer), 0, 0, opt_names, 0, 0},
     {"optimizer_impl", K_ENUM, TR(impl), 0, 0, impl_names, 0, 0},
-    {"zero_stage", K_INT, TR(zero_stage), 0, 3, NULL, 0, 0},
+    {"zero_stage", K_INT32, TR(zero_stage), 0, 3, NULL, 0, 0},
     {"data_parallel", K_UINT, TR(data_parallel), 1, 1 << 20, NULL, 0, 0},
     {"gradient_accumulation_steps", K_UINT, TR(grad_accum), 1, 1 << 20, NULL, 0, 0},
     {"gradient_checkpointing", K_BOOL, TR(gradient_checkpointing), 0, 1, NULL, 0, 0},
@@ -199,7 +199,8 @@ static int decode_scalar(dctx *c, const keydesc *k, const mm_node *v, void *base
     const char *s = v->str;
     switch (k->kind) {
     case K_UINT:
-    case K_INT: {
+    case K_INT:     /* int64_t field */
+    case K_INT32: { /* int field */
         int neg = s[0] == '-';
         uint64_t u;
         if (v->quoted || parse_u64_str(neg ? s + 1 : s, &u))
@@ -212,14 +213,12 @@ static int decode_scalar(dctx *c, const keydesc *k, const mm_node *v, void *base
             goto range;
         if (k->kind == K_UINT)
             *(uint64_t *)(void *)field = u;
-        else if (k->off == offsetof(training_spec, zero_stage) && k->max == 3)
+        else if (k->kind == K_INT32) /* the range check keeps it within int */
             *(int *)(void *)field = neg ? -(int)u : (int)u;
         else
             *(int64_t *)(void *)field = neg ? -(int64_t)u : (int64_t)u;
         return 0;
     range:
-        if (k->kind == K_UINT)
-            return fail(c, v, path, "%s is out of range (%.0f..%.0f)", s, k->min, k->max);
         return fail(c, v, path, "%s is out of range (%.0f..%.0f)", s, k->min, k->max);
     }
     case K_BOOL:
@@ -492,7 +491,7 @@ static int decode_module(dctx *c, const mm_node *m, size_t idx, module_spec *ms)
         if (decode_targets(c, tm, tb, &l->targets, tp))
             return -1;
         if (l->alpha < 0)
-            l->alpha = (double)l->r; /* PEFT default lora_alpha = 8 = r? no: documented as r */
+            l->alpha = (double)l->r; /* alpha only scales B's output: no bytes depend on it */
     }
     /* defaults that depend on other keys */
     if (ms->type == MOD_LLAMA) {
@@ -704,9 +703,6 @@ static int decode_all(dctx *c, mm_spec *s)
         return fail(c, mods, "modules",
                     "without a projector (mlp) the vit hidden_size must equal the llama one");
     }
-    if (t->zero_stage == 0 && t->data_parallel > 1 && t->master_weights == MASTER_FP32 &&
-        t->precision == PREC_FP32)
-        return fail(c, tr, "training.master_weights", "inconsistent precision");
     /* framework */
     framework_spec *f = &s->framework;
     f->tf_major = 4;

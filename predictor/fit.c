@@ -55,6 +55,34 @@ static uint32_t max_batch(const mm_spec *base, int ckpt, uint64_t usable)
     return (uint32_t)lo;
 }
 
+/* Smallest N (1..1024) at which `s` fits with a ZeRO stage from `from` up
+ * (only `from` when only_from); its stage in *stage, 0 if none.  One
+ * prediction per stage: its data-parallel terms give every N at once. */
+static uint32_t smallest_dp(mm_spec *s, int from, int only_from, uint64_t usable, int *stage)
+{
+    for (int z = from; z <= 3; z++) {
+        s->training.zero_stage = z;
+        if (s->training.precision != PREC_FP32)
+            s->training.master_weights = MASTER_FP32;
+        s->training.data_parallel = 2;
+        mm_prediction q;
+        mm_error e;
+        if (mm_predict(s, &q, &e) == 0) {
+            for (uint32_t n = 1; n <= 1024; n++) {
+                if (mm_peak_for_dp(&q, n) <= usable) {
+                    mm_prediction_free(&q);
+                    *stage = z;
+                    return n;
+                }
+            }
+            mm_prediction_free(&q);
+        }
+        if (only_from)
+            break; /* only the spec's own stage when it already uses ZeRO */
+    }
+    return 0;
+}
+
 int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *err)
 {
     memset(out, 0, sizeof *out);
@@ -81,11 +109,11 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
     }
     for (int z = 0; z <= 3; z++) {
         s->training.zero_stage = z;
+        /* DeepSpeed (and the spec's own mixed precision) keeps fp32 master weights */
         s->training.master_weights =
-            z >= 1 && s->training.precision != PREC_FP32 ? MASTER_FP32
-                                                          : spec->training.master_weights;
-        if (z == 0 && spec->training.zero_stage >= 1)
-            s->training.master_weights = MASTER_FP32; /* keep mixed precision semantics */
+            (z >= 1 || spec->training.zero_stage >= 1) && s->training.precision != PREC_FP32
+                ? MASTER_FP32
+                : spec->training.master_weights;
         uint64_t pk;
         mm_error e;
         if (!peak_with(s, &pk, &e) && pk <= usable) {
@@ -93,40 +121,20 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
             break;
         }
     }
-    /* smallest N at max(zero, 1): the terms model gives every N at once */
-    int z = spec->training.zero_stage >= 1 ? spec->training.zero_stage : 1;
-    int best_z = -1;
-    uint32_t best_n = 0;
-    /* first with the spec's checkpointing; if no N fits and it was off, with it
-     * on: ZeRO shards model states, never activations */
-    for (int ck = spec->training.gradient_checkpointing; ck <= 1 && !best_n; ck++) {
-    s->training.gradient_checkpointing = ck;
-    out->min_data_parallel_ckpt = ck && !spec->training.gradient_checkpointing;
-    for (int zz = z; zz <= 3 && !best_n; zz++) {
-        s->training.zero_stage = zz;
-        if (s->training.precision != PREC_FP32)
-            s->training.master_weights = MASTER_FP32;
-        s->training.data_parallel = 2;
-        mm_prediction q;
-        mm_error e;
-        if (mm_predict(s, &q, &e))
-            continue;
-        for (uint32_t n = 1; n <= 1024; n++) {
-            if (mm_peak_for_dp(&q, n) <= usable) {
-                best_n = n;
-                best_z = zz;
-                break;
-            }
-        }
-        mm_prediction_free(&q);
-        if (spec->training.zero_stage >= 1)
-            break; /* only the spec's own stage when it already uses ZeRO */
+    /* smallest N at max(zero, 1), first with the spec's checkpointing; if no N
+     * fits and it was off, with it on: ZeRO shards model states, never activations */
+    int from = spec->training.zero_stage >= 1 ? spec->training.zero_stage : 1;
+    int only_from = spec->training.zero_stage >= 1;
+    int stage = -1;
+    s->training.gradient_checkpointing = spec->training.gradient_checkpointing;
+    uint32_t n = smallest_dp(s, from, only_from, usable, &stage);
+    if (!n && !spec->training.gradient_checkpointing) {
+        s->training.gradient_checkpointing = 1;
+        n = smallest_dp(s, from, only_from, usable, &stage);
+        out->min_data_parallel_ckpt = n != 0;
     }
-    }
-    if (!best_n)
-        out->min_data_parallel_ckpt = 0;
-    out->min_data_parallel = best_n;
-    out->min_data_parallel_zero = best_z;
+    out->min_data_parallel = n;
+    out->min_data_parallel_zero = n ? stage : -1;
     mm_spec_free(s);
     return 0;
 }

@@ -99,4 +99,22 @@ static inline void fuzz_predict(const mm_spec *spec)
     mm_prediction_free(&p);
 }
 
+/* One spec loader input: a load error must name the file; a loaded spec is
+ * predicted and checked (the YAML and JSON harnesses differ only in fmt). */
+static inline void fuzz_load_spec(const uint8_t *data, size_t size, const char *name, mm_format fmt)
+{
+    mm_error e;
+    mm_spec *s = mm_spec_load_buffer((const char *)data, size, name, fmt, &e);
+    if (!s) {
+        fuzz_check_error(&e);
+        if (!strstr(e.msg, name))
+            FUZZ_FAIL("a load error does not name the file");
+        return;
+    }
+    (void)mm_spec_name(s);
+    (void)mm_spec_digest(s);
+    fuzz_predict(s);
+    mm_spec_free(s);
+}
+
 #endif

@@ -40,11 +40,16 @@ wait_for() {
     return 1
 }
 
-# a TCP port nobody listens on (random in 20000..59999)
+# a TCP port no socket uses, in any state, below the kernel's ephemeral range:
+# a port above it can be taken by a client connection (sbatch makes many)
+# between this check and slurmctld's bind, which then fails "Address already
+# in use".  Falls back to 20000..59999 if the ephemeral range starts low.
 free_port() {
-    _used=$(awk 'NR > 1 && $4 == "0A" { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+    _used=$(awk 'NR > 1 { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+    _eph=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    if [ "${_eph:-0}" -gt 12000 ]; then _lo=10000; _n=$((_eph - 10000)); else _lo=20000; _n=40000; fi
     while :; do
-        _p=$(( ($(od -An -N2 -tu2 /dev/urandom) % 40000) + 20000 ))
+        _p=$(( ($(od -An -N2 -tu2 /dev/urandom) % _n) + _lo ))
         _h=$(printf '%04X' "$_p")
         case " $(echo $_used) " in *" $_h "*) continue ;; esac
         echo "$_p"; return 0

@@ -1,6 +1,6 @@
 /* fit.c - "what would fit": the largest micro-batch, whether gradient
  * checkpointing helps, the smallest ZeRO stage and data-parallel degree.
- * The peak is monotone in the micro-batch, so a binary search suffices. */
+ * The peak is monotone in the micro-batch, so a bracketed search suffices. */
 #include "spec.h"
 #include "util.h"
 
@@ -8,51 +8,123 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int peak_with(mm_spec *s, uint64_t *peak, mm_error *err)
+/* Bytes of device-level peak per sample of micro-batch, estimated from one
+ * prediction: the activations and temporaries at the peak scale with the
+ * micro-batch, scaled like the allocated peak is to the device-level one.
+ * Only a first guess for max_batch's search; 0 when there is nothing to go on. */
+static double slope_hint(const mm_prediction *p)
+{
+    double act = (double)p->factors.activations + (double)p->factors.temporaries;
+    if (!p->micro_batch_size || !p->allocated_peak_bytes || act <= 0)
+        return 0;
+    return act / p->micro_batch_size * ((double)p->peak_bytes / (double)p->allocated_peak_bytes);
+}
+
+/* The device-level peak of `s` at its own data-parallel degree (and, when
+ * hint is not NULL, slope_hint); -1 when the prediction fails (sizes that
+ * overflow), which callers count as not fitting. */
+static int peak_with(const mm_spec *s, uint64_t *peak, double *hint)
 {
     mm_prediction p;
-    if (mm_predict(s, &p, err))
+    mm_error e;
+    if (mm_predict(s, &p, &e))
         return -1;
     *peak = p.peak_bytes;
+    if (hint)
+        *hint = slope_hint(&p);
     mm_prediction_free(&p);
     return 0;
 }
 
-/* largest micro-batch in [1, hi] with peak <= usable; 0 if none.  Sizes that
- * overflow count as not fitting. */
-static uint32_t max_batch(const mm_spec *base, int ckpt, uint64_t usable)
+/* Largest micro-batch in [1, MM_MB_CAP] whose peak fits `usable`; 0 if none.
+ * The peak is monotone and nearly linear in the micro-batch (activations
+ * grow with it, model states do not), so secant guesses converge in a few
+ * predictions: from the spec's own micro-batch (peak `pk0` and slope_hint
+ * `hint0`, or 0 = not yet predicted) it extrapolates with the hint, then
+ * through the last two samples, then interpolates inside the bracket
+ * [largest fit, smallest misfit).  Guesses are clamped
+ * strictly inside the bracket, and a step that fails to halve it is followed
+ * by a bisection, so the worst case stays logarithmic. */
+#define MM_MB_CAP 65536u
+static uint32_t max_batch(mm_spec *s, uint64_t usable, uint64_t pk0, double hint0)
 {
-    mm_spec *s = mm_spec_clone(base);
+    uint64_t lo = 0, hi = 0;            /* largest fit, smallest misfit; 0 = none */
+    uint64_t lo_pk = 0, hi_pk = 0;
+    uint64_t px = 0, px_pk = 0;         /* the sample before the last, 0 = none */
+    uint64_t x = s->training.micro_batch_size, pk = pk0, width = UINT64_MAX;
+    double hint = hint0;
+    int bisect = 0;
+
+    if (x < 1)
+        x = 1;
+    if (x > MM_MB_CAP)
+        x = MM_MB_CAP;
+    if (x != s->training.micro_batch_size)
+        pk = 0;
+    for (int iter = 0; iter < 64; iter++) {
+        int fits;
+        if (!pk) {
+            s->training.micro_batch_size = x;
+            fits = peak_with(s, &pk, iter == 0 ? &hint : NULL) == 0 && pk <= usable;
+        } else {
+            fits = pk <= usable;
+        }
+        uint64_t last = fits ? lo : hi, last_pk = fits ? lo_pk : hi_pk;
+        if (fits) {
+            lo = x;
+            lo_pk = pk;
+        } else {
+            hi = x;
+            hi_pk = pk; /* 0 when the prediction failed: no slope from it */
+        }
+        /* the other sample for the slope: the previous one on the same side */
+        px = last;
+        px_pk = last_pk;
+        if ((hi && hi == lo + 1) || (!hi && lo >= MM_MB_CAP) || hi == 1)
+            break;
+        uint64_t w = hi ? hi - lo : UINT64_MAX;
+        bisect = !bisect && hi && w > width / 2;
+        width = w;
+
+        double g; /* the next guess */
+        uint64_t a = 0, a_pk = 0, b = 0, b_pk = 0; /* two samples, a < b */
+        if (lo && hi && hi_pk > lo_pk) {
+            a = lo, a_pk = lo_pk, b = hi, b_pk = hi_pk;
+        } else if (px && px_pk && pk && px != x) {
+            a = px < x ? px : x, a_pk = px < x ? px_pk : pk;
+            b = px < x ? x : px, b_pk = px < x ? pk : px_pk;
+        }
+        if (!bisect && b && b_pk > a_pk) {
+            double slope = (double)(b_pk - a_pk) / (double)(b - a);
+            g = (double)a + ((double)usable - (double)a_pk) / slope;
+        } else if (iter == 0 && hint > 0 && pk) {
+            g = (double)x + ((double)usable - (double)pk) / hint;
+        } else if (hi) {
+            g = (double)lo + (double)(hi - lo) / 2.0;
+        } else {
+            g = (double)lo * 2.0;
+        }
+        /* strictly inside the bracket */
+        double gmin = (double)lo + 1.0, gmax = hi ? (double)hi - 1.0 : (double)MM_MB_CAP;
+        if (!(g >= gmin)) /* also catches NaN */
+            g = gmin;
+        if (g > gmax)
+            g = gmax;
+        x = (uint64_t)g;
+        pk = 0;
+    }
+    return (uint32_t)lo;
+}
+
+uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t usable, const mm_prediction *at_spec)
+{
+    mm_spec *s = mm_spec_copy_decoded(spec);
     if (!s)
         return 0;
-    s->training.gradient_checkpointing = ckpt;
-    uint64_t lo = 0, hi = 1;
-    mm_error e;
-    uint64_t pk;
-    /* exponential search for an upper bound */
-    for (;;) {
-        s->training.micro_batch_size = hi;
-        if (peak_with(s, &pk, &e) || pk > usable)
-            break;
-        lo = hi;
-        if (hi >= (1u << 16))
-            break;
-        hi *= 2;
-    }
-    if (lo == hi) {
-        mm_spec_free(s);
-        return (uint32_t)lo;
-    }
-    while (hi - lo > 1) {
-        uint64_t mid = lo + (hi - lo) / 2;
-        s->training.micro_batch_size = mid;
-        if (!peak_with(s, &pk, &e) && pk <= usable)
-            lo = mid;
-        else
-            hi = mid;
-    }
+    uint32_t mb = max_batch(s, usable, at_spec ? at_spec->peak_bytes : 0,
+                            at_spec ? slope_hint(at_spec) : 0);
     mm_spec_free(s);
-    return (uint32_t)lo;
+    return mb;
 }
 
 /* Smallest N (1..1024) at which `s` fits with a ZeRO stage from `from` up
@@ -91,10 +163,17 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
         return -1;
     out->peak_bytes = p.peak_bytes;
     out->fits = p.peak_bytes <= usable;
+    out->max_micro_batch = mm_max_micro_batch(spec, usable, &p);
     mm_prediction_free(&p);
-    out->max_micro_batch = max_batch(spec, spec->training.gradient_checkpointing, usable);
     if (!spec->training.gradient_checkpointing) {
-        out->max_micro_batch_ckpt = max_batch(spec, 1, usable);
+        mm_spec *c = mm_spec_copy_decoded(spec);
+        if (!c) {
+            mm_err(err, "out of memory");
+            return -1;
+        }
+        c->training.gradient_checkpointing = 1;
+        out->max_micro_batch_ckpt = max_batch(c, usable, 0, 0);
+        mm_spec_free(c);
         out->checkpointing_helps = out->max_micro_batch_ckpt >= spec->training.micro_batch_size &&
                                    !out->fits;
     } else {
@@ -102,7 +181,7 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
     }
     /* smallest ZeRO stage at the spec's N */
     out->min_zero_stage = -1;
-    mm_spec *s = mm_spec_clone(spec);
+    mm_spec *s = mm_spec_copy_decoded(spec);
     if (!s) {
         mm_err(err, "out of memory");
         return -1;
@@ -115,8 +194,7 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
                 ? MASTER_FP32
                 : spec->training.master_weights;
         uint64_t pk;
-        mm_error e;
-        if (!peak_with(s, &pk, &e) && pk <= usable) {
+        if (!peak_with(s, &pk, NULL) && pk <= usable) {
             out->min_zero_stage = z;
             break;
         }

@@ -170,6 +170,11 @@ typedef struct mm_fit_result {
                                     (activations are not sharded: without it no N fits) */
 } mm_fit_result;
 int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *err);
+/* Only the largest micro-batch (1..65536) that fits `usable` at the spec's
+ * own data-parallel degree, 0 if none: mm_fit's max_micro_batch in a few
+ * predictions.  at_spec, when not NULL, is mm_predict(spec)'s result and
+ * saves one.  0 also when out of memory. */
+uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t usable, const mm_prediction *at_spec);
 
 /* SHA-256 of a buffer, hex into out[65]. */
 void mm_sha256_hex(const void *data, size_t len, char out[65]);

@@ -894,6 +894,16 @@ mm_spec *mm_spec_clone(const mm_spec *spec)
     return c;
 }
 
+mm_spec *mm_spec_copy_decoded(const mm_spec *spec)
+{
+    mm_spec *c = malloc(sizeof *c);
+    if (!c)
+        return NULL;
+    memcpy(c, spec, sizeof *c);
+    c->doc = NULL;
+    return c;
+}
+
 /* ---- --set ---------------------------------------------------------------------- */
 
 static void clear_positions(mm_node *n)

@@ -98,6 +98,10 @@ struct mm_spec {
     int json;                     /* loaded from JSON */
 };
 
+/* A copy of the decoded fields without the source tree: enough for
+ * mm_predict and far cheaper than mm_spec_clone (no tree to copy); not for
+ * mm_spec_set.  Free with mm_spec_free. */
+mm_spec *mm_spec_copy_decoded(const mm_spec *spec);
 /* Re-decode spec->doc into spec (used after --set). */
 int mm_spec_decode(mm_spec *spec, mm_error *err);
 size_t mm_dtype_bytes(precision_kind p);

@@ -166,84 +166,6 @@ static uint64_t ceil_div(uint64_t a, uint32_t n)
     return n ? a / n + (a % n != 0) : a;
 }
 
-/* Peak per GPU at chk->dp with another micro-batch size; -1 on error. */
-static int peak_at_mb(const struct mmg_check *chk, uint32_t mb, uint64_t *peak)
-{
-    char assign[64];
-    mm_error e;
-    mm_prediction p;
-    mm_spec *s = mm_spec_clone(chk->spec);
-    int rc = -1;
-
-    if (!s)
-        return -1;
-    snprintf(assign, sizeof(assign), "training.micro_batch_size=%" PRIu32, mb);
-    if (mm_spec_set(s, assign, &e) == 0 && mm_predict(s, &p, &e) == 0) {
-        *peak = mm_peak_for_dp(&p, chk->dp);
-        mm_prediction_free(&p);
-        rc = 0;
-    }
-    mm_spec_free(s);
-    return rc;
-}
-
-/* Largest micro-batch that fits, for a spec that fits as given: the same
- * answer as mm_fit()'s max_micro_batch at a fraction of its cost (a full
- * mm_fit also searches checkpointing, ZeRO stages and GPU counts, which only a
- * rejected job needs).  The peak grows (nearly) linearly with the micro-batch,
- * so secant guesses inside the [fits, does-not-fit) bracket converge in a few
- * predictions; bisection when a guess falls outside.  0 ok, -1 error. */
-#define MMG_MB_CAP 65536u
-static int max_micro_batch(const struct mmg_check *chk, uint32_t *out)
-{
-    uint32_t lo = mm_spec_micro_batch(chk->spec), hi = 0; /* hi: smallest known misfit */
-    uint64_t lo_peak = chk->peak, hi_peak = 0, x_peak;
-    uint32_t px = 0;       /* another sampled point for the slope, 0 = none */
-    uint64_t px_peak = 0;
-
-    if (lo == 0 || lo_peak > chk->usable)
-        return -1;
-    for (int iter = 0; iter < 40; iter++) {
-        uint64_t guess;
-        if (hi && hi == lo + 1)
-            break;
-        if (!hi && lo >= MMG_MB_CAP)
-            break;
-        /* slope from the bracket (or the last other sample) */
-        if (hi && hi_peak > lo_peak) {
-            guess = lo + (chk->usable - lo_peak) / ((hi_peak - lo_peak) / (hi - lo) + 1);
-        } else if (px && px != lo && px_peak != lo_peak) {
-            uint64_t dx = px > lo ? px - lo : lo - px;
-            uint64_t dp = px_peak > lo_peak ? px_peak - lo_peak : lo_peak - px_peak;
-            guess = dp / dx ? lo + (chk->usable - lo_peak) / (dp / dx) : (uint64_t)lo * 2;
-        } else {
-            guess = (uint64_t)lo * 2;
-        }
-        if (guess <= lo)
-            guess = lo + 1;
-        if (hi && guess >= hi)
-            guess = hi - 1;
-        if (!hi && guess > MMG_MB_CAP)
-            guess = MMG_MB_CAP;
-        if (peak_at_mb(chk, (uint32_t)guess, &x_peak) != 0)
-            return -1;
-        px = lo;
-        px_peak = lo_peak;
-        if (x_peak <= chk->usable) {
-            lo = (uint32_t)guess;
-            lo_peak = x_peak;
-        } else {
-            hi = (uint32_t)guess;
-            hi_peak = x_peak;
-            px = 0;
-        }
-    }
-    if (hi && hi != lo + 1)
-        return -1;
-    *out = lo;
-    return 0;
-}
-
 void mmg_check_run(struct mmg_check *chk, const char *source, int ac, char **av)
 {
     char err[1024], b1[32], b2[32], b3[32], msg[3072];
@@ -317,8 +239,10 @@ void mmg_check_run(struct mmg_check *chk, const char *source, int ac, char **av)
     fmt_b(chk->usable, b2, sizeof(b2));
     fmt_b(chk->gpu->bytes, b3, sizeof(b3));
     if (chk->peak <= chk->usable) {
-        uint32_t mb;
-        if (max_micro_batch(chk, &mb) == 0) {
+        /* only the largest micro-batch: a full mm_fit also searches
+         * checkpointing, ZeRO stages and GPU counts, which only a misfit needs */
+        uint32_t mb = mm_max_micro_batch(chk->spec, chk->usable, &chk->pred);
+        if (mb > 0) {
             chk->fit.fits = 1;
             chk->fit.peak_bytes = chk->peak;
             chk->fit.max_micro_batch = mb;

@@ -3,7 +3,10 @@
 # sources exist) and skip, with a message, the checks that need it otherwise.
 # The GPU run itself: see docs/calibrate.md (calibrate-dry-run prints its plan).
 
-CALIB_PY ?= python3
+# Debian's python3 has torch (python3-torch, installed for the oracle by `make check`),
+# so the torch-side checks (built-in LoRA, the no-grad wrapper, parameter layouts) run
+# too; only the transformers model smoke test is skipped (no Debian package).
+CALIB_PY ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
 CALIB_MMGUARD_DEP := $(if $(wildcard predictor/main.c),$(BUILD)/mmguard)
 
 .PHONY: check-calibrate calibrate-dry-run

@@ -11,6 +11,19 @@ CALIB_MMGUARD_DEP := $(if $(wildcard predictor/main.c),$(BUILD)/mmguard)
 
 .PHONY: check-calibrate calibrate-dry-run
 
+# The GPU half of `make accuracy` (the CPU oracle is the other): every measured data
+# set in tests/gpu_data/ against the predictor's defaults; $(1) = --check-goals makes
+# `make check-accuracy` fail when a goal (<= 3 % allocated, <= 5 % device) is missed.
+GPU_DATA = $(sort $(wildcard tests/gpu_data/*.jsonl))
+define gpu_accuracy
+	@if [ -z "$(GPU_DATA)" ]; then \
+	    echo "GPU data: none in tests/gpu_data/ yet (measure it: docs/calibrate.md)"; \
+	else for f in $(GPU_DATA); do \
+	    echo "== GPU data $$f"; \
+	    $(CALIB_PY) contrib/calibrate/compare.py --mmguard $(BUILD)/mmguard $(1) "$$f" || exit 1; \
+	done; fi
+endef
+
 check-calibrate: $(CALIB_MMGUARD_DEP)
 	MMGUARD=$(abspath $(BUILD)/mmguard) $(CALIB_PY) tests/calibrate/run_tests.py
 

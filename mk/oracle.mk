@@ -21,8 +21,10 @@ check-oracle:
 
 accuracy: $(BUILD)/mmguard
 	$(ACCURACY_PY) tests/accuracy/accuracy.py --mmguard $(BUILD)/mmguard --data $(ORACLE_DATA) $(ACCURACY_ARGS)
+	$(call gpu_accuracy,)
 
 check-accuracy: $(BUILD)/mmguard
 	$(ACCURACY_PY) tests/accuracy/accuracy.py --mmguard $(BUILD)/mmguard --data $(ORACLE_DATA) --check $(ACCURACY_ARGS)
+	$(call gpu_accuracy,--check-goals)
 
 CHECK_TARGETS += check-oracle check-accuracy

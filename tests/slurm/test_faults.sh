@@ -52,20 +52,6 @@ start() { # start CONF_LINES...: a fresh cluster with this mmguard.conf
 # on every --mm-model submission)
 conf() { printf '%s\n' "$@" >"$CLUSTER_DIR/etc/mmguard.conf"; }
 
-jobid() { sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$work/out"; }
-wait_job() { # wait_job ID: until finished (bounded 60 s); prints the state
-    _i=0
-    while [ $_i -lt 600 ]; do
-        _st=$(timeout 10 scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
-        case "$_st" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) echo "$_st"; return 0 ;; esac
-        sleep 0.1; _i=$((_i + 1))
-    done
-    echo "TIMEOUT_WAITING"; return 1
-}
-log_lines() { if [ -f "$LOG" ]; then wc -l <"$LOG" | tr -d ' '; else echo 0; fi; }
-log_field() { # log_field N KEY: field of decision-log line N
-    python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[int(sys.argv[2])-1])[sys.argv[3]])' "$LOG" "$1" "$2"
-}
 log_intact() { # log_intact FILE: every line a JSON object (an absent file is fine)
     [ ! -e "$1" ] || python3 -c '
 import json, sys

@@ -34,16 +34,6 @@ start() { # start CONF_LINES...: fresh cluster with this mmguard.conf
     . "$CLUSTER_DIR/env.sh"
 }
 
-jobid() { sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$work/out"; }
-wait_job() {
-    _i=0
-    while [ $_i -lt 600 ]; do
-        _st=$(scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
-        case "$_st" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) echo "$_st"; return 0 ;; esac
-        sleep 0.1; _i=$((_i + 1))
-    done
-    echo "TIMEOUT_WAITING"; return 1
-}
 show() { scontrol show job "$1" >"$work/show" 2>&1; }
 # last_ctld KEY: field of the last job_submit.lua decision-log line
 last_ctld() {

@@ -31,31 +31,6 @@ start() { # start CONF_LINES...: a fresh cluster with an mmguard.conf of these l
     rm -f "$LOG"
 }
 
-jobid() { sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$work/out"; }
-# wait_job ID: until the job has finished (bounded 60 s); prints the state
-wait_job() {
-    _i=0
-    while [ $_i -lt 600 ]; do
-        _st=$(scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
-        case "$_st" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) echo "$_st"; return 0 ;; esac
-        sleep 0.1; _i=$((_i + 1))
-    done
-    echo "TIMEOUT_WAITING"; return 1
-}
-log_lines() { if [ -f "$LOG" ]; then wc -l <"$LOG" | tr -d ' '; else echo 0; fi; }
-# log_field N KEY: field KEY of decision-log line N (python3 parses every line)
-log_field() {
-    python3 - "$LOG" "$1" "$2" <<'PY'
-import json, sys
-lines = open(sys.argv[1]).read().splitlines()
-rec = json.loads(lines[int(sys.argv[2]) - 1])
-v = rec
-for k in sys.argv[3].split("."):
-    v = v[k]
-print(v)
-PY
-}
-
 cd "$work" || exit 1
 cat >"$work/job.sh" <<'SH'
 #!/bin/sh

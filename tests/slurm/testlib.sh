@@ -7,6 +7,7 @@
 #   RUN_TIMEOUT     bound of run() in seconds (default 60)
 #   tl_cleanup_hook a function the script may define (unmount, userdel, ...)
 #   KEEP=1          keeps the work directory
+#   LOG             the decision log that log_lines / log_field read
 
 tl_start() {
     work=$(mktemp -d "/tmp/mmguard-$1.XXXXXX")
@@ -38,6 +39,32 @@ has() { grep -Eq -- "$2" "$1"; }
 hasnt() { ! grep -Eq -- "$2" "$1"; }
 # run CMD...: stdout -> $work/out, stderr -> $work/err, status -> $rc (bounded)
 run() { timeout "${RUN_TIMEOUT:-60}" "$@" >"$work/out" 2>"$work/err"; rc=$?; }
+# jobid: the id in $work/out after `run sbatch ...`
+jobid() { sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$work/out"; }
+# wait_job ID: until the job has finished (bounded 60 s, each poll 10 s: a
+# restarted slurmctld must not hang it); prints the state
+wait_job() {
+    _i=0
+    while [ $_i -lt 600 ]; do
+        _st=$(timeout 10 scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+        case "$_st" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) echo "$_st"; return 0 ;; esac
+        sleep 0.1; _i=$((_i + 1))
+    done
+    echo "TIMEOUT_WAITING"; return 1
+}
+log_lines() { if [ -f "$LOG" ]; then wc -l <"$LOG" | tr -d ' '; else echo 0; fi; }
+# log_field N KEY: field KEY (dotted for nested) of decision-log line N
+log_field() {
+    python3 - "$LOG" "$1" "$2" <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+rec = json.loads(lines[int(sys.argv[2]) - 1])
+v = rec
+for k in sys.argv[3].split("."):
+    v = v[k]
+print(v)
+PY
+}
 # finish: the closing "N passed, N failed" line; exit status 1 if any failed
 finish() {
     echo "$pass passed, $fail failed"

@@ -70,6 +70,10 @@ typedef struct mm_factors {
     uint64_t temporaries;  /* transient working set of the op at the peak */
     uint64_t overhead;     /* allocator rounding/fragmentation, CUDA context, NCCL */
 } mm_factors;
+/* The factors in their one order (JSON keys, reports): names and values. */
+#define MM_NFACTORS 6
+extern const char *const mm_factor_names[MM_NFACTORS];
+void mm_factor_values(const mm_factors *f, uint64_t v[MM_NFACTORS]);
 
 typedef struct mm_layer_result {
     char name[MM_MAX_NAME];     /* e.g. "layers.0-31.self_attn.q_proj" */

@@ -479,6 +479,20 @@ void mm_prediction_free(mm_prediction *p)
 
 /* ---- JSON ------------------------------------------------------------------------ */
 
+const char *const mm_factor_names[MM_NFACTORS] = {
+    "parameters", "gradients", "optimizer_states", "activations", "temporaries", "overhead"
+};
+
+void mm_factor_values(const mm_factors *f, uint64_t v[MM_NFACTORS])
+{
+    v[0] = f->parameters;
+    v[1] = f->gradients;
+    v[2] = f->optimizer_states;
+    v[3] = f->activations;
+    v[4] = f->temporaries;
+    v[5] = f->overhead;
+}
+
 static json_object *j_u64(uint64_t v)
 {
     return json_object_new_uint64(v);
@@ -487,12 +501,10 @@ static json_object *j_u64(uint64_t v)
 static json_object *factors_json(const mm_factors *f)
 {
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "parameters", j_u64(f->parameters));
-    json_object_object_add(o, "gradients", j_u64(f->gradients));
-    json_object_object_add(o, "optimizer_states", j_u64(f->optimizer_states));
-    json_object_object_add(o, "activations", j_u64(f->activations));
-    json_object_object_add(o, "temporaries", j_u64(f->temporaries));
-    json_object_object_add(o, "overhead", j_u64(f->overhead));
+    uint64_t v[MM_NFACTORS];
+    mm_factor_values(f, v);
+    for (int i = 0; i < MM_NFACTORS; i++)
+        json_object_object_add(o, mm_factor_names[i], j_u64(v[i]));
     return o;
 }
 

@@ -49,26 +49,11 @@ static const char *allocator_name(void)
 
 int mmg_alloc_post_opt(spank_t sp, int ac, char **av)
 {
-    struct mmg_check *chk;
-    int rc;
-
     if (!mmg_opts.model || mmg_model_inherited()) {
         drop_inherited();
         if (!mmg_opts.model && (mmg_opts.gpu || mmg_opts.gpus))
             slurm_info(MMG_PREFIX "--mm-gpu/--mm-gpus given without --mm-model: ignored");
         return 0;
     }
-    chk = calloc(1, sizeof(*chk));
-    if (!chk) {
-        slurm_error(MMG_PREFIX "--mm-model: out of memory");
-        return -1;
-    }
-    mmg_check_run(chk, allocator_name(), ac, av);
-    mmg_check_print(chk);
-    mmg_publish(chk, job_control_set, sp);
-    mmg_log_decision(chk);
-    rc = chk->blocks ? -1 : 0;
-    mmg_check_free(chk);
-    free(chk);
-    return rc;
+    return mmg_check_submit(allocator_name(), job_control_set, sp, ac, av);
 }

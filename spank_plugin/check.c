@@ -49,21 +49,11 @@ static void set_error(struct mmg_check *chk, const char *what)
         line(chk, "on_error=reject: job not submitted");
 }
 
-static const char *factor_names[6] = {
-    "parameters", "gradients", "optimizer_states", "activations", "temporaries", "overhead"
-};
-
-static void factor_values(const mm_factors *f, uint64_t v[6])
-{
-    v[0] = f->parameters; v[1] = f->gradients; v[2] = f->optimizer_states;
-    v[3] = f->activations; v[4] = f->temporaries; v[5] = f->overhead;
-}
-
 static uint64_t module_total(const mm_module_result *m)
 {
-    uint64_t v[6], s = 0;
-    factor_values(&m->factors, v);
-    for (int i = 0; i < 6; i++)
+    uint64_t v[MM_NFACTORS], s = 0;
+    mm_factor_values(&m->factors, v);
+    for (int i = 0; i < MM_NFACTORS; i++)
         s = (s > UINT64_MAX - v[i]) ? UINT64_MAX : s + v[i];
     return s;
 }
@@ -71,16 +61,17 @@ static uint64_t module_total(const mm_module_result *m)
 static void explain_breakdown(struct mmg_check *chk)
 {
     const mm_prediction *p = &chk->pred;
-    uint64_t v[6];
-    int idx[6] = { 0, 1, 2, 3, 4, 5 };
+    uint64_t v[MM_NFACTORS];
+    int idx[MM_NFACTORS] = { 0, 1, 2, 3, 4, 5 };
     char buf[MMG_LINE_MAX], b[32];
     size_t used = 0;
 
-    factor_values(&p->factors, v);
-    /* the overhead at N (device-level) is peak - allocated */
-    v[5] = chk->peak > chk->alloc_peak ? chk->peak - chk->alloc_peak : v[5];
-    for (int i = 0; i < 6; i++)
-        for (int j = i + 1; j < 6; j++)
+    mm_factor_values(&p->factors, v);
+    /* the overhead (the last factor) at N (device-level) is peak - allocated */
+    v[MM_NFACTORS - 1] = chk->peak > chk->alloc_peak ? chk->peak - chk->alloc_peak
+                                                      : v[MM_NFACTORS - 1];
+    for (int i = 0; i < MM_NFACTORS; i++)
+        for (int j = i + 1; j < MM_NFACTORS; j++)
             if (v[idx[j]] > v[idx[i]]) {
                 int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
             }
@@ -88,7 +79,7 @@ static void explain_breakdown(struct mmg_check *chk)
     for (int i = 0; i < 3 && v[idx[i]] > 0; i++) {
         fmt_b(v[idx[i]], b, sizeof(b));
         used += (size_t)snprintf(buf + used, used < sizeof(buf) ? sizeof(buf) - used : 0,
-                                 "%s%s %s (%.0f%%)", i ? ", " : "", factor_names[idx[i]], b,
+                                 "%s%s %s (%.0f%%)", i ? ", " : "", mm_factor_names[idx[i]], b,
                                  chk->peak ? 100.0 * (double)v[idx[i]] / (double)chk->peak : 0.0);
         if (used >= sizeof(buf))
             break;
@@ -268,6 +259,25 @@ void mmg_check_run(struct mmg_check *chk, const char *source, int ac, char **av)
     explain_fixes(chk);
     if (chk->decision == MMG_WARN)
         line(chk, "action=%s: submitting anyway", mmg_action_name(chk->cfg.action));
+}
+
+int mmg_check_submit(const char *source, mmg_setenv_f set, void *ctx, int ac, char **av)
+{
+    struct mmg_check *chk = calloc(1, sizeof(*chk));
+    int rc;
+
+    if (!chk) {
+        slurm_error(MMG_PREFIX "--mm-model: out of memory");
+        return -1;
+    }
+    mmg_check_run(chk, source, ac, av);
+    mmg_check_print(chk);
+    mmg_publish(chk, set, ctx);
+    mmg_log_decision(chk);
+    rc = chk->blocks ? -1 : 0;
+    mmg_check_free(chk);
+    free(chk);
+    return rc;
 }
 
 void mmg_check_print(const struct mmg_check *chk)

@@ -27,22 +27,7 @@ static int local_set(void *ctx, const char *name, const char *value)
 
 int mmg_local_post_opt(spank_t sp, int ac, char **av)
 {
-    struct mmg_check *chk;
-    int rc;
-
     if (!mmg_opts.model || mmg_model_inherited())
         return 0;
-    chk = calloc(1, sizeof(*chk));
-    if (!chk) {
-        slurm_error(MMG_PREFIX "--mm-model: out of memory");
-        return -1;
-    }
-    mmg_check_run(chk, "srun", ac, av);
-    mmg_check_print(chk);
-    mmg_publish(chk, local_set, sp);
-    mmg_log_decision(chk);
-    rc = chk->blocks ? -1 : 0;
-    mmg_check_free(chk);
-    free(chk);
-    return rc;
+    return mmg_check_submit("srun", local_set, sp, ac, av);
 }

@@ -83,6 +83,10 @@ char *mmg_decision_json(const struct mmg_check *chk);
 /* Names of the variables a step exports to its tasks (NULL-terminated). */
 extern const char *const mmg_task_vars[];
 
+/* What sbatch/salloc and srun do with --mm-model: run, print, publish with
+ * `set`, log.  Returns what init_post_opt returns (-1 blocks the job). */
+int mmg_check_submit(const char *source, mmg_setenv_f set, void *ctx, int ac, char **av);
+
 /* ---- contexts -------------------------------------------------------------- */
 int mmg_alloc_post_opt(spank_t sp, int ac, char **av);
 int mmg_local_post_opt(spank_t sp, int ac, char **av);

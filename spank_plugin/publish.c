@@ -84,12 +84,10 @@ static json_object *u64(uint64_t v)
 static json_object *factors_json(const mm_factors *f)
 {
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "parameters", u64(f->parameters));
-    json_object_object_add(o, "gradients", u64(f->gradients));
-    json_object_object_add(o, "optimizer_states", u64(f->optimizer_states));
-    json_object_object_add(o, "activations", u64(f->activations));
-    json_object_object_add(o, "temporaries", u64(f->temporaries));
-    json_object_object_add(o, "overhead", u64(f->overhead));
+    uint64_t v[MM_NFACTORS];
+    mm_factor_values(f, v);
+    for (int i = 0; i < MM_NFACTORS; i++)
+        json_object_object_add(o, mm_factor_names[i], u64(v[i]));
     return o;
 }
 

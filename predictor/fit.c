@@ -50,7 +50,6 @@ static uint32_t max_batch(mm_spec *s, uint64_t usable, uint64_t pk0, double hint
 {
     uint64_t lo = 0, hi = 0;            /* largest fit, smallest misfit; 0 = none */
     uint64_t lo_pk = 0, hi_pk = 0;
-    uint64_t px = 0, px_pk = 0;         /* the sample before the last, 0 = none */
     uint64_t x = s->training.micro_batch_size, pk = pk0, width = UINT64_MAX;
     double hint = hint0;
     int bisect = 0;
@@ -69,7 +68,8 @@ static uint32_t max_batch(mm_spec *s, uint64_t usable, uint64_t pk0, double hint
         } else {
             fits = pk <= usable;
         }
-        uint64_t last = fits ? lo : hi, last_pk = fits ? lo_pk : hi_pk;
+        /* the previous sample on the same side, for a slope before a bracket */
+        uint64_t px = fits ? lo : hi, px_pk = fits ? lo_pk : hi_pk;
         if (fits) {
             lo = x;
             lo_pk = pk;
@@ -77,9 +77,6 @@ static uint32_t max_batch(mm_spec *s, uint64_t usable, uint64_t pk0, double hint
             hi = x;
             hi_pk = pk; /* 0 when the prediction failed: no slope from it */
         }
-        /* the other sample for the slope: the previous one on the same side */
-        px = last;
-        px_pk = last_pk;
         if ((hi && hi == lo + 1) || (!hi && lo >= MM_MB_CAP) || hi == 1)
             break;
         uint64_t w = hi ? hi - lo : UINT64_MAX;

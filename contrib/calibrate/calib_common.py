@@ -49,7 +49,40 @@ LLMS = {
         "hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32,
         "num_key_value_heads": 4, "intermediate_size": 5632, "vocab_size": 32000,
     },
+    # meta-llama/Llama-3.2-1B: GQA (8 KV heads), 128k vocabulary, tied embeddings
+    "llama3.2-1b": {
+        "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+        "head_dim": 64, "tie_word_embeddings": True,
+    },
+    # the Qwen2 decoder of Qwen/Qwen2-VL-2B-Instruct (q/k/v bias, tied embeddings)
+    "qwen2-1.5b": {
+        "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+        "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    },
+    # the Qwen2 decoder of Qwen/Qwen2-VL-7B-Instruct and Qwen/Qwen2.5-VL-7B-Instruct
+    "qwen2-7b": {
+        "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+    },
 }
+
+# Vision towers of the Qwen-VL families (their config.json "vision_config"); the
+# output width (hidden_size / out_hidden_size) is the LLM's hidden size.
+QWEN2VL_VIT = {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16,
+               "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+               "hidden_act": "quick_gelu"}
+QWEN25VL_VIT = {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+                "hidden_act": "silu"}
+
+MODELS = ("llava", "llama", "qwen2vl", "qwen25vl")
+# LLaVA-style models whose mmguard spec the predictor can describe today; the Qwen-VL
+# ones are measured for the record (and the allocator traces) until the spec grows
+# their building blocks.
+SPEC_MODELS = ("llava", "llama")
 
 LORA_LLAVA = {
     "r": 128, "alpha": 256, "dropout": 0.05,
@@ -65,6 +98,13 @@ def image_tokens(vit):
     return (vit["image_size"] // vit["patch_size"]) ** 2
 
 
+def qwen_image_tokens(grid):
+    """Qwen-VL: an image of grid (h, w) patches of 14 px becomes h*w/4 LLM tokens (2x2
+    merger); the ViT itself runs on all h*w patches."""
+    h, w = grid
+    return (h // 2) * (w // 2)
+
+
 # ---------------------------------------------------------------------------
 # Grid
 # ---------------------------------------------------------------------------
@@ -76,9 +116,10 @@ class Group:
     the model is built once; mode, attention, geometry and optimizer are fixed."""
 
     def __init__(self, name, model, llm, mode, attention, points, llm_layers=None,
-                 optimizer_impl="foreach", lora=None, priority=0, note=""):
-        if model not in ("llava", "llama"):
-            raise ValueError("model must be llava or llama")
+                 optimizer_impl="foreach", lora=None, priority=0, note="",
+                 image_grid=None, trace=False, alloc_conf=None):
+        if model not in MODELS:
+            raise ValueError("model must be one of %s" % ", ".join(MODELS))
         if mode not in MODES:
             raise ValueError("bad mode %r" % mode)
         if attention not in ATTENTIONS:
@@ -98,6 +139,22 @@ class Group:
         self.points = list(points)  # (micro_batch, seq_len, checkpointing)
         self.priority = priority
         self.note = note
+        # Qwen-VL: the image's patch grid (h, w), 14 px patches; 48x48 = 672 px square
+        self.image_grid = tuple(image_grid) if image_grid else (
+            (48, 48) if model in ("qwen2vl", "qwen25vl") else None)
+        # record the caching allocator's own trace (torch.cuda.memory._record_memory_history)
+        # from before the first CUDA allocation of the worker
+        self.trace = bool(trace)
+        # PYTORCH_CUDA_ALLOC_CONF for this group's worker (None: the environment's)
+        self.alloc_conf = alloc_conf
+
+    def image_tokens(self):
+        """LLM tokens of the one image per sample (0 for text-only)."""
+        if self.model == "llava":
+            return image_tokens(CLIP_VIT_L_336)
+        if self.model in ("qwen2vl", "qwen25vl"):
+            return qwen_image_tokens(self.image_grid)
+        return 0
 
     def llm_geometry(self):
         g = dict(LLMS[self.llm])
@@ -117,7 +174,8 @@ class Group:
             "llm_layers": self.llm_layers, "mode": self.mode, "attention": self.attention,
             "optimizer_impl": self.optimizer_impl, "lora": self.lora,
             "points": [list(p) for p in self.points], "priority": self.priority,
-            "note": self.note,
+            "note": self.note, "image_grid": list(self.image_grid) if self.image_grid else None,
+            "trace": self.trace, "alloc_conf": self.alloc_conf,
         }
 
     @classmethod
@@ -125,7 +183,9 @@ class Group:
         return cls(d["name"], d["model"], d["llm"], d["mode"], d["attention"],
                    [tuple(p) for p in d["points"]], llm_layers=d.get("llm_layers"),
                    optimizer_impl=d.get("optimizer_impl", "foreach"), lora=d.get("lora"),
-                   priority=d.get("priority", 0), note=d.get("note", ""))
+                   priority=d.get("priority", 0), note=d.get("note", ""),
+                   image_grid=d.get("image_grid"), trace=d.get("trace", False),
+                   alloc_conf=d.get("alloc_conf"))
 
 
 class Config:
@@ -139,9 +199,10 @@ class Config:
         self.order = order
         if self.micro_batch < 1 or self.seq_len < 1:
             raise ValueError("micro_batch and seq_len must be >= 1")
-        if group.model == "llava" and self.seq_len <= image_tokens(CLIP_VIT_L_336):
+        n_img = group.image_tokens()
+        if n_img and self.seq_len <= n_img + 2:
             raise ValueError("%s: seq_len %d leaves no text tokens next to %d image tokens"
-                             % (group.name, self.seq_len, image_tokens(CLIP_VIT_L_336)))
+                             % (group.name, self.seq_len, n_img))
 
     @property
     def id(self):
@@ -155,7 +216,10 @@ class Config:
         d.update({"group": self.group.name, "micro_batch": self.micro_batch,
                   "seq_len": self.seq_len, "checkpointing": self.checkpointing,
                   "precision": "bf16", "optimizer": "adamw", "steps": 2,
-                  "measured_step": 2})
+                  "measured_step": 2, "image_tokens": self.group.image_tokens()})
+        if self.group.model not in SPEC_MODELS:
+            d["spec_unsupported"] = ("the mmguard spec has no %s building blocks yet"
+                                     % self.group.model)
         return d
 
     def dominates(self, other):
@@ -176,7 +240,7 @@ def llm_param_count(g):
     kv = g.get("num_key_value_heads", heads)
     hd = g.get("head_dim", h // heads)
     layer = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * i + 2 * h
-    return 2 * v * h + L * layer + h
+    return (1 if g.get("tie_word_embeddings") else 2) * v * h + L * layer + h
 
 
 def estimate_seconds(cfg, tflops=350.0):
@@ -190,6 +254,8 @@ def estimate_seconds(cfg, tflops=350.0):
     t = 2 * cfg.tokens() * flops_per_tok / (tflops * 1e12)
     if cfg.group.attention == "eager":
         t *= 1.4
+    if cfg.group.trace:
+        t *= 1.3  # recording every allocation, then the snapshot and its conversion
     return 3.0 + t
 
 
@@ -198,55 +264,122 @@ def estimate_build_seconds(group):
     return 15.0 + n / 1e9 * 3.0  # python/transformers import + random init on the GPU
 
 
-def default_grid():
-    """Ordered most informative first: LLaVA-1.5-7B geometry in the three stages
-    that fit one 80 GB GPU, then attention variants, other LLM sizes, text-only."""
+QWEN_LORA = {"r": 64, "alpha": 128, "dropout": 0.05,
+             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj"]}
+
+
+def trace_groups():
+    """One config each, in a fresh worker that records every allocation from before the
+    first CUDA call: the fixtures the allocator-model replay test reproduces."""
     T, F = True, False
-    groups = [
+    return [
+        Group("trace-llava7b-pretrain", "llava", "vicuna-7b", "pretrain", "sdpa",
+              [(4, 1024, F)], trace=True, priority=1, note="allocator trace"),
+        Group("trace-llava7b-lora", "llava", "vicuna-7b", "lora", "sdpa",
+              [(4, 1024, T)], trace=True, priority=2, note="allocator trace, PEFT LoRA"),
+        Group("trace-llama1b-finetune", "llama", "llama3.2-1b", "finetune", "sdpa",
+              [(4, 2048, F)], trace=True, priority=3, note="allocator trace, full FT"),
+        Group("trace-qwen2vl2b-finetune", "qwen2vl", "qwen2-1.5b", "finetune", "sdpa",
+              [(2, 2048, T)], trace=True, priority=4, note="allocator trace, Qwen2-VL"),
+        Group("trace-llava7b-pretrain-expseg", "llava", "vicuna-7b", "pretrain", "sdpa",
+              [(4, 1024, F)], trace=True, alloc_conf="expandable_segments:True",
+              priority=5, note="allocator trace, expandable segments"),
+        Group("trace-llava7b-finetune", "llava", "vicuna-7b", "finetune", "sdpa",
+              [(1, 1024, F)], trace=True, priority=6,
+              note="allocator trace, 7B full fine-tune near the 80 GB limit"),
+        Group("trace-qwen25vl7b-lora", "qwen25vl", "qwen2-7b", "lora", "sdpa",
+              [(2, 2048, T)], lora=dict(QWEN_LORA), trace=True, priority=7,
+              note="allocator trace, Qwen2.5-VL window attention"),
+        Group("trace-llava7b-pretrain-maxsplit", "llava", "vicuna-7b", "pretrain", "sdpa",
+              [(4, 1024, F)], trace=True, alloc_conf="max_split_size_mb:128",
+              priority=8, note="allocator trace, max_split_size_mb"),
+        Group("trace-llava7b-pretrain-rup4", "llava", "vicuna-7b", "pretrain", "sdpa",
+              [(4, 1024, F)], trace=True, alloc_conf="roundup_power2_divisions:4",
+              priority=9, note="allocator trace, roundup_power2_divisions"),
+        Group("trace-qwen25vl7b-lora-gc", "qwen25vl", "qwen2-7b", "lora", "sdpa",
+              [(2, 2048, F)], lora=dict(QWEN_LORA), trace=True,
+              alloc_conf="garbage_collection_threshold:0.6", priority=9.5,
+              note="allocator trace, garbage collection above 60 % of the GPU"),
+    ]
+
+
+def default_grid():
+    """Ordered most informative first: the allocator traces, LLaVA-1.5-7B in the stages
+    that fit one 80 GB GPU, Qwen2.5-VL-7B LoRA/frozen, Qwen2-VL-2B and Llama-3.2-1B full
+    fine-tunes, then attention variants and other sizes."""
+    T, F = True, False
+    groups = trace_groups() + [
         Group("llava7b-pretrain-sdpa", "llava", "vicuna-7b", "pretrain", "sdpa",
               [(16, 2048, T), (4, 2048, T), (1, 1024, T), (8, 768, T),
                (1, 2048, F), (4, 1024, F), (8, 768, F), (2, 2048, F), (16, 1024, F)],
-              priority=1, note="LLaVA-1.5-7B stage 1 (projector only)"),
+              priority=10, note="LLaVA-1.5-7B stage 1 (projector only)"),
         Group("llava7b-lora-sdpa", "llava", "vicuna-7b", "lora", "sdpa",
               [(16, 2048, T), (4, 2048, T), (1, 1024, T),
                (1, 2048, F), (4, 1024, F), (2, 2048, F), (8, 2048, F)],
-              priority=2, note="LLaVA-1.5-7B LoRA r128 (finetune_lora.sh)"),
+              priority=11, note="LLaVA-1.5-7B LoRA r128 (finetune_lora.sh)"),
+        Group("qwen25vl7b-lora-sdpa", "qwen25vl", "qwen2-7b", "lora", "sdpa",
+              [(8, 2048, T), (2, 4096, T), (1, 1024, F), (2, 2048, F), (4, 1024, F)],
+              lora=dict(QWEN_LORA), priority=12,
+              note="Qwen2.5-VL-7B LoRA r64 on the LLM, ViT frozen, merger trained"),
+        Group("qwen25vl7b-pretrain-sdpa", "qwen25vl", "qwen2-7b", "pretrain", "sdpa",
+              [(8, 2048, T), (1, 2048, F), (4, 1024, F)],
+              priority=13, note="Qwen2.5-VL-7B, ViT and LLM frozen, merger trained"),
+        Group("qwen2vl2b-finetune-sdpa", "qwen2vl", "qwen2-1.5b", "finetune", "sdpa",
+              [(8, 2048, T), (2, 4096, T), (1, 2048, F), (4, 1024, F), (4, 2048, F)],
+              priority=14, note="Qwen2-VL-2B full LLM fine-tune, ViT frozen"),
+        Group("llama1b-finetune-sdpa", "llama", "llama3.2-1b", "finetune", "sdpa",
+              [(16, 2048, T), (4, 4096, T), (1, 2048, F), (4, 1024, F), (8, 2048, F)],
+              priority=15, note="Llama-3.2-1B full fine-tune, 128k vocabulary, tied"),
         Group("llava7b-L8-finetune-sdpa", "llava", "vicuna-7b", "finetune", "sdpa",
               [(16, 2048, T), (8, 1024, T), (1, 768, T),
                (1, 2048, F), (4, 2048, F), (8, 1024, F), (16, 768, F), (16, 2048, F)],
-              llm_layers=8, priority=3, note="full fine-tune, 7B geometry cut to 8 layers"),
-        Group("llava7b-finetune-sdpa", "llava", "vicuna-7b", "finetune", "sdpa",
-              [(1, 2048, T), (2, 2048, T), (4, 2048, T), (1, 1024, F), (1, 2048, F)],
-              priority=4, note="full 7B fine-tune: ~54 GB of states, near the limit"),
-        Group("llama7b-L8-finetune-sdpa", "llama", "vicuna-7b", "finetune", "sdpa",
-              [(16, 2048, T), (4, 1024, T), (1, 2048, F), (4, 2048, F), (8, 512, F)],
-              llm_layers=8, priority=5, note="LlamaForCausalLM alone (text only)"),
+              llm_layers=8, priority=16, note="full fine-tune, 7B geometry cut to 8 layers"),
         Group("llava7b-pretrain-eager", "llava", "vicuna-7b", "pretrain", "eager",
               [(4, 2048, T), (16, 1024, T), (1, 768, T), (1, 2048, F), (2, 1024, F)],
-              priority=6, note="eager attention: s^2 scores"),
+              priority=17, note="eager attention: s^2 scores"),
+        Group("qwen2vl2b-finetune-eager", "qwen2vl", "qwen2-1.5b", "finetune", "eager",
+              [(4, 2048, T), (1, 2048, F), (2, 1024, F)],
+              priority=18, note="Qwen2-VL-2B, eager attention in ViT and LLM"),
+        Group("llama1b-finetune-eager", "llama", "llama3.2-1b", "finetune", "eager",
+              [(4, 2048, T), (1, 2048, F), (2, 1024, F)],
+              priority=19, note="Llama-3.2-1B, eager attention"),
+        Group("llava7b-finetune-sdpa", "llava", "vicuna-7b", "finetune", "sdpa",
+              [(1, 2048, T), (2, 2048, T), (4, 2048, T), (1, 1024, F), (1, 2048, F)],
+              priority=20, note="full 7B fine-tune: ~54 GB of states, near the limit"),
+        Group("llama7b-L8-finetune-sdpa", "llama", "vicuna-7b", "finetune", "sdpa",
+              [(16, 2048, T), (4, 1024, T), (1, 2048, F), (4, 2048, F), (8, 512, F)],
+              llm_layers=8, priority=21, note="LlamaForCausalLM alone (text only)"),
         Group("llava-tiny-finetune-sdpa", "llava", "tinyllama-1.1b", "finetune", "sdpa",
               [(16, 2048, T), (4, 1024, T), (1, 2048, F), (4, 2048, F), (16, 768, F)],
-              priority=7, note="smaller LLM with GQA"),
-        Group("llava7b-pretrain-flash", "llava", "vicuna-7b", "pretrain", "flash",
-              [(16, 2048, T), (4, 2048, T), (1, 2048, F), (4, 1024, F)],
-              priority=8, note="FlashAttention-2 where installed"),
+              priority=22, note="smaller LLM with GQA"),
         Group("llava-tiny-full-sdpa", "llava", "tinyllama-1.1b", "full", "sdpa",
               [(8, 2048, T), (2, 1024, F), (16, 768, F)],
-              priority=9, note="vision tower trainable too"),
-        Group("llava13b-pretrain-sdpa", "llava", "vicuna-13b", "pretrain", "sdpa",
-              [(16, 2048, T), (4, 2048, T), (1, 2048, F)],
-              priority=10, note="LLaVA-1.5-13B stage 1"),
-        Group("llava7b-L8-finetune-eager", "llava", "vicuna-7b", "finetune", "eager",
-              [(4, 2048, T), (16, 768, T), (1, 2048, F), (4, 1024, F)],
-              llm_layers=8, priority=11),
+              priority=23, note="vision tower trainable too"),
         Group("llama-tiny-lora-sdpa", "llama", "tinyllama-1.1b", "lora", "sdpa",
               [(16, 2048, T), (4, 2048, F), (16, 1024, F)],
               lora={"r": 64, "alpha": 16, "dropout": 0.0,
                     "target_modules": ["q_proj", "v_proj"]},
-              priority=12, note="text-only LoRA, no dropout, 2 targets"),
+              priority=24, note="text-only LoRA, no dropout, 2 targets"),
         Group("llava7b-L8-finetune-sdpa-fused", "llava", "vicuna-7b", "finetune", "sdpa",
               [(8, 2048, T), (4, 1024, F)], llm_layers=8, optimizer_impl="fused",
-              priority=13, note="fused AdamW"),
+              priority=25, note="fused AdamW"),
+        Group("llava7b-pretrain-flash", "llava", "vicuna-7b", "pretrain", "flash",
+              [(16, 2048, T), (4, 2048, T), (1, 2048, F), (4, 1024, F)],
+              priority=26, note="FlashAttention-2 where installed"),
+        Group("llava13b-pretrain-sdpa", "llava", "vicuna-13b", "pretrain", "sdpa",
+              [(16, 2048, T), (4, 2048, T), (1, 2048, F)],
+              priority=27, note="LLaVA-1.5-13B stage 1"),
+        Group("qwen25vl7b-lora-img1008", "qwen25vl", "qwen2-7b", "lora", "sdpa",
+              [(2, 2048, T), (1, 4096, F)], lora=dict(QWEN_LORA), image_grid=(72, 72),
+              priority=28, note="Qwen2.5-VL-7B, 1008 px image: 5184 ViT patches"),
+        Group("llava7b-lora-nodrop-sdpa", "llava", "vicuna-7b", "lora", "sdpa",
+              [(4, 2048, T), (4, 1024, F)],
+              lora=dict(LORA_LLAVA, dropout=0.0), priority=29,
+              note="LoRA dropout 0: PEFT's nn.Identity saves no dropout mask"),
+        Group("qwen2vl2b-full-sdpa", "qwen2vl", "qwen2-1.5b", "full", "sdpa",
+              [(4, 2048, T), (2, 1024, F)], priority=30,
+              note="Qwen2-VL-2B, ViT trainable too"),
     ]
     return groups
 
@@ -292,6 +425,8 @@ def spec_for(cfg, framework=None, attention_used=None):
     (spec names eager|sdpa|flash); a tower that differs from the training attention
     gets a per-module override."""
     g = cfg.group
+    if g.model not in SPEC_MODELS:
+        return None  # the spec cannot describe a Qwen-VL model yet (spec_unsupported)
     att = g.attention
     if attention_used and attention_used.get("language_model"):
         att = attention_used["language_model"]
@@ -312,7 +447,7 @@ def spec_for(cfg, framework=None, attention_used=None):
         })
     llm = {"name": "language_model", "type": "llama"}
     llm.update(g.llm_geometry())
-    llm["tie_word_embeddings"] = False
+    llm["tie_word_embeddings"] = bool(llm.get("tie_word_embeddings", False))
     llm["trainable"] = g.mode in ("finetune", "full")
     if g.mode == "lora":
         llm["lora"] = {"r": g.lora["r"], "alpha": g.lora["alpha"],

@@ -36,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import calib_common as cc  # noqa: E402
+import calib_trace as ct  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -245,12 +246,16 @@ def build_hf_config(group, seq_len_max):
     import inspect
     from transformers import LlamaConfig
     g = group.llm_geometry()
+    if group.model in ("qwen2vl", "qwen25vl"):
+        import calib_qwen
+        return calib_qwen.build_config(group, seq_len_max), False
     text_kw = dict(
         hidden_size=g["hidden_size"], intermediate_size=g["intermediate_size"],
         num_hidden_layers=g["num_hidden_layers"], num_attention_heads=g["num_attention_heads"],
         num_key_value_heads=g.get("num_key_value_heads", g["num_attention_heads"]),
         vocab_size=g["vocab_size"], max_position_embeddings=max(4096, seq_len_max),
-        rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False, use_cache=False,
+        rms_norm_eps=1e-5, hidden_act="silu", use_cache=False,
+        tie_word_embeddings=bool(g.get("tie_word_embeddings", False)),
         initializer_range=0.02,
     )
     if "head_dim" in g:
@@ -291,6 +296,9 @@ def build_model(group, seq_len_max):
                           % group.attention)
     if group.model == "llava":
         from transformers import LlavaForConditionalGeneration as cls
+    elif group.model in ("qwen2vl", "qwen25vl"):
+        import calib_qwen
+        cls = calib_qwen.model_class(group)
     else:
         cls = LlamaForCausalLM
     dtype_kws = ["dtype", "torch_dtype"] if _tf_major() >= 5 else ["torch_dtype", "dtype"]
@@ -349,11 +357,12 @@ class Unavailable(Exception):
 
 
 def part_of(name):
-    """Which spec module a parameter name belongs to (4.4x and 5.x layouts)."""
-    if "vision_tower" in name:
-        return "vision_tower"
-    if "multi_modal_projector" in name:
+    """Which spec module a parameter name belongs to (4.4x and 5.x layouts; Qwen-VL's
+    patch merger lives inside `visual` but is the projector)."""
+    if "multi_modal_projector" in name or ".merger." in name or name.startswith("merger."):
         return "projector"
+    if "vision_tower" in name or "visual." in name:
+        return "vision_tower"
     return "language_model"
 
 
@@ -446,7 +455,7 @@ def apply_lora(model, group, impl):
         return model, {"lora_impl": "builtin", "lora_targets": n}
     from peft import LoraConfig, get_peft_model
     names = "|".join(sorted(lora["target_modules"]))
-    if group.model == "llava":
+    if group.model != "llama":
         target = r".*language_model.*\.(%s)" % names
     else:
         target = list(lora["target_modules"])
@@ -500,6 +509,9 @@ def make_batch(group, cfg, legacy):
     V = g["vocab_size"]
     b, s = cfg.micro_batch, cfg.seq_len
     dev = DEVICE
+    if group.model in ("qwen2vl", "qwen25vl"):
+        import calib_qwen
+        return calib_qwen.make_batch(group, cfg, dev)
     if group.model == "llama":
         ids = torch.randint(0, V - 1, (b, s), device=dev)
         return {"input_ids": ids, "labels": ids.clone(),
@@ -554,7 +566,10 @@ class GpuRunner:
         import torch
         self.baseline_used = self.nvml.used()  # before this process touches CUDA
         rec = {"kind": "probe", "probe": "init", "group": self.group.name,
-               "nvml_used_baseline": self.baseline_used, "pid": os.getpid()}
+               "nvml_used_baseline": self.baseline_used, "pid": os.getpid(),
+               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+        if self.group.trace:
+            start_trace()
         torch.cuda.init()
         x = torch.empty(1, device="cuda")
         torch.cuda.synchronize()
@@ -768,6 +783,47 @@ class GpuRunner:
         return float(loss.detach().float().item())
 
 
+TRACE_MAX_ENTRIES = 4000000
+
+
+def start_trace():
+    """Record every allocator event from here on, without stacks (small, fast)."""
+    import torch
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                             max_entries=TRACE_MAX_ENTRIES)
+
+
+def save_trace(runner, cfg, rec, trace_dir, out):
+    """Snapshot the recorded history, write it as a compact fixture, stop recording.
+    Returns a small dict for the measurement record."""
+    import torch
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    events = ct.events_from_snapshot(snap)
+    os.makedirs(trace_dir, exist_ok=True)
+    path = os.path.join(trace_dir, cfg.id + ".trace.gz")
+    st = torch.cuda.memory_stats()
+    meta = {"id": cfg.id, "torch_version": runner.env.get("torch_version"),
+            "gpu_name": runner.env.get("gpu_name"),
+            "gpu_total_bytes": runner.env.get("gpu_total_bytes"),
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            "allocator_settings": snap.get("allocator_settings"),
+            "max_entries": TRACE_MAX_ENTRIES,
+            "truncated": len(snap.get("device_traces", [[]])[0]) >= TRACE_MAX_ENTRIES,
+            "whole_process_peaks": {k: st.get(k) for k in (
+                "allocated_bytes.all.peak", "reserved_bytes.all.peak",
+                "allocated_bytes.all.allocated", "num_device_alloc", "num_device_free",
+                "num_alloc_retries")},
+            "at_snapshot": ct.segments_summary(snap),
+            "step2": {k: (rec.get("measured") or {}).get(k) for k in (
+                "max_memory_allocated", "max_memory_reserved")},
+            "status": rec.get("status")}
+    head = ct.write_trace(path, events, meta)
+    return {"path": os.path.relpath(path, os.path.dirname(os.path.abspath(out))),
+            "events": head["events"], "truth_reserved_peak": head["truth_reserved_peak"],
+            "bytes": os.path.getsize(path), "truncated": meta["truncated"]}
+
+
 def worker_main(args):
     """Runs one group's configs; appends records to args.out; stops at the deadline."""
     group = cc.Group.from_dict(json.loads(args.group_json))
@@ -812,6 +868,14 @@ def worker_main(args):
             log("%s: %.0f s left, stopping (resume with the same command)" % (c.id, left))
             break
         rec = runner.measure(c)
+        if group.trace:
+            try:
+                tdir = args.trace_dir or os.path.join(
+                    os.path.dirname(os.path.abspath(args.out)), "traces")
+                rec["trace"] = save_trace(runner, c, rec, tdir, args.out)
+            except Exception as e:  # noqa: BLE001 - keep the measurement
+                rec["trace"] = {"error": "%s: %s" % (type(e).__name__, e),
+                                "traceback": traceback.format_exc()[-2000:]}
         cc.append_record(args.out, rec)
         m = rec.get("measured", {})
         log("%-44s %-5s alloc %6.2f GiB  reserved %6.2f GiB  device %s" % (
@@ -923,11 +987,16 @@ def run_parent(args):
                "--config-ids", ",".join(c.id for c in cfgs),
                "--deadline", repr(deadline), "--lora-impl", args.lora_impl,
                "--use-reentrant", args.use_reentrant]
+        if args.trace_dir:
+            cmd += ["--trace-dir", args.trace_dir]
         if args.simulate:
             cmd.append("--simulate")
+        env = dict(os.environ)
+        if g.alloc_conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = g.alloc_conf
         # the worker gets until the deadline plus a grace to finish the step in flight
         timeout = max(5.0, deadline - time.time() + args.grace_seconds)
-        proc = subprocess.Popen(cmd, start_new_session=True)
+        proc = subprocess.Popen(cmd, start_new_session=True, env=env)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -1008,6 +1077,8 @@ def parse_args(argv):
     ap.add_argument("--dry-run", action="store_true", help="print the plan; no torch needed")
     ap.add_argument("--print-specs", action="store_true", help="with --dry-run: print each spec")
     ap.add_argument("--write-specs", metavar="DIR", help="with --dry-run: write spec JSON files")
+    ap.add_argument("--trace-dir", help="where allocator traces go (default: traces/ next "
+                    "to --out)")
     ap.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--group-json", help=argparse.SUPPRESS)

@@ -1048,7 +1048,7 @@ def dry_run(args):
     for g, cfgs in todo:
         for c in cfgs:
             spec = cc.spec_for(c)
-            if args.write_specs:
+            if args.write_specs and spec is not None:  # None: family not describable yet
                 with open(os.path.join(args.write_specs, c.id + ".json"), "w") as f:
                     json.dump(spec, f, indent=2)
                     f.write("\n")

@@ -92,6 +92,11 @@ def schema_keys():
     return keys
 
 
+def group(name):
+    """The default-grid group called NAME (the grid's order changes as groups are added)."""
+    return next(g for g in cc.default_grid() if g.name == name)
+
+
 class TestGrid(unittest.TestCase):
     def setUp(self):
         self.groups = cc.default_grid()
@@ -110,11 +115,15 @@ class TestGrid(unittest.TestCase):
         self.assertEqual(min(x.micro_batch for x in c), 1)
         self.assertEqual(max(x.micro_batch for x in c), 16)
         self.assertEqual(min(x.seq_len for x in c), 512)
-        self.assertEqual(max(x.seq_len for x in c), 2048)
+        self.assertEqual(max(x.seq_len for x in c), 4096)
         self.assertEqual({x.checkpointing for x in c}, {True, False})
         self.assertEqual({x.group.attention for x in c}, {"eager", "sdpa", "flash"})
         self.assertTrue({"pretrain", "finetune", "lora"} <= {x.group.mode for x in c})
-        self.assertEqual({x.group.model for x in c}, {"llava", "llama"})
+        self.assertEqual({x.group.model for x in c}, {"llava", "llama", "qwen2vl", "qwen25vl"})
+        # every allocator option the issue names has a traced group
+        confs = {g.alloc_conf.split(":")[0] for g in self.groups if g.trace and g.alloc_conf}
+        self.assertEqual(confs, {"expandable_segments", "max_split_size_mb",
+                                 "roundup_power2_divisions", "garbage_collection_threshold"})
         # LLaVA-1.5-7B geometry (full 32 layers) in pretrain, LoRA and finetune
         full7 = {x.group.mode for x in c if x.group.llm == "vicuna-7b"
                  and x.group.llm_layers is None and x.group.model == "llava"}
@@ -124,15 +133,20 @@ class TestGrid(unittest.TestCase):
 
     def test_most_informative_first(self):
         g = sorted(self.groups, key=lambda g: g.priority)
-        self.assertEqual(g[0].name, "llava7b-pretrain-sdpa")
-        self.assertEqual(g[1].mode, "lora")
+        # allocator traces first (few, cheap, and each one a permanent CI fixture),
+        # then the LLaVA-1.5-7B pretrain sweep and LoRA
+        ntrace = sum(1 for x in g if x.trace)
+        self.assertTrue(all(x.trace for x in g[:ntrace]))
+        self.assertEqual(g[0].name, "trace-llava7b-pretrain")
+        self.assertEqual(g[ntrace].name, "llava7b-pretrain-sdpa")
+        self.assertEqual(g[ntrace + 1].mode, "lora")
         self.assertEqual(len({x.priority for x in self.groups}), len(self.groups))
 
     def test_llava_seq_leaves_text(self):
         for x in self.cfgs:
             if x.group.model == "llava":
                 self.assertGreater(x.seq_len, 576)
-        g = self.groups[0]
+        g = group("llava7b-pretrain-sdpa")
         with self.assertRaises(ValueError):
             cc.Config(g, 1, 576, True)
 
@@ -153,7 +167,7 @@ class TestGrid(unittest.TestCase):
             cc.Group("x", "llava", "vicuna-7b", "pretrain", "xformers", [])
 
     def test_dominance(self):
-        g = self.groups[0]
+        g = group("llava7b-pretrain-sdpa")
         a = cc.Config(g, 4, 2048, False)
         self.assertTrue(cc.Config(g, 8, 2048, False).dominates(a))
         self.assertTrue(a.dominates(a))
@@ -161,10 +175,11 @@ class TestGrid(unittest.TestCase):
         self.assertFalse(cc.Config(g, 8, 2048, True).dominates(a))
 
     def test_estimates_fit_device_budget(self):
-        # whole default grid inside ~2 runs of 9 minutes (30 min of device time)
+        # whole default grid inside one session's 30 min of device time, less ~5 min
+        # of machine starts: three runs of at most 9 minutes
         total = sum(cc.estimate_build_seconds(g) for g in self.groups) + \
             sum(cc.estimate_seconds(c) for c in self.cfgs)
-        self.assertLess(total, 2 * 540)
+        self.assertLess(total, 3 * 540)
 
 
 class TestSpec(unittest.TestCase):
@@ -195,11 +210,14 @@ class TestSpec(unittest.TestCase):
     def test_all_specs_use_documented_keys(self):
         for c in cc.all_configs(cc.default_grid() + cc.smoke_grid()):
             spec = cc.spec_for(c, framework={"transformers_version": "5.17", "torch_version": "2.11"})
+            if spec is None:  # a family the spec cannot describe yet: says why
+                self.assertIn("no qwen", c.harness_dict().get("spec_unsupported", "no reason"))
+                continue
             self.check_keys(spec)
             json.dumps(spec)
 
     def test_llava_7b_pretrain_spec(self):
-        c = cc.default_grid()[0].configs()[0]
+        c = group("llava7b-pretrain-sdpa").configs()[0]
         s = cc.spec_for(c)
         self.assertEqual(s["name"], c.id)
         self.assertEqual([m["type"] for m in s["modules"]], ["vit", "mlp", "llama"])
@@ -239,7 +257,7 @@ class TestSpec(unittest.TestCase):
         self.assertEqual(s["training"]["optimizer_impl"], "fused")
 
     def test_attention_used_and_framework(self):
-        c = cc.default_grid()[0].configs()[0]
+        c = group("llava7b-pretrain-sdpa").configs()[0]
         s = cc.spec_for(c, framework={"transformers_version": cc.major_minor("5.17.0"),
                                       "torch_version": cc.major_minor("2.11.0+cu130")},
                         attention_used={"language_model": "flash", "vision_tower": "sdpa"})
@@ -258,6 +276,8 @@ class TestSpec(unittest.TestCase):
             for c in cc.all_configs(cc.default_grid() + cc.smoke_grid()):
                 spec = cc.spec_for(c, framework={"transformers_version": "5.17",
                                                  "torch_version": "2.11"})
+                if spec is None:
+                    continue
                 p = os.path.join(d, c.id + ".json")
                 with open(p, "w") as f:
                     json.dump(spec, f)
@@ -315,7 +335,7 @@ class TestJsonl(unittest.TestCase):
 
     def test_plan_resume_and_dominance(self):
         groups = cc.default_grid()
-        g = groups[0]
+        g = group("llava7b-pretrain-sdpa")
         cfgs = g.configs()
         oom = next(c for c in cfgs if c.id == "llava7b-pretrain-sdpa-b4-s1024-ck0")
         recs = [{"kind": "measurement", "id": cfgs[0].id, "status": "ok"},
@@ -328,7 +348,7 @@ class TestJsonl(unittest.TestCase):
         self.assertEqual(dom, {"llava7b-pretrain-sdpa-b16-s1024-ck0"})
         self.assertIn("llava7b-pretrain-sdpa-b2-s2048-ck0", left)  # not dominated (mbs 2 < 4)
         todo, _ = cc.plan(groups, recs, only="^llava7b-lora")
-        self.assertEqual([gg.name for gg, _ in todo], ["llava7b-lora-sdpa"])
+        self.assertEqual([gg.name for gg, _ in todo], ["llava7b-lora-sdpa", "llava7b-lora-nodrop-sdpa"])
         txt = cc.format_plan(todo, dominated, budget_seconds=10)
         self.assertIn("past budget", txt)
         self.assertIn("dominates OOM", txt)
@@ -359,13 +379,16 @@ class TestHarnessCli(unittest.TestCase):
         r = run_cal(["--dry-run", "--out", self.out, "--print-specs", "--write-specs", specs],
                     env={"PYTHONPATH": fake})
         self.assertEqual(r.returncode, 0, r.stderr)
-        n = len(cc.all_configs(cc.default_grid()))
-        self.assertIn("%d configs in 13 groups" % n, r.stdout)
+        grid = cc.default_grid()
+        n = len(cc.all_configs(grid))
+        self.assertIn("%d configs in %d groups" % (n, len(grid)), r.stdout)
         lines = [l for l in r.stdout.splitlines() if l.startswith("spec ")]
         self.assertEqual(len(lines), n)
         spec = json.loads(lines[0].split(" ", 2)[2])
-        self.assertEqual(spec["name"], "llava7b-pretrain-sdpa-b16-s2048-ck1")
-        self.assertEqual(len(os.listdir(specs)), n)
+        self.assertEqual(spec["name"], "trace-llava7b-pretrain-b4-s1024-ck0")
+        nospec = [l for l in lines if l.endswith(" null")]
+        self.assertTrue(nospec)  # Qwen rows: measured, not yet predictable
+        self.assertEqual(len(os.listdir(specs)), n - len(nospec))
         self.assertFalse(os.path.exists(self.out))
 
     def test_simulated_run_resume_and_budget(self):
@@ -456,8 +479,7 @@ class TestCompare(unittest.TestCase):
         with open(self.fake, "w") as f:
             f.write(FAKE_MMGUARD % {"py": sys.executable})
         os.chmod(self.fake, os.stat(self.fake).st_mode | stat.S_IXUSR)
-        g = cc.default_grid()[0]
-        self.cfgs = g.configs()
+        self.cfgs = group("llava7b-pretrain-sdpa").configs()
         self.data = os.path.join(self.d, "data.jsonl")
 
     def tearDown(self):

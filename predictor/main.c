@@ -36,6 +36,7 @@ static void usage_main(FILE *f)
             "  fit     SPEC --gpu-mem SIZE [--margin 10%%|4GiB] [--set KEY=VALUE]... [--json]\n"
             "  report  LOG... [--json]\n"
             "  bench   SPEC [--iterations N]\n"
+            "  alloc-replay TRACE [--alloc-conf CONF] [--capacity SIZE] [--json]\n"
             "\n"
             "  mmguard <command> --help   details of a command\n"
             "  mmguard --version\n");
@@ -467,6 +468,8 @@ int main(int argc, char **argv)
         return cmd_bench(argc, argv);
     if (!strcmp(cmd, "report"))
         return mm_cli_report_entry(argc, argv);
+    if (!strcmp(cmd, "alloc-replay"))
+        return mm_cli_alloc_replay(argc - 1, argv + 1);
     fprintf(stderr, "mmguard: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return 2;

@@ -180,6 +180,58 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
  * saves one.  0 also when out of memory. */
 uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t usable, const mm_prediction *at_spec);
 
+/* ---- the CUDA caching allocator (alloc.c, alloc_conf.c, alloc_trace.c) ---- */
+
+/* PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF settings that change memory. */
+#define MM_ROUNDUP_INTERVALS 16   /* power-of-two intervals from 1 MiB to 64 GiB */
+typedef struct mm_alloc_conf {
+    uint64_t max_split_size;          /* max_split_size_mb; UINT64_MAX = unlimited */
+    uint64_t max_non_split_rounding;  /* max_non_split_rounding_mb; default 20 MiB */
+    double gc_threshold;              /* garbage_collection_threshold; 0 = off */
+    uint32_t roundup_divisions[MM_ROUNDUP_INTERVALS]; /* roundup_power2_divisions */
+    int expandable_segments;          /* expandable_segments:True */
+    double memory_fraction;           /* set_per_process_memory_fraction; 0 = unset */
+} mm_alloc_conf;
+void mm_alloc_conf_default(mm_alloc_conf *c);
+/* Parse the PyTorch syntax ("expandable_segments:True,max_split_size_mb:128",
+ * "roundup_power2_divisions:[256:1,512:2,>:4]").  Keys that do not change
+ * device memory (pinned_*, release_lock_on_cudamalloc, backend) are accepted;
+ * unknown keys and bad values are errors naming them.  0 ok, -1 error (c
+ * unchanged). */
+int mm_alloc_conf_parse(mm_alloc_conf *c, const char *s, mm_error *err);
+
+/* What the allocator model counts (names as in torch.cuda.memory_stats()). */
+typedef struct mm_alloc_stats {
+    uint64_t allocated, allocated_peak;   /* allocated_bytes.all: block sizes */
+    uint64_t requested, requested_peak;   /* requested_bytes.all: tensor sizes */
+    uint64_t reserved, reserved_peak;     /* reserved_bytes.all: segments */
+    uint64_t segments, segments_peak;     /* segment.all (expandable: mapped pages) */
+    uint64_t inactive_split;              /* inactive_split_bytes.all: free, split */
+    uint64_t num_device_alloc, num_device_free, num_alloc_retries, num_ooms;
+    uint64_t num_allocs;
+} mm_alloc_stats;
+
+/* Replay an allocator trace (format: docs/allocator.md; tests/gpu_data/traces)
+ * through the model.  `capacity` 0 = unlimited.  truth_* come from the trace's
+ * own segment events (0 when absent).  0 ok, -1 error naming file and line. */
+typedef struct mm_replay_result {
+    mm_alloc_stats stats;            /* the model's */
+    uint64_t events;                 /* alloc/free events replayed */
+    uint64_t truth_reserved_peak;    /* the real allocator's, from segment events */
+    uint64_t truth_allocated_peak;   /* requested bytes, from alloc/free events */
+    uint64_t truth_segments;         /* segment_alloc / segment_map events */
+    uint64_t segments_matched;       /* leading segment sizes equal to the trace's */
+    char id[128];                    /* the trace header's "id" */
+} mm_replay_result;
+#define MM_REPLAY_CONF_FROM_TRACE 1u /* model the alloc_conf of the trace header */
+#define MM_REPLAY_TRACE_ADDRESSES 2u /* new segments at the trace's addresses */
+int mm_alloc_replay_file(const char *path, const mm_alloc_conf *conf, unsigned flags,
+                         uint64_t capacity, mm_replay_result *out, mm_error *err);
+/* Same from memory; `name` is the file name used in errors. */
+int mm_alloc_replay_buffer(const char *buf, size_t len, const char *name,
+                           const mm_alloc_conf *conf, unsigned flags, uint64_t capacity,
+                           mm_replay_result *out, mm_error *err);
+
 /* SHA-256 of a buffer, hex into out[65]. */
 void mm_sha256_hex(const void *data, size_t len, char out[65]);
 

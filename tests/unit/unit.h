@@ -14,5 +14,6 @@ Suite *util_suite(void);
 Suite *report_suite(void);
 Suite *config_suite(void);
 Suite *hardening_suite(void);
+Suite *alloc_suite(void);
 
 #endif

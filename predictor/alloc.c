@@ -1,0 +1,777 @@
+/* alloc.c - PyTorch's CUDA caching allocator, modelled (see alloc.h).
+ *
+ * Followed: c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator (PyTorch
+ * main, 2025; the torch 2.11 traces in tests/gpu_data/traces replay exactly).
+ * Blocks live in one array and are named by index; a pool's free blocks are a
+ * vector sorted like BlockComparatorSize (size, then address) and its unmapped
+ * expandable ranges a vector sorted by address (BlockComparatorAddress).  The
+ * one stream means the comparators' stream key is constant and left out.
+ * Addresses are invented (unless a replay passes the real ones): segments
+ * from cudaMalloc get decreasing addresses, as the driver handed them out in
+ * the recorded traces; they only decide ties between equal sizes. */
+#include "alloc.h"
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MiB (1024ull * 1024ull)
+#define kMinBlockSize 512ull          /* all sizes are rounded to at least 512 bytes */
+#define kSmallSize (1ull * MiB)       /* largest "small" allocation */
+#define kSmallBuffer (2ull * MiB)     /* "small" allocations are packed in 2 MiB blocks */
+#define kLargeBuffer (20ull * MiB)    /* 1-10 MiB requests share 20 MiB segments */
+#define kMinLargeAlloc (10ull * MiB)  /* allocations between 1 and 10 MiB may use kLargeBuffer */
+#define kRoundLarge (2ull * MiB)      /* round up large allocations to 2 MiB */
+#define ADDR_BASE 0x7f0000000000ull
+
+typedef struct blk {
+    uint64_t ptr, size, req;
+    int32_t prev, next;   /* neighbours in the segment, -1 none */
+    int32_t seg;          /* expandable segment (0 small, 1 large), -1 cudaMalloc'ed */
+    uint8_t small, allocated, mapped, in_use_slot;
+    int64_t gc_base;
+} blk;
+
+typedef struct ivec {
+    int32_t *v;
+    size_t n, cap;
+} ivec;
+
+typedef struct pool {
+    int small;
+    ivec blocks;          /* free mapped blocks, by (size, ptr) */
+    ivec unmapped;        /* expandable: unmapped ranges, by ptr */
+    int64_t gc_calls;     /* get_free_blocks_call_count */
+} pool;
+
+typedef struct xseg {     /* one ExpandableSegment per pool (one stream) */
+    int exists;
+    uint64_t base, page, size;
+} xseg;
+
+struct mm_allocator {
+    mm_alloc_conf conf;
+    uint64_t capacity, device_total, allowed_max;
+    uint64_t next_addr;   /* cudaMalloc: downwards from ADDR_BASE */
+    uint64_t xs_addr;     /* expandable segments' address space: upwards from it */
+    blk *b;
+    size_t nb, capb;
+    ivec freeslots;
+    pool pools[2];        /* 0 small, 1 large */
+    xseg xs[2];
+    mm_alloc_stats st;
+    int nomem;
+    mm_segment_cb seg_cb;
+    void *seg_ctx;
+    uint64_t hint;        /* address of the next cudaMalloc, 0 = invent one */
+};
+
+/* ---- small containers ----------------------------------------------------------------- */
+
+static int ivec_insert_at(mm_allocator *a, ivec *v, size_t at, int32_t x)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        int32_t *p = realloc(v->v, cap * sizeof *p);
+        if (!p) {
+            a->nomem = 1;
+            return -1;
+        }
+        v->v = p;
+        v->cap = cap;
+    }
+    memmove(&v->v[at + 1], &v->v[at], (v->n - at) * sizeof *v->v);
+    v->v[at] = x;
+    v->n++;
+    return 0;
+}
+
+static void ivec_erase_at(ivec *v, size_t at)
+{
+    memmove(&v->v[at], &v->v[at + 1], (v->n - at - 1) * sizeof *v->v);
+    v->n--;
+}
+
+/* first position whose block is not less than (size, ptr) */
+static size_t lower_bound_size(const mm_allocator *a, const ivec *v, uint64_t size, uint64_t ptr)
+{
+    size_t lo = 0, hi = v->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const blk *m = &a->b[v->v[mid]];
+        if (m->size < size || (m->size == size && m->ptr < ptr))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static size_t lower_bound_addr(const mm_allocator *a, const ivec *v, uint64_t ptr)
+{
+    size_t lo = 0, hi = v->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a->b[v->v[mid]].ptr < ptr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* BlockPool::insert_into_blocks */
+static void pool_insert(mm_allocator *a, pool *p, int32_t i)
+{
+    a->b[i].gc_base = p->gc_calls;
+    ivec_insert_at(a, &p->blocks, lower_bound_size(a, &p->blocks, a->b[i].size, a->b[i].ptr), i);
+}
+
+static void pool_erase(mm_allocator *a, pool *p, int32_t i)
+{
+    size_t at = lower_bound_size(a, &p->blocks, a->b[i].size, a->b[i].ptr);
+    if (at < p->blocks.n && p->blocks.v[at] == i)
+        ivec_erase_at(&p->blocks, at);
+}
+
+static void unmapped_insert(mm_allocator *a, pool *p, int32_t i)
+{
+    ivec_insert_at(a, &p->unmapped, lower_bound_addr(a, &p->unmapped, a->b[i].ptr), i);
+}
+
+static void unmapped_erase(mm_allocator *a, pool *p, int32_t i)
+{
+    size_t at = lower_bound_addr(a, &p->unmapped, a->b[i].ptr);
+    if (at < p->unmapped.n && p->unmapped.v[at] == i)
+        ivec_erase_at(&p->unmapped, at);
+}
+
+static int32_t blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
+{
+    int32_t i;
+    if (a->freeslots.n) {
+        i = a->freeslots.v[--a->freeslots.n];
+    } else {
+        if (a->nb == a->capb) {
+            size_t cap = a->capb ? a->capb * 2 : 256;
+            blk *p = realloc(a->b, cap * sizeof *p);
+            if (!p) {
+                a->nomem = 1;
+                return -1;
+            }
+            a->b = p;
+            a->capb = cap;
+        }
+        i = (int32_t)a->nb++;
+    }
+    a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg,
+                    .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1};
+    return i;
+}
+
+static void blk_delete(mm_allocator *a, int32_t i)
+{
+    a->b[i].in_use_slot = 0;
+    ivec_insert_at(a, &a->freeslots, a->freeslots.n, i);
+}
+
+/* ---- statistics ------------------------------------------------------------------------ */
+
+static void stat_add(uint64_t *cur, uint64_t *peak, uint64_t v)
+{
+    *cur = mm_sat_add(*cur, v);
+    if (peak && *cur > *peak)
+        *peak = *cur;
+}
+
+static void stat_sub(uint64_t *cur, uint64_t v)
+{
+    *cur = *cur >= v ? *cur - v : 0;
+}
+
+static void seg_event(mm_allocator *a, int got, uint64_t bytes)
+{
+    if (a->seg_cb)
+        a->seg_cb(a->seg_ctx, got, bytes);
+}
+
+static void reserved_add(mm_allocator *a, uint64_t bytes)
+{
+    seg_event(a, 1, bytes);
+    stat_add(&a->st.reserved, &a->st.reserved_peak, bytes);
+    stat_add(&a->st.segments, &a->st.segments_peak, 1);
+    a->st.num_device_alloc++;
+}
+
+static void reserved_sub(mm_allocator *a, uint64_t bytes)
+{
+    seg_event(a, 0, bytes);
+    stat_sub(&a->st.reserved, bytes);
+    stat_sub(&a->st.segments, 1);
+    a->st.num_device_free++;
+}
+
+/* ---- sizes (round_size, get_allocation_size, roundup_power2_next_division) ------------ */
+
+static int floor_log2(uint64_t x)
+{
+    return 63 - __builtin_clzll(x);
+}
+
+/* AllocatorConfig::roundup_power2_divisions: intervals start at 1 MiB */
+static uint32_t divisions_for(const mm_alloc_conf *c, uint64_t size)
+{
+    int idx = floor_log2(size) - 20;
+    if (idx < 0)
+        idx = 0;
+    if (idx > MM_ROUNDUP_INTERVALS - 1)
+        idx = MM_ROUNDUP_INTERVALS - 1;
+    return c->roundup_divisions[idx];
+}
+
+static uint64_t roundup_power2_next_division(uint64_t size, uint64_t divisions)
+{
+    if ((size & (size - 1)) == 0)
+        return size;
+    uint64_t floor2 = 1ull << floor_log2(size);
+    uint64_t div = floor2 >> floor_log2(divisions);
+    if (div == 0)
+        return floor2 << 1;
+    uint64_t f = size & ~(div - 1);
+    return f == size ? size : f + div;
+}
+
+uint64_t mm_alloc_round_size(const mm_alloc_conf *c, uint64_t size)
+{
+    if (size < kMinBlockSize)
+        return kMinBlockSize;
+    uint64_t d = divisions_for(c, size);
+    if (d > 1 && size > kMinBlockSize * d)
+        return roundup_power2_next_division(size, d);
+    return mm_sat_mul(kMinBlockSize, mm_ceil_div(size, kMinBlockSize));
+}
+
+static uint64_t get_allocation_size(uint64_t size)
+{
+    if (size <= kSmallSize)
+        return kSmallBuffer;
+    if (size < kMinLargeAlloc)
+        return kLargeBuffer;
+    return mm_sat_mul(kRoundLarge, mm_ceil_div(size, kRoundLarge));
+}
+
+/* ---- merging and releasing -------------------------------------------------------------- */
+
+/* try_merge_blocks: fold free neighbour `src` into `dst`; the bytes subsumed */
+static uint64_t try_merge(mm_allocator *a, int32_t dst, int32_t src, pool *p)
+{
+    if (src < 0)
+        return 0;
+    blk *d = &a->b[dst], *s = &a->b[src];
+    if (s->allocated || d->mapped != s->mapped)
+        return 0;
+    if (s->mapped)
+        pool_erase(a, p, src);
+    else
+        unmapped_erase(a, p, src);
+    if (d->prev == src) { /* [src dst] */
+        d->ptr = s->ptr;
+        d->prev = s->prev;
+        if (d->prev >= 0)
+            a->b[d->prev].next = dst;
+    } else { /* [dst src] */
+        d->next = s->next;
+        if (d->next >= 0)
+            a->b[d->next].prev = dst;
+    }
+    uint64_t sub = s->size;
+    d->size += sub;
+    blk_delete(a, src);
+    return sub;
+}
+
+/* release_block: cudaFree of an unsplit cached segment */
+static void release_block(mm_allocator *a, int32_t i)
+{
+    pool *p = &a->pools[a->b[i].small ? 0 : 1];
+    pool_erase(a, p, i);
+    reserved_sub(a, a->b[i].size);
+    blk_delete(a, i);
+}
+
+static int is_split(const blk *b)
+{
+    return b->prev >= 0 || b->next >= 0;
+}
+
+/* unmap_block: return the whole pages inside a free expandable block */
+static void unmap_block(mm_allocator *a, int32_t i)
+{
+    blk *b = &a->b[i];
+    const xseg *x = &a->xs[b->seg];
+    uint64_t begin = mm_ceil_div(b->ptr - x->base, x->page);
+    uint64_t end = (b->ptr + b->size - x->base) / x->page;
+    if (begin >= end)
+        return;
+    pool *p = &a->pools[b->small ? 0 : 1];
+    pool_erase(a, p, i);
+    uint64_t uptr = x->base + begin * x->page, usize = (end - begin) * x->page;
+    uint64_t before = uptr - b->ptr, after = b->size - before - usize;
+    if (before) {
+        int32_t f = blk_new(a, b->ptr, before, b->small, b->seg);
+        if (f < 0)
+            return;
+        b = &a->b[i];
+        a->b[f].prev = b->prev;
+        a->b[f].next = i;
+        if (b->prev >= 0)
+            a->b[b->prev].next = f;
+        b->prev = f;
+        pool_insert(a, p, f);
+    }
+    if (after) {
+        int32_t f = blk_new(a, uptr + usize, after, b->small, b->seg);
+        if (f < 0)
+            return;
+        b = &a->b[i];
+        a->b[f].prev = i;
+        a->b[f].next = b->next;
+        if (b->next >= 0)
+            a->b[b->next].prev = f;
+        b->next = f;
+        pool_insert(a, p, f);
+    }
+    b->ptr = uptr;
+    b->size = usize;
+    b->mapped = 0;
+    try_merge(a, i, a->b[i].prev, p);
+    try_merge(a, i, a->b[i].next, p);
+    unmapped_insert(a, p, i);
+    seg_event(a, 0, usize);
+    stat_sub(&a->st.reserved, usize);
+    stat_sub(&a->st.segments, usize / x->page);
+    a->st.num_device_free++;
+}
+
+/* release_expandable_segment: a segment that is all unmapped goes away */
+static void maybe_drop_xseg(mm_allocator *a, int32_t i)
+{
+    blk *b = &a->b[i];
+    if (b->mapped || is_split(b))
+        return;
+    pool *p = &a->pools[b->small ? 0 : 1];
+    a->xs[b->seg].exists = 0;
+    unmapped_erase(a, p, i);
+    blk_delete(a, i);
+}
+
+/* release_blocks: cudaFree every unsplit free segment; unmap the free pages of
+ * expandable ones (gathered first: unmapping changes the pool) */
+static void release_pool(mm_allocator *a, pool *p)
+{
+    ivec todo = {0};
+    for (size_t k = 0; k < p->blocks.n;) {
+        int32_t i = p->blocks.v[k];
+        if (a->b[i].seg >= 0) {
+            ivec_insert_at(a, &todo, todo.n, i);
+            k++;
+        } else if (!is_split(&a->b[i])) {
+            release_block(a, i); /* erases position k */
+        } else {
+            k++;
+        }
+    }
+    for (size_t k = 0; k < todo.n; k++) {
+        unmap_block(a, todo.v[k]);
+        maybe_drop_xseg(a, todo.v[k]);
+    }
+    free(todo.v);
+}
+
+void mm_allocator_empty_cache(mm_allocator *a)
+{
+    release_pool(a, &a->pools[1]);
+    release_pool(a, &a->pools[0]);
+}
+
+/* ---- finding a block ------------------------------------------------------------------- */
+
+/* free bytes a block can grow to: itself plus the unmapped range after it */
+static uint64_t expandable_size(const mm_allocator *a, int32_t i)
+{
+    const blk *b = &a->b[i];
+    return b->size + (b->next >= 0 && !a->b[b->next].mapped ? a->b[b->next].size : 0);
+}
+
+/* get_free_block: best fit (smallest size, then lowest address) */
+static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size)
+{
+    const mm_alloc_conf *c = &a->conf;
+    if (a->conf.memory_fraction > 0 && c->gc_threshold > 0)
+        p->gc_calls++;
+    size_t at = lower_bound_size(a, &p->blocks, size, 0);
+    if (at == p->blocks.n)
+        return -1;
+    if (a->b[p->blocks.v[at]].seg >= 0 && c->expandable_segments) {
+        /* a block that can still grow counts as that large for "best fit" */
+        while (a->b[p->blocks.v[at]].seg >= 0 && at + 1 < p->blocks.n &&
+               expandable_size(a, p->blocks.v[at + 1]) < expandable_size(a, p->blocks.v[at]))
+            at++;
+    } else if (a->b[p->blocks.v[at]].seg >= 0) {
+        while (at < p->blocks.n && a->b[p->blocks.v[at]].seg >= 0)
+            at++;
+        if (at == p->blocks.n)
+            return -1;
+    }
+    int32_t i = p->blocks.v[at];
+    if (size < c->max_split_size && a->b[i].size >= c->max_split_size)
+        return -1; /* no oversized block for a small request */
+    if (size >= c->max_split_size && a->b[i].size >= mm_sat_add(size, c->max_non_split_rounding))
+        return -1; /* an oversized block only within the rounding limit */
+    ivec_erase_at(&p->blocks, at);
+    return i;
+}
+
+/* ---- expandable segments ----------------------------------------------------------------- */
+
+static int32_t xseg_create(mm_allocator *a, pool *p)
+{
+    xseg *x = &a->xs[p->small ? 0 : 1];
+    x->page = p->small ? kSmallBuffer : kLargeBuffer;
+    /* address space for 1 1/8 of the GPU (ExpandableSegment's constructor) */
+    uint64_t total = a->device_total;
+    x->size = mm_ceil_div(total + total / 8, x->page) * x->page;
+    x->base = mm_ceil_div(a->xs_addr, x->page) * x->page;
+    a->xs_addr = mm_sat_add(x->base, x->size);
+    x->exists = 1;
+    int32_t i = blk_new(a, x->base, x->size, p->small, p->small ? 0 : 1);
+    if (i < 0)
+        return -1;
+    a->b[i].mapped = 0;
+    unmapped_insert(a, p, i);
+    return i;
+}
+
+static int allocatable(const mm_allocator *a, int32_t i)
+{
+    return i >= 0 && !a->b[i].allocated;
+}
+
+/* find_expandable_block: lowest address with room for `size` bytes of free and
+ * unmapped ranges */
+static int32_t find_expandable_block(mm_allocator *a, pool *p, uint64_t size)
+{
+    for (size_t k = 0; k < p->unmapped.n; k++) {
+        int32_t c = p->unmapped.v[k];
+        if (allocatable(a, a->b[c].prev))
+            c = a->b[c].prev;
+        uint64_t bytes = 0;
+        for (int32_t w = c; bytes < size && allocatable(a, w); w = a->b[w].next)
+            bytes += a->b[w].size;
+        if (bytes >= size)
+            return c;
+    }
+    return xseg_create(a, p);
+}
+
+/* map_block: back the first `size` bytes of unmapped block i with pages */
+static int map_block(mm_allocator *a, pool *p, int32_t i, uint64_t size)
+{
+    const xseg *x = &a->xs[a->b[i].seg];
+    uint64_t msize = mm_ceil_div(size, x->page) * x->page;
+    if (msize > a->b[i].size)
+        msize = a->b[i].size;
+    if (a->capacity && mm_sat_add(a->st.reserved, msize) > a->capacity)
+        return -1; /* cuMemCreate: out of memory */
+    if (a->allowed_max && mm_sat_add(a->st.reserved, msize) > a->allowed_max)
+        return -1;
+    unmapped_erase(a, p, i);
+    a->b[i].mapped = 1;
+    if (msize < a->b[i].size) {
+        int32_t r = blk_new(a, a->b[i].ptr + msize, a->b[i].size - msize, p->small, a->b[i].seg);
+        if (r < 0)
+            return -1;
+        a->b[r].mapped = 0;
+        a->b[r].prev = i;
+        a->b[r].next = a->b[i].next;
+        if (a->b[i].next >= 0)
+            a->b[a->b[i].next].prev = r;
+        a->b[i].next = r;
+        a->b[i].size = msize;
+        unmapped_insert(a, p, r);
+    }
+    try_merge(a, i, a->b[i].prev, p);
+    try_merge(a, i, a->b[i].next, p);
+    pool_insert(a, p, i);
+    seg_event(a, 1, msize);
+    stat_add(&a->st.reserved, &a->st.reserved_peak, msize);
+    stat_add(&a->st.segments, &a->st.segments_peak, msize / x->page);
+    a->st.num_device_alloc++;
+    return 0;
+}
+
+/* try_allocate_expandable_block */
+static int32_t alloc_expandable(mm_allocator *a, pool *p, uint64_t size)
+{
+    int32_t c = find_expandable_block(a, p, size);
+    if (c < 0)
+        return -1;
+    if (!a->b[c].mapped) {
+        uint64_t want = a->b[c].size < size ? a->b[c].size : size;
+        if (map_block(a, p, c, want) < 0)
+            return -1;
+    }
+    while (a->b[c].size < size) {
+        int32_t n = a->b[c].next;
+        uint64_t rem = size - a->b[c].size;
+        if (n < 0 || map_block(a, p, n, rem < a->b[n].size ? rem : a->b[n].size) < 0)
+            return -1;
+        c = n; /* map_block merged the free block before it into n */
+    }
+    pool_erase(a, p, c);
+    return c;
+}
+
+/* ---- getting memory from the driver ------------------------------------------------------- */
+
+/* alloc_block: a new segment (cudaMalloc) or more pages (expandable) */
+static int32_t alloc_block(mm_allocator *a, pool *p, uint64_t size, uint64_t alloc_size,
+                           int retry)
+{
+    if (retry)
+        a->st.num_alloc_retries++;
+    if (a->allowed_max && mm_sat_add(a->st.reserved, alloc_size) > a->allowed_max)
+        return -1;
+    if (a->conf.expandable_segments)
+        return alloc_expandable(a, p, size);
+    if (a->capacity && mm_sat_add(a->st.reserved, alloc_size) > a->capacity)
+        return -1; /* cudaMalloc: out of memory */
+    uint64_t addr = a->hint;
+    if (addr)
+        a->hint = 0;
+    else {
+        /* downwards: the order the CUDA driver handed out addresses in every
+         * trace we recorded (H100, CUDA 13); with increasing addresses ties
+         * between equal free blocks go the other way and 4 of 10 traces drift
+         * (up to +2.0 % reserved), with decreasing ones all 10 replay exactly */
+        uint64_t span = mm_sat_mul(mm_ceil_div(alloc_size, kRoundLarge), kRoundLarge);
+        if (span > a->next_addr)
+            return -1; /* the address space is gone: cudaMalloc fails */
+        a->next_addr -= span;
+        addr = a->next_addr;
+    }
+    int32_t i = blk_new(a, addr, alloc_size, p->small, -1);
+    if (i < 0)
+        return -1;
+    reserved_add(a, alloc_size);
+    return i;
+}
+
+/* release_available_cached_blocks: free oversize blocks (max_split_size set) */
+static int release_available(mm_allocator *a, pool *p, uint64_t size)
+{
+    uint64_t ms = a->conf.max_split_size;
+    if (ms == UINT64_MAX)
+        return 0;
+    uint64_t key = size < ms ? ms : size;
+    size_t at = lower_bound_size(a, &p->blocks, key, 0);
+    if (at < p->blocks.n) {
+        release_block(a, p->blocks.v[at]);
+        return 1;
+    }
+    uint64_t freed = 0;
+    while (at > 0 && freed < key) {
+        int32_t i = p->blocks.v[at - 1];
+        if (a->b[i].size < ms)
+            break;
+        freed += a->b[i].size;
+        release_block(a, i);
+        at--;
+    }
+    return freed >= key;
+}
+
+/* garbage_collect_cached_blocks: only with a memory fraction (set_fraction) */
+static void garbage_collect(mm_allocator *a)
+{
+    pool *p = &a->pools[1];
+    uint64_t thr = (uint64_t)(a->conf.gc_threshold * (double)a->allowed_max);
+    if (a->st.reserved <= thr)
+        return;
+    uint64_t target = a->st.reserved - thr, got = 0;
+    double total_age = 0;
+    int64_t n = 0;
+    for (size_t k = 0; k < p->blocks.n; k++)
+        if (!is_split(&a->b[p->blocks.v[k]])) {
+            total_age += (double)(p->gc_calls - a->b[p->blocks.v[k]].gc_base);
+            n++;
+        }
+    int freed = 1;
+    while (got < target && freed && n > 0) {
+        double thr_age = total_age / (double)n;
+        freed = 0;
+        for (size_t k = 0; k < p->blocks.n;) {
+            int32_t i = p->blocks.v[k];
+            double age = (double)(p->gc_calls - a->b[i].gc_base);
+            if (!is_split(&a->b[i]) && age >= thr_age) {
+                freed = 1;
+                got += a->b[i].size;
+                total_age -= age;
+                n--;
+                release_block(a, i);
+            } else {
+                k++;
+            }
+        }
+    }
+}
+
+/* ---- malloc and free ------------------------------------------------------------------- */
+
+static int should_split(const mm_allocator *a, const blk *b, uint64_t size)
+{
+    uint64_t rem = b->size - size;
+    if (b->small || a->conf.expandable_segments)
+        return rem >= kMinBlockSize;
+    return size < a->conf.max_split_size && rem > kSmallSize;
+}
+
+/* alloc_found_block */
+static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, uint64_t req)
+{
+    int was_split = is_split(&a->b[i]);
+    if (should_split(a, &a->b[i], size)) {
+        int32_t n = blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
+        if (n < 0)
+            return -1;
+        blk *rem = &a->b[i];
+        a->b[n].prev = rem->prev;
+        if (rem->prev >= 0)
+            a->b[rem->prev].next = n;
+        a->b[n].next = i;
+        rem->prev = n;
+        rem->ptr += size;
+        rem->size -= size;
+        pool_insert(a, p, i);
+        if (rem->seg < 0) {
+            if (was_split)
+                stat_sub(&a->st.inactive_split, size);
+            else
+                stat_add(&a->st.inactive_split, NULL, rem->size);
+        }
+        i = n;
+    } else if (was_split && a->b[i].seg < 0) {
+        stat_sub(&a->st.inactive_split, a->b[i].size);
+    }
+    a->b[i].allocated = 1;
+    a->b[i].req = req;
+    stat_add(&a->st.allocated, &a->st.allocated_peak, a->b[i].size);
+    stat_add(&a->st.requested, &a->st.requested_peak, req);
+    a->st.num_allocs++;
+    return i;
+}
+
+int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
+{
+    uint64_t size = mm_alloc_round_size(&a->conf, req);
+    pool *p = &a->pools[size <= kSmallSize ? 0 : 1];
+    uint64_t alloc_size = get_allocation_size(size);
+    int32_t i = get_free_block(a, p, size);
+    if (i < 0) {
+        if (a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0)
+            garbage_collect(a);
+        i = alloc_block(a, p, size, alloc_size, 0);
+        if (i < 0 && !a->nomem && release_available(a, p, size))
+            i = alloc_block(a, p, size, alloc_size, 0);
+        if (i < 0 && !a->nomem) {
+            mm_allocator_empty_cache(a);
+            i = alloc_block(a, p, size, alloc_size, 1);
+        }
+    }
+    if (a->nomem)
+        return MM_ALLOC_NOMEM;
+    if (i < 0) {
+        a->st.num_ooms++;
+        return MM_ALLOC_OOM;
+    }
+    i = take_block(a, p, i, size, req);
+    return a->nomem || i < 0 ? MM_ALLOC_NOMEM : i;
+}
+
+/* free + free_block: back to the pool, merged with free neighbours */
+void mm_allocator_release(mm_allocator *a, int64_t h)
+{
+    if (h < 0 || (size_t)h >= a->nb || !a->b[h].in_use_slot || !a->b[h].allocated)
+        return;
+    int32_t i = (int32_t)h;
+    pool *p = &a->pools[a->b[i].small ? 0 : 1];
+    a->b[i].allocated = 0;
+    stat_sub(&a->st.allocated, a->b[i].size);
+    stat_sub(&a->st.requested, a->b[i].req);
+    int xs = a->b[i].seg >= 0;
+    uint64_t merged = try_merge(a, i, a->b[i].prev, p);
+    merged += try_merge(a, i, a->b[i].next, p);
+    pool_insert(a, p, i);
+    if (!xs) {
+        stat_sub(&a->st.inactive_split, merged);
+        if (is_split(&a->b[i]))
+            stat_add(&a->st.inactive_split, NULL, a->b[i].size);
+    }
+}
+
+/* ---- lifecycle ---------------------------------------------------------------------------- */
+
+mm_allocator *mm_allocator_new(const mm_alloc_conf *conf, uint64_t capacity, uint64_t device_total)
+{
+    mm_allocator *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    if (conf)
+        a->conf = *conf;
+    else
+        mm_alloc_conf_default(&a->conf);
+    a->capacity = capacity;
+    a->device_total = device_total ? device_total : 80ull * 1024 * MiB;
+    if (a->conf.memory_fraction > 0)
+        a->allowed_max = (uint64_t)(a->conf.memory_fraction * (double)a->device_total);
+    a->next_addr = a->xs_addr = ADDR_BASE;
+    a->pools[0].small = 1;
+    return a;
+}
+
+void mm_allocator_free(mm_allocator *a)
+{
+    if (!a)
+        return;
+    for (int k = 0; k < 2; k++) {
+        free(a->pools[k].blocks.v);
+        free(a->pools[k].unmapped.v);
+    }
+    free(a->freeslots.v);
+    free(a->b);
+    free(a);
+}
+
+void mm_allocator_reset_peaks(mm_allocator *a)
+{
+    a->st.allocated_peak = a->st.allocated;
+    a->st.requested_peak = a->st.requested;
+    a->st.reserved_peak = a->st.reserved;
+    a->st.segments_peak = a->st.segments;
+}
+
+void mm_allocator_next_address(mm_allocator *a, uint64_t addr)
+{
+    a->hint = addr;
+}
+
+void mm_allocator_on_segment(mm_allocator *a, mm_segment_cb cb, void *ctx)
+{
+    a->seg_cb = cb;
+    a->seg_ctx = ctx;
+}
+
+const mm_alloc_stats *mm_allocator_stats(const mm_allocator *a)
+{
+    return &a->st;
+}

@@ -1,0 +1,336 @@
+/* test_alloc.c - the caching-allocator model on sequences whose answers are
+ * derived by hand from c10/cuda/CUDACachingAllocator.cpp (each test says how),
+ * the PYTORCH_CUDA_ALLOC_CONF parser, and the trace reader's errors.  The real
+ * GPU traces are replayed by tests/alloc/run.sh. */
+#include "unit.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "mmguard.h"
+
+#define MiB (1024ull * 1024ull)
+
+static mm_allocator *new_alloc(const char *conf, uint64_t capacity)
+{
+    mm_alloc_conf c;
+    mm_error e;
+    mm_alloc_conf_default(&c);
+    if (conf)
+        ck_assert_msg(mm_alloc_conf_parse(&c, conf, &e) == 0, "%s", e.msg);
+    mm_allocator *a = mm_allocator_new(&c, capacity, 0);
+    ck_assert_ptr_nonnull(a);
+    return a;
+}
+
+#define RESERVED(a) (mm_allocator_stats(a)->reserved)
+
+START_TEST(round_size_rules)
+{
+    mm_alloc_conf c;
+    mm_alloc_conf_default(&c);
+    ck_assert_uint_eq(mm_alloc_round_size(&c, 1), 512);           /* kMinBlockSize */
+    ck_assert_uint_eq(mm_alloc_round_size(&c, 512), 512);
+    ck_assert_uint_eq(mm_alloc_round_size(&c, 513), 1024);
+    ck_assert_uint_eq(mm_alloc_round_size(&c, MiB + 1), MiB + 512);
+    mm_error e;
+    ck_assert_int_eq(mm_alloc_conf_parse(&c, "roundup_power2_divisions:4", &e), 0);
+    /* 1200 MiB: floor 1024 MiB, four divisions of 256 MiB -> 1280 MiB */
+    ck_assert_uint_eq(mm_alloc_round_size(&c, 1200 * MiB), 1280 * MiB);
+    ck_assert_uint_eq(mm_alloc_round_size(&c, 1024 * MiB), 1024 * MiB); /* a power of 2 */
+    /* at most 512 * divisions bytes: plain 512-byte rounding */
+    ck_assert_uint_eq(mm_alloc_round_size(&c, 1000), 1024);
+}
+END_TEST
+
+START_TEST(small_requests_share_2mib_segments)
+{
+    mm_allocator *a = new_alloc(NULL, 0);
+    int64_t h1 = mm_allocator_malloc(a, 100), h2 = mm_allocator_malloc(a, 100);
+    ck_assert(h1 >= 0 && h2 >= 0 && h1 != h2);
+    ck_assert_uint_eq(RESERVED(a), 2 * MiB); /* one kSmallBuffer */
+    ck_assert_uint_eq(mm_allocator_stats(a)->allocated, 1024); /* two 512-byte blocks */
+    ck_assert_uint_eq(mm_allocator_stats(a)->requested, 200);
+    mm_allocator_free(a);
+}
+END_TEST
+
+START_TEST(mid_requests_share_20mib_segments)
+{
+    /* 3 MiB < kMinLargeAlloc: a 20 MiB segment, split while more than 1 MiB
+     * would remain: six fit (17, 14, 11, 8, 5, 2 MiB left), the 7th needs
+     * 3 MiB > 2: a second segment */
+    mm_allocator *a = new_alloc(NULL, 0);
+    for (int i = 0; i < 6; i++)
+        ck_assert(mm_allocator_malloc(a, 3 * MiB) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 20 * MiB);
+    ck_assert(mm_allocator_malloc(a, 3 * MiB) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 40 * MiB);
+    ck_assert_uint_eq(mm_allocator_stats(a)->num_device_alloc, 2);
+    mm_allocator_free(a);
+}
+END_TEST
+
+START_TEST(large_rounding_and_no_split_under_1mib)
+{
+    /* 11 MiB + 1 byte: rounded to 11 MiB + 512, segment rounded to 2 MiB: 12 MiB.
+     * Reused for 11.5 MiB: 0.5 MiB would remain, not > kSmallSize: not split,
+     * so the whole 12 MiB block is allocated. */
+    mm_allocator *a = new_alloc(NULL, 0);
+    int64_t h = mm_allocator_malloc(a, 11 * MiB + 1);
+    ck_assert_uint_eq(RESERVED(a), 12 * MiB);
+    mm_allocator_release(a, h);
+    h = mm_allocator_malloc(a, 11 * MiB + MiB / 2);
+    ck_assert(h >= 0);
+    ck_assert_uint_eq(RESERVED(a), 12 * MiB);
+    ck_assert_uint_eq(mm_allocator_stats(a)->allocated, 12 * MiB);
+    mm_allocator_free(a);
+}
+END_TEST
+
+START_TEST(fragmentation_and_best_fit)
+{
+    /* A, B 100 MiB each; free A; 150 MiB fits in neither: a third segment */
+    mm_allocator *a = new_alloc(NULL, 0);
+    int64_t A = mm_allocator_malloc(a, 100 * MiB);
+    ck_assert(mm_allocator_malloc(a, 100 * MiB) >= 0);
+    mm_allocator_release(a, A);
+    ck_assert(mm_allocator_malloc(a, 150 * MiB) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 350 * MiB);
+    mm_allocator_free(a);
+
+    /* free 40 and 30 MiB blocks: 25 MiB takes the smaller one (best fit) and
+     * splits it (5 MiB > 1 MiB left); a following 35 MiB still fits the 40 */
+    a = new_alloc(NULL, 0);
+    int64_t x = mm_allocator_malloc(a, 40 * MiB), y = mm_allocator_malloc(a, 30 * MiB);
+    mm_allocator_release(a, x);
+    mm_allocator_release(a, y);
+    ck_assert(mm_allocator_malloc(a, 25 * MiB) >= 0);
+    ck_assert(mm_allocator_malloc(a, 35 * MiB) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 70 * MiB);
+    ck_assert_uint_eq(mm_allocator_stats(a)->inactive_split, 10 * MiB); /* 5 + 5 */
+    mm_allocator_free(a);
+}
+END_TEST
+
+START_TEST(max_split_size)
+{
+    /* max_split_size_mb:128: a free 200 MiB block is not given to a 50 MiB
+     * request (get_free_block), so a new 50 MiB segment is made */
+    mm_allocator *a = new_alloc("max_split_size_mb:128", 0);
+    int64_t h = mm_allocator_malloc(a, 200 * MiB);
+    mm_allocator_release(a, h);
+    ck_assert(mm_allocator_malloc(a, 50 * MiB) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 250 * MiB);
+    mm_allocator_free(a);
+
+    /* an oversize block serves a large request only within
+     * max_non_split_rounding (20 MiB): 220 for 210 yes, 220 for 190 no */
+    a = new_alloc("max_split_size_mb:128", 0);
+    h = mm_allocator_malloc(a, 220 * MiB);
+    mm_allocator_release(a, h);
+    h = mm_allocator_malloc(a, 210 * MiB);
+    ck_assert_uint_eq(RESERVED(a), 220 * MiB);
+    mm_allocator_release(a, h);
+    ck_assert(mm_allocator_malloc(a, 190 * MiB) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 410 * MiB);
+    mm_allocator_free(a);
+}
+END_TEST
+
+START_TEST(capacity_retry_and_oom)
+{
+    /* capacity 100 MiB: 60 cached, 80 asked: cudaMalloc fails, the cache is
+     * emptied (release_cached_blocks), the retry succeeds; then 30 more: OOM */
+    mm_allocator *a = new_alloc(NULL, 100 * MiB);
+    int64_t h = mm_allocator_malloc(a, 60 * MiB);
+    mm_allocator_release(a, h);
+    ck_assert(mm_allocator_malloc(a, 80 * MiB) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 80 * MiB);
+    ck_assert_uint_eq(mm_allocator_stats(a)->num_alloc_retries, 1);
+    ck_assert_int_eq(mm_allocator_malloc(a, 30 * MiB), MM_ALLOC_OOM);
+    ck_assert_uint_eq(mm_allocator_stats(a)->num_ooms, 1);
+    mm_allocator_empty_cache(a);
+    ck_assert_uint_eq(RESERVED(a), 80 * MiB); /* in use: not released */
+    mm_allocator_free(a);
+}
+END_TEST
+
+START_TEST(empty_cache_releases_unsplit)
+{
+    mm_allocator *a = new_alloc(NULL, 0);
+    int64_t x = mm_allocator_malloc(a, 64 * MiB), y = mm_allocator_malloc(a, 100);
+    mm_allocator_release(a, x);
+    mm_allocator_release(a, y);
+    ck_assert_uint_eq(mm_allocator_stats(a)->reserved_peak, 66 * MiB);
+    mm_allocator_empty_cache(a);
+    ck_assert_uint_eq(RESERVED(a), 0);
+    mm_allocator_reset_peaks(a);
+    ck_assert_uint_eq(mm_allocator_stats(a)->reserved_peak, 0);
+    mm_allocator_free(a);
+}
+END_TEST
+
+START_TEST(expandable_segments_map_pages)
+{
+    /* 30 MiB maps two 20 MiB pages (40); 5 MiB is carved from the 10 left;
+     * 20 MiB then maps one more page after the 5 MiB free tail: 60 MiB */
+    mm_allocator *a = new_alloc("expandable_segments:True", 0);
+    ck_assert(mm_allocator_malloc(a, 30 * MiB) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 40 * MiB);
+    ck_assert(mm_allocator_malloc(a, 5 * MiB) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 40 * MiB);
+    int64_t h = mm_allocator_malloc(a, 20 * MiB);
+    ck_assert(h >= 0);
+    ck_assert_uint_eq(RESERVED(a), 60 * MiB);
+    /* freeing the last block and emptying the cache unmaps whole free pages */
+    mm_allocator_release(a, h);
+    mm_allocator_empty_cache(a);
+    ck_assert_uint_eq(RESERVED(a), 40 * MiB);
+    mm_allocator_free(a);
+}
+END_TEST
+
+START_TEST(conf_parse)
+{
+    mm_alloc_conf c;
+    mm_error e;
+    mm_alloc_conf_default(&c);
+    ck_assert_int_eq(mm_alloc_conf_parse(&c, "roundup_power2_divisions:[256:1,512:2,>:4],"
+                                             "expandable_segments:True, max_split_size_mb:128",
+                                         &e), 0);
+    ck_assert_uint_eq(c.roundup_divisions[0], 1); /* the first value fills below it */
+    ck_assert_uint_eq(c.roundup_divisions[8], 1);
+    ck_assert_uint_eq(c.roundup_divisions[9], 2);
+    ck_assert_uint_eq(c.roundup_divisions[10], 4);
+    ck_assert_uint_eq(c.roundup_divisions[15], 4);
+    ck_assert_int_eq(c.expandable_segments, 1);
+    ck_assert_uint_eq(c.max_split_size, 128 * MiB);
+    ck_assert_uint_eq(mm_alloc_round_size(&c, 300 * MiB), 300 * MiB);  /* 1 division */
+    ck_assert_uint_eq(mm_alloc_round_size(&c, 600 * MiB), 768 * MiB);  /* 2 */
+    ck_assert_uint_eq(mm_alloc_round_size(&c, 1200 * MiB), 1280 * MiB); /* 4 */
+    /* every parse starts from the defaults, as torch's parseArgs does */
+    ck_assert_int_eq(mm_alloc_conf_parse(&c, "backend:native,garbage_collection_threshold:0.6",
+                                         &e), 0);
+    ck_assert_uint_eq(c.max_split_size, UINT64_MAX);
+    ck_assert_int_eq(c.expandable_segments, 0);
+    ck_assert(c.gc_threshold > 0.59 && c.gc_threshold < 0.61);
+    ck_assert_int_eq(mm_alloc_conf_parse(&c, "", &e), 0);
+}
+END_TEST
+
+START_TEST(conf_errors_name_the_key)
+{
+    static const struct {
+        const char *in, *want;
+    } bad[] = {
+        {"max_split_size_mb:10", "max_split_size_mb: 10 too small"},
+        {"max_split_sz_mb:200", "did you mean 'max_split_size_mb'"},
+        {"expandable_segments:maybe", "expandable_segments: expected True or False"},
+        {"garbage_collection_threshold:1.5", "garbage_collection_threshold: '1.5'"},
+        {"roundup_power2_divisions:3", "roundup_power2_divisions: 3 must be a power of 2"},
+        {"roundup_power2_divisions:[100:2]", "interval 100 (MiB) must be a power of 2"},
+        {"roundup_power2_divisions:[256:2", "missing ']'"},
+        {"max_split_size_mb", "max_split_size_mb: expected ':'"},
+        {"max_split_size_mb:-5", "expected a non-negative integer"},
+        {"max_split_size_mb:128 x", "max_split_size_mb: unexpected 'x'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        mm_alloc_conf c;
+        mm_error e;
+        mm_alloc_conf_default(&c);
+        c.max_split_size = 7;
+        ck_assert_int_eq(mm_alloc_conf_parse(&c, bad[i].in, &e), -1);
+        ck_assert_msg(strstr(e.msg, bad[i].want), "'%s': got '%s'", bad[i].in, e.msg);
+        ck_assert_uint_eq(c.max_split_size, 7); /* unchanged on error */
+    }
+}
+END_TEST
+
+#define HDR "# mmguard-alloc-trace/1 {\"id\": \"t\", \"alloc_conf\": null}\n"
+
+static int replay(const char *text, mm_replay_result *r, mm_error *e)
+{
+    return mm_alloc_replay_buffer(text, strlen(text), "t.trace", NULL,
+                                  MM_REPLAY_CONF_FROM_TRACE | MM_REPLAY_TRACE_ADDRESSES, 0, r, e);
+}
+
+START_TEST(trace_replay_small)
+{
+    /* two 100 MiB tensors, the first freed, a 150 MiB one: as the
+     * fragmentation test, now through the trace reader; the real allocator's
+     * segments (S lines) are the truth it is compared with */
+    const char *t = HDR
+        "S 7f0000000000 104857600 0 0\n"
+        "a 7f0000000000 104857600 0 1\n"
+        "S 7f0010000000 104857600 0 0\n"
+        "a 7f0010000000 104857600 0 1\n"
+        "f 7f0000000000 104857600 0 1\n"
+        "S 7f0020000000 157286400 0 0\n"
+        "a 7f0020000000 157286400 0 1\n"
+        "U 7f0020000000 157286400 0 1\n";
+    mm_replay_result r;
+    mm_error e;
+    ck_assert_msg(replay(t, &r, &e) == 0, "%s", e.msg);
+    ck_assert_str_eq(r.id, "t");
+    ck_assert_uint_eq(r.events, 4);
+    ck_assert_uint_eq(r.stats.reserved_peak, 350 * MiB);
+    ck_assert_uint_eq(r.truth_reserved_peak, 350 * MiB);
+    ck_assert_uint_eq(r.truth_allocated_peak, 250 * MiB);
+    ck_assert_uint_eq(r.truth_segments, 3);
+    ck_assert_uint_eq(r.segments_matched, 3);
+}
+END_TEST
+
+START_TEST(trace_errors_name_file_and_line)
+{
+    static const struct {
+        const char *in, *want;
+    } bad[] = {
+        {"hello\n", "t.trace:1: not an mmguard-alloc-trace/1 file"},
+        {"# mmguard-alloc-trace/1 {nope\n", "t.trace:1: header: malformed JSON"},
+        {"# mmguard-alloc-trace/1 {\"alloc_conf\": \"max_split_size_mb:1\"}\n",
+         "t.trace:1: header: alloc_conf: max_split_size_mb"},
+        {HDR "a 10 512 0 0\nx 10 512 0 0\n", "t.trace:3: expected 'CODE ADDR SIZE STREAM DT'"},
+        {HDR "a 10 512 0\n", "t.trace:2: expected"},
+        {HDR "a 10 -512 0 0\n", "t.trace:2: expected"},
+        {HDR "f 10 512 0 0\n", "t.trace:2: free of 10: no such allocation"},
+        {HDR "a 10 512 0 0\na 10 512 0 0\n", "t.trace:3: alloc at 10: address already"},
+        {HDR "a 10 512 7 0\n", "t.trace:2: stream 7: only single-stream"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        mm_replay_result r;
+        mm_error e;
+        ck_assert_int_eq(replay(bad[i].in, &r, &e), -1);
+        ck_assert_msg(strstr(e.msg, bad[i].want), "case %zu: got '%s'", i, e.msg);
+    }
+    mm_replay_result r;
+    mm_error e;
+    ck_assert_int_eq(mm_alloc_replay_buffer("", 0, "t.trace", NULL, 0, 0, &r, &e), -1);
+    ck_assert_ptr_nonnull(strstr(e.msg, "empty trace"));
+    ck_assert_int_eq(mm_alloc_replay_file("/nonexistent/t", NULL, 0, 0, &r, &e), -1);
+    ck_assert_ptr_nonnull(strstr(e.msg, "/nonexistent/t"));
+}
+END_TEST
+
+Suite *alloc_suite(void)
+{
+    Suite *s = suite_create("alloc");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, round_size_rules);
+    tcase_add_test(tc, small_requests_share_2mib_segments);
+    tcase_add_test(tc, mid_requests_share_20mib_segments);
+    tcase_add_test(tc, large_rounding_and_no_split_under_1mib);
+    tcase_add_test(tc, fragmentation_and_best_fit);
+    tcase_add_test(tc, max_split_size);
+    tcase_add_test(tc, capacity_retry_and_oom);
+    tcase_add_test(tc, empty_cache_releases_unsplit);
+    tcase_add_test(tc, expandable_segments_map_pages);
+    tcase_add_test(tc, conf_parse);
+    tcase_add_test(tc, conf_errors_name_the_key);
+    tcase_add_test(tc, trace_replay_small);
+    tcase_add_test(tc, trace_errors_name_file_and_line);
+    suite_add_tcase(s, tc);
+    return s;
+}

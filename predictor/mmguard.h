@@ -97,8 +97,10 @@ typedef struct mm_module_result {
 /* Per-GPU peak as a function of the data-parallel degree N:
  *   allocated(1) = allocated_dp1
  *   allocated(N) = max_k (terms[k].fixed + ceil(terms[k].sharded / N))   for N >= 2
- *   peak(N)      = allocated(N) * (1 + alloc_frac) + alloc_fixed + context
- *                  + (N > 1 ? nccl : 0)
+ *   peak(N)      = allocated(N) * (1 + alloc_frac) + alloc_fixed + allocator_slack
+ *                  + context + (N > 1 ? nccl : 0)
+ * allocator_slack is reserved - allocated of the caching-allocator model at the
+ * spec's N (reserve.c), carried to the other N.
  * The terms are the upper envelope of every event of the step's timeline, so
  * this is exact for any N, not only the spec's.  mm_peak_for_dp() evaluates it. */
 #define MM_MAX_TERMS 8
@@ -110,14 +112,17 @@ typedef struct mm_dp_term {
 typedef struct mm_overheads {
     uint64_t cuda_context;    /* CUDA context + cuBLAS workspace + kernels */
     uint64_t nccl;            /* NCCL buffers, only when data_parallel > 1 */
-    uint64_t alloc_fixed;     /* caching-allocator: fixed slack */
-    double alloc_frac;        /* caching-allocator: fraction of allocated peak */
+    uint64_t alloc_fixed;     /* extra slack on top of the allocator model (default 0) */
+    double alloc_frac;        /* extra slack, a fraction of allocated (default 0) */
 } mm_overheads;
 
 typedef struct mm_prediction {
     char name[128];
     uint64_t peak_bytes;            /* what the GPU must hold */
     uint64_t allocated_peak_bytes;  /* ~ torch.cuda.max_memory_allocated() */
+    uint64_t reserved_peak_bytes;   /* ~ torch.cuda.max_memory_reserved(): the
+                                       allocator model replaying two steps */
+    uint64_t allocator_slack;       /* reserved - allocated at the spec's N */
     mm_phase peak_phase;
     char peak_event[96];            /* e.g. "backward language_model lm_head loss" */
     uint64_t phase_peak[MM_PHASE_COUNT]; /* allocated peak within each phase */

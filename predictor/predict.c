@@ -3,10 +3,11 @@
  * backward and optimizer phases on the timeline engine, the data-parallel
  * envelope, the device-level overheads, and the JSON rendering.
  *
- * Device-level constants live here, in one place (overheads_default).  They
- * are NOT yet calibrated on a GPU (issue "Calibrate against real GPUs"); a
- * spec's `device:` block overrides each of them. */
+ * Device-level constants live here, in one place (overheads_default); the
+ * context is measured on an H100, NCCL is not; a spec's `device:` block
+ * overrides each of them. */
 #include "layers.h"
+#include "reserve.h"
 #include "util.h"
 
 #include <json-c/json.h>
@@ -17,14 +18,16 @@
 
 #define MiB (1024ull * 1024ull)
 
-/* CUDA context + cuBLAS/cuDNN workspaces + kernel images (torch >= 2.1, lazy
- * module loading): ~0.5 GiB on Hopper; NCCL buffers for one data-parallel
- * group with default NCCL_BUFFSIZE and channels; caching-allocator slack. */
+/* CUDA context + cuBLAS/cuDNN workspaces + kernel images: what nvidia-smi sees
+ * beyond max_memory_reserved, 750.8-770.8 MiB over the 93 runs of
+ * tests/gpu_data/h100-80gb.jsonl (H100, torch 2.11, CUDA 13; the largest kept,
+ * contrib/calibrate/fit.py).  NCCL buffers for one data-parallel group with
+ * default NCCL_BUFFSIZE and channels: not measured yet (one-GPU machine). */
 static const mm_overheads overheads_default = {
-    .cuda_context = 600 * MiB,
+    .cuda_context = 771 * MiB,
     .nccl = 1024 * MiB,
-    .alloc_fixed = 128 * MiB,
-    .alloc_frac = 0.05,
+    .alloc_fixed = 0,   /* the allocator model (reserve.c) gives the slack */
+    .alloc_frac = 0,
 };
 
 const char *mm_phase_name(mm_phase p)
@@ -58,7 +61,52 @@ typedef struct step_cfg {
     int symbolic;
     uint64_t snap_at;
     uint64_t largest_param; /* with rows_from */
+    int nofold;            /* every layer run (the allocator model needs them all) */
+    int log;               /* keep the allocation log (sim.ev) */
 } step_cfg;
+
+typedef struct piece_list {
+    sim *s;
+    uint32_t row;
+    int32_t *ids;
+    size_t n, cap;
+} piece_list;
+
+static void alloc_piece(void *ctx, uint32_t row, uint64_t bytes)
+{
+    piece_list *l = ctx;
+    (void)row;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        int32_t *p = realloc(l->ids, cap * sizeof *p);
+        if (!p) {
+            l->s->oom = 1;
+            return;
+        }
+        l->ids = p;
+        l->cap = cap;
+    }
+    l->ids[l->n++] = sim_alloc(l->s, l->row, bytes, F_TEMP, 0);
+}
+
+/* torch._foreach_sqrt(exp_avg_sqs): one temporary per trainable parameter, all
+ * alive together (torch/optim/adamw.py, _multi_tensor_adamw) */
+static void foreach_sqrt(sim *s, uint32_t r_step, uint64_t sdt)
+{
+    uint64_t *rb = calloc(s->nrows + 1, sizeof *rb);
+    piece_list l = {.s = s, .row = r_step};
+    if (!rb) {
+        s->oom = 1;
+        return;
+    }
+    for (size_t r = 0; r < s->nrows; r++)
+        rb[r] = sim_mul(s, s->rows[r].trainable, sdt);
+    sim_each_piece(s, rb, 1, alloc_piece, &l);
+    for (size_t i = 0; i < l.n; i++)
+        sim_drop(s, l.ids[i]);
+    free(l.ids);
+    free(rb);
+}
 
 /* Run one step on `s`.  Returns 0, or -1 with err set. */
 static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
@@ -66,6 +114,7 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
     const training_spec *t = &sp->training;
     sim_init(s, cfg->dp, cfg->symbolic);
     s->snap_at = cfg->snap_at;
+    s->log = cfg->log;
     int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
     if (!scratch) {
         mm_err(err, "out of memory");
@@ -80,7 +129,7 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
     c.late_drop[0] = c.late_drop[1] = -1;
     c.zero = t->zero_stage;
     c.grads_accumulate = t->grad_accum > 1;
-    c.nofold = getenv("MMGUARD_NOFOLD") != NULL;
+    c.nofold = cfg->nofold || getenv("MMGUARD_NOFOLD") != NULL;
     c.dt = mm_dtype_bytes(t->precision);
     c.amp = t->zero_stage == 0 && t->master_weights == MASTER_FP32;
     /* weight dtype: fp32 under autocast, else the model dtype (ZeRO keeps the
@@ -161,6 +210,7 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
     if (t->grad_accum > 1 && t->zero_stage >= 2 && P_tr)
         partition = sim_alloc(s, r_part, sim_mul(s, P_tr, t->zero_stage == 3 ? 4 : c.dt),
                               F_GRAD, 1);
+    s->step_ev = s->nev; /* model states above, the step below */
     /* the batch: input_ids, labels, attention_mask (int64), pixel_values */
     uint32_t rin = sim_row_get(s, llm, "inputs", "inputs");
     sim_label(s, "inputs", rin);
@@ -226,8 +276,8 @@ static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *er
         } else if (t->zero_stage == 3) {
             /* the fp32 gradient partition is used as is (FusedAdam: no temporaries) */
         } else if (t->optimizer == OPT_ADAMW || t->optimizer == OPT_ADAM) {
-            if (t->impl == IMPL_FOREACH) /* torch._foreach_sqrt(exp_avg_sqs) */
-                sim_transient(s, r_step, sim_mul(s, P_tr, sdt));
+            if (t->impl == IMPL_FOREACH)
+                foreach_sqrt(s, r_step, sdt);
             else if (t->impl == IMPL_FOR_LOOP) /* denom per parameter */
                 sim_transient(s, r_step, sim_mul3(s, c.largest_param, sdt, 2));
         } else if (t->optimizer == OPT_ADAFACTOR) {
@@ -311,11 +361,12 @@ static size_t envelope(const mm_dp_term *in, size_t n, mm_dp_term *out)
     return k;
 }
 
-static uint64_t device_level(const mm_overheads *o, uint64_t alloc, uint32_t n)
+static uint64_t device_level(const mm_overheads *o, uint64_t alloc, uint64_t slack, uint32_t n)
 {
     long double a = (long double)alloc * (1.0L + (long double)o->alloc_frac);
     uint64_t v = a >= 1.8e19L ? UINT64_MAX : (uint64_t)ceill(a);
     v = mm_sat_add(v, o->alloc_fixed);
+    v = mm_sat_add(v, slack);
     v = mm_sat_add(v, o->cuda_context);
     if (n > 1)
         v = mm_sat_add(v, o->nccl);
@@ -325,14 +376,46 @@ static uint64_t device_level(const mm_overheads *o, uint64_t alloc, uint32_t n)
 uint64_t mm_peak_for_dp(const mm_prediction *p, uint32_t n)
 {
     if (n <= 1)
-        return device_level(&p->overheads, p->allocated_dp1, 1);
+        return device_level(&p->overheads, p->allocated_dp1, p->allocator_slack, 1);
     uint64_t a = 0;
     for (size_t i = 0; i < p->n_terms; i++) {
         uint64_t v = mm_sat_add(p->terms[i].fixed, mm_ceil_div(p->terms[i].sharded, n));
         if (v > a)
             a = v;
     }
-    return device_level(&p->overheads, a, n);
+    return device_level(&p->overheads, a, p->allocator_slack, n);
+}
+
+/* The reserved peak: every layer run (no folding), the allocation log replayed
+ * through the caching-allocator model with the job's PYTORCH_CUDA_ALLOC_CONF. */
+static int reserved_peak(const mm_spec *sp, const sim *tmpl, uint64_t largest, uint64_t N,
+                         mm_prediction *out, mm_error *err)
+{
+    sim s;
+    step_cfg cfg = {.rows_from = tmpl, .largest_param = largest, .dp = N, .nofold = 1, .log = 1};
+    if (run_step(sp, &s, &cfg, err)) {
+        sim_free(&s);
+        return -1;
+    }
+    mm_alloc_conf conf;
+    mm_alloc_conf_default(&conf);
+    if (sp->device.alloc_conf[0] && mm_alloc_conf_parse(&conf, sp->device.alloc_conf, err) < 0) {
+        sim_free(&s);
+        return -1;
+    }
+    reserve_result r;
+    optimizer_kind o = sp->training.optimizer;
+    int rc = reserve_replay(&s, &conf, sp->training.zero_stage == 0,
+                            o == OPT_ADAMW || o == OPT_ADAM || o == OPT_ADAMW_8BIT, &r);
+    sim_free(&s);
+    if (rc) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    /* the model never reserves less than the sim's allocated peak */
+    out->reserved_peak_bytes = r.reserved_peak > out->allocated_peak_bytes
+                                   ? r.reserved_peak : out->allocated_peak_bytes;
+    return 0;
 }
 
 static void set_factor(mm_factors *f, const uint64_t *v)
@@ -382,6 +465,10 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
     uint64_t largest = s.largest_param;
     sim_free(&s);
 
+    if (reserved_peak(sp, &tmpl, largest, N, out, err)) {
+        free(tmpl.rows);
+        return -1;
+    }
     /* replay to the peak event for the breakdown */
     step_cfg snap = {.rows_from = &tmpl, .largest_param = largest, .dp = N, .symbolic = 0,
                      .snap_at = peak_event};
@@ -406,7 +493,10 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
         out->overheads.alloc_fixed = sp->device.allocator_fixed;
     if (sp->device.has_afrac)
         out->overheads.alloc_frac = sp->device.allocator_fraction;
-    out->peak_bytes = device_level(&out->overheads, out->allocated_peak_bytes, (uint32_t)N);
+    out->allocator_slack = out->reserved_peak_bytes > out->allocated_peak_bytes
+                               ? out->reserved_peak_bytes - out->allocated_peak_bytes : 0;
+    out->peak_bytes = device_level(&out->overheads, out->allocated_peak_bytes,
+                                   out->allocator_slack, (uint32_t)N);
     set_factor(&out->factors, s.snap_fact);
     out->factors.overhead = out->peak_bytes - out->allocated_peak_bytes;
     mm_strlcpy(out->name, sp->name, sizeof out->name);
@@ -514,6 +604,7 @@ char *mm_prediction_json(const mm_prediction *p, int pretty)
     json_object_object_add(o, "name", json_object_new_string(p->name));
     json_object_object_add(o, "peak_bytes", j_u64(p->peak_bytes));
     json_object_object_add(o, "allocated_peak_bytes", j_u64(p->allocated_peak_bytes));
+    json_object_object_add(o, "reserved_peak_bytes", j_u64(p->reserved_peak_bytes));
     json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
     json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));
     json_object *pp = json_object_new_object();

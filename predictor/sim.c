@@ -19,6 +19,7 @@ void sim_free(sim *s)
     free(s->terms);
     free(s->rows);
     free(s->snap_row_fact);
+    free(s->ev);
     memset(s, 0, sizeof *s);
 }
 
@@ -224,6 +225,34 @@ static void account(sim *s, const sim_tensor *t, int sign)
         s->overflow = 1;
 }
 
+/* bytes a tensor takes on this rank */
+static uint64_t rank_bytes(const sim *s, const sim_tensor *t)
+{
+    if (t->sharded == SIM_MULTI)
+        return s->dp > 1 ? t->bytes : 0;
+    return t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, s->dp) : t->bytes;
+}
+
+static void log_event(sim *s, int32_t id, int is_free)
+{
+    const sim_tensor *t = &s->t[id];
+    uint64_t b = rank_bytes(s, t);
+    if (!b)
+        return;
+    if (s->nev == s->capev) {
+        size_t cap = s->capev ? s->capev * 2 : 4096;
+        sim_ev *e = realloc(s->ev, cap * sizeof *e);
+        if (!e) {
+            s->oom = 1;
+            return;
+        }
+        s->ev = e;
+        s->capev = cap;
+    }
+    s->ev[s->nev++] = (sim_ev){.bytes = b, .id = id, .row = t->row, .is_free = (uint8_t)is_free,
+                               .phase = (uint8_t)s->phase, .cls = t->cls};
+}
+
 int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
 {
     if (s->stopped)
@@ -243,6 +272,8 @@ int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
     *t = (sim_tensor){.bytes = bytes, .row = row, .cls = (uint8_t)cls,
                       .sharded = (uint8_t)sharded, .alive = 1, .holds = 1, .grad = -1};
     account(s, t, +1);
+    if (s->log)
+        log_event(s, id, 0);
     event(s);
     return id;
 }
@@ -253,6 +284,8 @@ static void maybe_free(sim *s, int32_t id)
     if (t->alive && !t->holds && !t->refs) {
         account(s, t, -1);
         t->alive = 0;
+        if (s->log)
+            log_event(s, id, 1);
     }
 }
 
@@ -401,5 +434,34 @@ void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx
             sim_drop(s, s->t[n.out].grad);
             s->t[n.out].grad = -1;
         }
+    }
+}
+
+static uint32_t pieces_of(const sim_row *r, int use_trainable)
+{
+    uint32_t c = use_trainable && r->trainable_count ? r->trainable_count : r->count;
+    return c ? c : 1;
+}
+
+void sim_each_piece(const sim *s, const uint64_t *row_bytes, int use_trainable, sim_piece_fn fn,
+                    void *ctx)
+{
+    uint32_t nmod = 0;
+    for (size_t r = 0; r < s->nrows; r++)
+        if (s->rows[r].module + 1 > nmod)
+            nmod = s->rows[r].module + 1;
+    for (uint32_t m = 0; m < nmod; m++) {
+        uint32_t most = 0;
+        for (size_t r = 0; r < s->nrows; r++)
+            if (s->rows[r].module == m && row_bytes[r] && pieces_of(&s->rows[r], use_trainable) > most)
+                most = pieces_of(&s->rows[r], use_trainable);
+        for (uint32_t k = 0; k < most; k++)
+            for (size_t r = 0; r < s->nrows; r++) {
+                uint32_t c = pieces_of(&s->rows[r], use_trainable);
+                if (s->rows[r].module != m || !row_bytes[r] || k >= c)
+                    continue;
+                uint64_t per = row_bytes[r] / c;
+                fn(ctx, (uint32_t)r, k == 0 ? per + row_bytes[r] % c : per);
+            }
     }
 }

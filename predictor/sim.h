@@ -27,6 +27,14 @@ typedef struct sim_tensor {
     int32_t grad;        /* tensor id of its gradient, -1 none */
 } sim_tensor;
 
+/* one allocation or free, as the allocator model sees it (reserve.c) */
+typedef struct sim_ev {
+    uint64_t bytes;      /* bytes on this rank (sharded ones divided by N) */
+    int32_t id;          /* tensor */
+    uint32_t row;
+    uint8_t is_free, phase, cls;
+} sim_ev;
+
 #define SIM_MAX_SAVED 6
 #define SIM_MAX_IN 3
 typedef struct sim_node {
@@ -96,6 +104,11 @@ typedef struct sim {
     sim_row *rows;
     size_t nrows, caprows;
     uint64_t largest_param;    /* largest single parameter tensor (optimizer temporaries) */
+    /* event log for the allocator model (log = 1) */
+    int log;
+    sim_ev *ev;
+    size_t nev, capev;
+    size_t step_ev;            /* first event of the step proper (after model states) */
     int overflow;              /* an arithmetic overflow happened: result invalid */
     int oom;                   /* allocation failure */
 } sim;
@@ -124,6 +137,15 @@ uint64_t sim_live(const sim *s);
  * layer (implemented by layers.c) and returns its recomputed output. */
 typedef int32_t (*sim_recompute_fn)(sim *s, const sim_node *ckpt, void *ctx);
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx);
+
+/* Per-parameter tensors in model order: module by module, layer by layer, the
+ * rows of a layer in the order the forward created them.  Row r's
+ * row_bytes[r] is split over its `count` instances (`use_trainable`: over
+ * trainable_count); fn gets each instance.  What parameters() order gives
+ * torch.optim's per-parameter state and foreach lists. */
+typedef void (*sim_piece_fn)(void *ctx, uint32_t row, uint64_t bytes);
+void sim_each_piece(const sim *s, const uint64_t *row_bytes, int use_trainable, sim_piece_fn fn,
+                    void *ctx);
 
 /* checked multiply helpers that flag overflow on the sim */
 uint64_t sim_mul(sim *s, uint64_t a, uint64_t b);

@@ -125,6 +125,7 @@ static const keydesc device_keys[] = {
     {"nccl", K_SIZE, DV(nccl), 0, 0, NULL, 0, 0},
     {"allocator_fixed", K_SIZE, DV(allocator_fixed), 0, 0, NULL, 0, 0},
     {"allocator_fraction", K_FLOAT, DV(allocator_fraction), 0, 1, NULL, 0, 0},
+    {"alloc_conf", K_STRING, DV(alloc_conf), 0, 0, NULL, 0, 0},
 };
 #undef DV
 
@@ -737,6 +738,11 @@ static int decode_all(dctx *c, mm_spec *s)
         dv->has_nccl = mm_node_get(dev, "nccl") != NULL;
         dv->has_afix = mm_node_get(dev, "allocator_fixed") != NULL;
         dv->has_afrac = mm_node_get(dev, "allocator_fraction") != NULL;
+        mm_alloc_conf ac;
+        mm_error e2;
+        mm_alloc_conf_default(&ac);
+        if (dv->alloc_conf[0] && mm_alloc_conf_parse(&ac, dv->alloc_conf, &e2) < 0)
+            return fail(c, mm_node_get(dev, "alloc_conf"), "device.alloc_conf", "%s", e2.msg);
     }
     return 0;
 }

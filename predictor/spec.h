@@ -80,6 +80,7 @@ typedef struct deepspeed_spec {
 
 typedef struct device_spec {
     int has_context, has_nccl, has_afix, has_afrac;
+    char alloc_conf[128];         /* PYTORCH_CUDA_ALLOC_CONF of the job, "" = unset */
     uint64_t cuda_context, nccl, allocator_fixed;
     double allocator_fraction;
 } device_spec;

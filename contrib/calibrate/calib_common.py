@@ -474,6 +474,8 @@ def spec_for(cfg, framework=None, attention_used=None):
     }
     if framework:
         spec["framework"] = {k: v for k, v in framework.items() if v}
+    if cfg.group.alloc_conf:  # PYTORCH_CUDA_ALLOC_CONF the run used
+        spec["device"] = {"alloc_conf": cfg.group.alloc_conf}
     return spec
 
 

@@ -334,3 +334,79 @@ Suite *alloc_suite(void)
     suite_add_tcase(s, tc);
     return s;
 }
+
+/* ---- the predictor's reserved peak (reserve.c) ----------------------------------------- */
+
+static mm_spec *preset(const char *name)
+{
+    char path[1024];
+    mm_error e;
+    snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, name);
+    mm_spec *s = mm_spec_load_file(path, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    return s;
+}
+
+START_TEST(reserved_peak_in_prediction)
+{
+    static const char *const names[] = {"llava-1.5-7b-pretrain", "llava-1.5-7b-lora",
+                                        "llava-1.5-7b-finetune"};
+    for (size_t i = 0; i < 3; i++) {
+        mm_spec *s = preset(names[i]);
+        mm_error e;
+        ck_assert_int_eq(mm_spec_set(s, "training.data_parallel=1", &e), 0);
+        mm_prediction p;
+        ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+        /* reserved holds what is allocated, plus rounding and cached blocks */
+        ck_assert_uint_ge(p.reserved_peak_bytes, p.allocated_peak_bytes);
+        ck_assert_uint_eq(p.allocator_slack, p.reserved_peak_bytes - p.allocated_peak_bytes);
+        /* device level = reserved + context at N = 1 (no NCCL), and the same
+         * through mm_peak_for_dp at the spec's N */
+        ck_assert_uint_eq(p.peak_bytes, p.reserved_peak_bytes + p.overheads.cuda_context);
+        ck_assert_uint_eq(mm_peak_for_dp(&p, 1), p.peak_bytes);
+        mm_prediction_free(&p);
+        mm_spec_free(s);
+    }
+}
+END_TEST
+
+START_TEST(alloc_conf_key_changes_reserved)
+{
+    /* a checkpointed LoRA step: recomputed activations land in blocks cached
+     * for other sizes, so expandable segments (no fixed-size segments) change
+     * the reserved peak; max_split_size_mb too */
+    mm_spec *s = preset("llava-1.5-7b-lora");
+    mm_error e;
+    mm_prediction a, b, c;
+    ck_assert_int_eq(mm_spec_set(s, "training.data_parallel=1", &e), 0);
+    ck_assert_int_eq(mm_spec_set(s, "training.gradient_checkpointing=true", &e), 0);
+    ck_assert_int_eq(mm_predict(s, &a, &e), 0);
+    ck_assert_msg(mm_spec_set(s, "device.alloc_conf=expandable_segments:True", &e) == 0, "%s",
+                  e.msg);
+    ck_assert_int_eq(mm_predict(s, &b, &e), 0);
+    ck_assert_msg(mm_spec_set(s, "device.alloc_conf=max_split_size_mb:64", &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(mm_predict(s, &c, &e), 0);
+    ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
+    ck_assert_uint_ne(a.reserved_peak_bytes, b.reserved_peak_bytes);
+    ck_assert_uint_ne(a.reserved_peak_bytes, c.reserved_peak_bytes);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+    mm_prediction_free(&c);
+    /* a bad value is refused with the key's name, and the spec is unchanged */
+    ck_assert_int_eq(mm_spec_set(s, "device.alloc_conf=max_split_size_mb:5", &e), -1);
+    ck_assert_msg(strstr(e.msg, "device.alloc_conf") && strstr(e.msg, "max_split_size_mb"), "%s",
+                  e.msg);
+    mm_spec_free(s);
+}
+END_TEST
+
+Suite *reserve_suite(void)
+{
+    Suite *s = suite_create("reserve");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, reserved_peak_in_prediction);
+    tcase_add_test(tc, alloc_conf_key_changes_reserved);
+    suite_add_tcase(s, tc);
+    return s;
+}

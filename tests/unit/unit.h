@@ -15,5 +15,6 @@ Suite *report_suite(void);
 Suite *config_suite(void);
 Suite *hardening_suite(void);
 Suite *alloc_suite(void);
+Suite *reserve_suite(void);
 
 #endif

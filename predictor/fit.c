@@ -133,6 +133,7 @@ static uint32_t smallest_dp(mm_spec *s, int from, int only_from, uint64_t usable
         s->training.zero_stage = z;
         if (s->training.precision != PREC_FP32)
             s->training.master_weights = MASTER_FP32;
+        spec_derive(s);
         s->training.data_parallel = 2;
         mm_prediction q;
         mm_error e;
@@ -162,13 +163,13 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
     out->fits = p.peak_bytes <= usable;
     out->max_micro_batch = mm_max_micro_batch(spec, usable, &p);
     mm_prediction_free(&p);
-    if (!spec->training.gradient_checkpointing) {
+    if (!spec->training.ckpt.enabled) {
         mm_spec *c = mm_spec_copy_decoded(spec);
         if (!c) {
             mm_err(err, "out of memory");
             return -1;
         }
-        c->training.gradient_checkpointing = 1;
+        c->training.ckpt.enabled = 1;
         out->max_micro_batch_ckpt = max_batch(c, usable, 0, 0);
         mm_spec_free(c);
         out->checkpointing_helps = out->max_micro_batch_ckpt >= spec->training.micro_batch_size &&
@@ -190,6 +191,7 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
             (z >= 1 || spec->training.zero_stage >= 1) && s->training.precision != PREC_FP32
                 ? MASTER_FP32
                 : spec->training.master_weights;
+        spec_derive(s);
         uint64_t pk;
         if (!peak_with(s, &pk, NULL) && pk <= usable) {
             out->min_zero_stage = z;
@@ -201,10 +203,10 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
     int from = spec->training.zero_stage >= 1 ? spec->training.zero_stage : 1;
     int only_from = spec->training.zero_stage >= 1;
     int stage = -1;
-    s->training.gradient_checkpointing = spec->training.gradient_checkpointing;
+    s->training.ckpt.enabled = spec->training.ckpt.enabled;
     uint32_t n = smallest_dp(s, from, only_from, usable, &stage);
-    if (!n && !spec->training.gradient_checkpointing) {
-        s->training.gradient_checkpointing = 1;
+    if (!n && !spec->training.ckpt.enabled) {
+        s->training.ckpt.enabled = 1;
         n = smallest_dp(s, from, only_from, usable, &stage);
         out->min_data_parallel_ckpt = n != 0;
     }

@@ -15,7 +15,7 @@
 
 /* Hard limits for hostile input (see README "Limits"). */
 #define MM_MAX_SPEC_BYTES   (1u << 20) /* 1 MiB spec file */
-#define MM_MAX_MODULES      64
+#define MM_MAX_MODULES      3          /* vision encoder, connector, decoder */
 #define MM_MAX_DEPTH        32         /* YAML/JSON nesting */
 #define MM_MAX_LAYERS       4096       /* hidden layers per module */
 #define MM_MAX_NAME         64
@@ -86,7 +86,7 @@ typedef struct mm_layer_result {
 
 typedef struct mm_module_result {
     char name[MM_MAX_NAME];
-    char type[16];              /* vit | mlp | llama */
+    char type[16];              /* vision | connector | decoder (0.1: vit | mlp | llama) */
     uint64_t parameters_count;
     uint64_t trainable_count;
     mm_factors factors;         /* contribution at the peak */
@@ -123,6 +123,10 @@ typedef struct mm_prediction {
     uint64_t reserved_peak_bytes;   /* ~ torch.cuda.max_memory_reserved(): the
                                        allocator model replaying two steps */
     uint64_t allocator_slack;       /* reserved - allocated at the spec's N */
+    uint64_t paged_bytes;           /* on the GPU outside the caching allocator (paged
+                                       optimizer states), included in peak_bytes */
+    uint64_t host_peak_bytes;       /* per rank, on the host: CPU-offloaded states and
+                                       activations (0 without offload) */
     mm_phase peak_phase;
     char peak_event[96];            /* e.g. "backward language_model lm_head loss" */
     uint64_t phase_peak[MM_PHASE_COUNT]; /* allocated peak within each phase */

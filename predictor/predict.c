@@ -6,8 +6,9 @@
  * Device-level constants live here, in one place (overheads_default); the
  * context is measured on an H100, NCCL is not; a spec's `device:` block
  * overrides each of them. */
-#include "layers.h"
+#include "predict.h"
 #include "reserve.h"
+#include "step.h"
 #include "util.h"
 
 #include <json-c/json.h>
@@ -38,280 +39,6 @@ const char *mm_phase_name(mm_phase p)
     case MM_PHASE_OPTIMIZER: return "optimizer";
     default: return "?";
     }
-}
-
-/* bytes of optimizer state per trainable parameter (before ZeRO partitioning),
- * in the state dtype sdt; Adafactor is handled by its caller */
-static uint64_t state_bytes(optimizer_kind o, uint64_t sdt)
-{
-    switch (o) {
-    case OPT_ADAMW:
-    case OPT_ADAM: return 2 * sdt;       /* exp_avg, exp_avg_sq */
-    case OPT_SGD: return 0;
-    case OPT_SGD_MOMENTUM: return sdt;   /* momentum_buffer */
-    case OPT_ADAMW_8BIT: return 2;       /* two uint8 states (block absmax is ~1.6%) */
-    case OPT_ADAFACTOR: return 0;
-    }
-    return 0;
-}
-
-typedef struct step_cfg {
-    const sim *rows_from;  /* rows and parameter counts of an earlier run, or NULL */
-    uint64_t dp;           /* evaluate sharded bytes at this N */
-    int symbolic;
-    uint64_t snap_at;
-    uint64_t largest_param; /* with rows_from */
-    int nofold;            /* every layer run (the allocator model needs them all) */
-    int log;               /* keep the allocation log (sim.ev) */
-} step_cfg;
-
-typedef struct piece_list {
-    sim *s;
-    uint32_t row;
-    int32_t *ids;
-    size_t n, cap;
-} piece_list;
-
-static void alloc_piece(void *ctx, uint32_t row, uint64_t bytes)
-{
-    piece_list *l = ctx;
-    (void)row;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 256;
-        int32_t *p = realloc(l->ids, cap * sizeof *p);
-        if (!p) {
-            l->s->oom = 1;
-            return;
-        }
-        l->ids = p;
-        l->cap = cap;
-    }
-    l->ids[l->n++] = sim_alloc(l->s, l->row, bytes, F_TEMP, 0);
-}
-
-/* torch._foreach_sqrt(exp_avg_sqs): one temporary per trainable parameter, all
- * alive together (torch/optim/adamw.py, _multi_tensor_adamw) */
-static void foreach_sqrt(sim *s, uint32_t r_step, uint64_t sdt)
-{
-    uint64_t *rb = calloc(s->nrows + 1, sizeof *rb);
-    piece_list l = {.s = s, .row = r_step};
-    if (!rb) {
-        s->oom = 1;
-        return;
-    }
-    for (size_t r = 0; r < s->nrows; r++)
-        rb[r] = sim_mul(s, s->rows[r].trainable, sdt);
-    sim_each_piece(s, rb, 1, alloc_piece, &l);
-    for (size_t i = 0; i < l.n; i++)
-        sim_drop(s, l.ids[i]);
-    free(l.ids);
-    free(rb);
-}
-
-/* Run one step on `s`.  Returns 0, or -1 with err set. */
-static int run_step(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
-{
-    const training_spec *t = &sp->training;
-    sim_init(s, cfg->dp, cfg->symbolic);
-    s->snap_at = cfg->snap_at;
-    s->log = cfg->log;
-    int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
-    if (!scratch) {
-        mm_err(err, "out of memory");
-        return -1;
-    }
-    lctx c;
-    memset(&c, 0, sizeof c);
-    c.s = s;
-    c.spec = sp;
-    c.scratch = scratch;
-    c.cos = c.sin = c.mask = c.pixels = -1;
-    c.late_drop[0] = c.late_drop[1] = -1;
-    c.zero = t->zero_stage;
-    c.grads_accumulate = t->grad_accum > 1;
-    c.nofold = cfg->nofold || getenv("MMGUARD_NOFOLD") != NULL;
-    c.dt = mm_dtype_bytes(t->precision);
-    c.amp = t->zero_stage == 0 && t->master_weights == MASTER_FP32;
-    /* weight dtype: fp32 under autocast, else the model dtype (ZeRO keeps the
-     * fp32 master copy in the optimizer state) */
-    uint64_t wdt = c.amp ? 4 : c.dt;
-    c.gdt = wdt;
-    uint64_t sdt = (c.amp || t->zero_stage >= 1) ? 4 : c.dt;
-
-    /* pass 1: rows and parameter counts (or copied from an earlier run) */
-    if (cfg->rows_from && cfg->rows_from->nrows) {
-        const sim *f = cfg->rows_from;
-        s->rows = malloc(f->nrows * sizeof *s->rows);
-        if (!s->rows) {
-            free(scratch);
-            mm_err(err, "out of memory");
-            return -1;
-        }
-        memcpy(s->rows, f->rows, f->nrows * sizeof *s->rows);
-        s->nrows = s->caprows = f->nrows;
-        memcpy(s->rcache, f->rcache, sizeof s->rcache); /* same rows, same ids */
-        c.largest_param = cfg->largest_param;
-    } else {
-        c.counting = 1;
-        layers_forward(&c);
-        c.counting = 0;
-    }
-    if (s->oom || s->overflow)
-        goto arith;
-
-    /* model states at step start (steady state: optimizer states exist) */
-    uint64_t P_all = 0, P_tr = 0, largest_layer = 0;
-    for (size_t r = 0; r < s->nrows; r++) {
-        P_all = sim_add(s, P_all, s->rows[r].params);
-        P_tr = sim_add(s, P_tr, s->rows[r].trainable);
-    }
-    for (size_t mi = 0; mi < sp->n_modules; mi++) {
-        uint64_t per = 0;
-        for (size_t r = 0; r < s->nrows; r++)
-            if (s->rows[r].module == mi && s->rows[r].count > 1)
-                per = sim_add(s, per, s->rows[r].params / s->rows[r].count);
-        if (per > largest_layer)
-            largest_layer = per;
-    }
-    sim_set_phase(s, MM_PHASE_FORWARD);
-    sim_label(s, "model states", 0);
-    /* runtime buffers are reported as rows of the language model */
-    uint32_t llm = (uint32_t)sp->n_modules - 1;
-    uint32_t r_gather = sim_row_get(s, llm, "deepspeed.zero3_gathered_params", "runtime");
-    uint32_t r_bucket = sim_row_get(s, llm, "deepspeed.reduce_buckets", "runtime");
-    uint32_t r_part = sim_row_get(s, llm, "deepspeed.grad_partition", "runtime");
-    uint32_t r_step = sim_row_get(s, llm, "optimizer.step", "runtime");
-    size_t nrows = s->nrows;
-    for (size_t r = 0; r < nrows; r++) {
-        sim_row *R = &s->rows[r];
-        if (R->params)
-            sim_alloc(s, (uint32_t)r, sim_mul(s, R->params, wdt), F_PARAM, t->zero_stage == 3);
-        if (!R->trainable)
-            continue;
-        uint64_t st;
-        if (t->optimizer == OPT_ADAFACTOR) {
-            /* factored second moment: rows + cols of each matrix, fp32 */
-            uint64_t per = R->trainable / (R->count ? R->count : 1);
-            uint64_t side = (uint64_t)ceil(sqrt((double)per));
-            st = sim_mul3(s, 2 * side, 4, R->count ? R->count : 1);
-        } else {
-            st = sim_mul(s, R->trainable, state_bytes(t->optimizer, sdt));
-        }
-        if (t->zero_stage >= 1) /* fp32 master weights */
-            st = sim_add(s, st, sim_mul(s, R->trainable, 4));
-        if (st)
-            sim_alloc(s, (uint32_t)r, st, F_OPT, t->zero_stage >= 1);
-        if (t->grad_accum > 1 && t->zero_stage <= 1) /* .grad alive across micro-steps */
-            sim_alloc(s, (uint32_t)r, sim_mul(s, R->trainable, c.gdt), F_GRAD, 0);
-        if (t->zero_stage == 0) /* DDP gradient buckets (a full copy), only when N > 1 */
-            sim_alloc(s, (uint32_t)r, sim_mul(s, R->trainable, c.gdt), F_GRAD, SIM_MULTI);
-    }
-    int32_t partition = -1;
-    if (t->grad_accum > 1 && t->zero_stage >= 2 && P_tr)
-        partition = sim_alloc(s, r_part, sim_mul(s, P_tr, t->zero_stage == 3 ? 4 : c.dt),
-                              F_GRAD, 1);
-    s->step_ev = s->nev; /* model states above, the step below */
-    /* the batch: input_ids, labels, attention_mask (int64), pixel_values */
-    uint32_t rin = sim_row_get(s, llm, "inputs", "inputs");
-    sim_label(s, "inputs", rin);
-    uint64_t bs = sim_mul(s, t->micro_batch_size, t->seq_len);
-    int32_t inputs = sim_alloc(s, rin, sim_mul(s, bs, 3 * 8), F_TEMP, 0);
-    for (size_t mi = 0; mi < sp->n_modules; mi++) {
-        const module_spec *m = &sp->modules[mi];
-        if (m->type == MOD_VIT && t->images_per_sample) {
-            uint64_t px = sim_mul3(s, t->micro_batch_size * t->images_per_sample,
-                                   m->num_channels, sim_mul(s, m->image_size, m->image_size));
-            c.pixels = sim_alloc(s, sim_row_get(s, (uint32_t)mi, "pixel_values", "inputs"),
-                                 sim_mul(s, px, c.dt), F_TEMP, 0);
-        }
-    }
-    /* ZeRO-3: the gathered (full) parameters of the layer being run plus the
-     * prefetched next one, during forward and backward */
-    int32_t gathered = -1;
-    if (t->zero_stage == 3)
-        gathered = sim_alloc(s, r_gather, sim_mul3(s, largest_layer, 2, c.dt), F_PARAM, 0);
-
-    /* forward */
-    int32_t loss = layers_forward(&c);
-    sim_drop(s, c.late_drop[0]);
-    sim_drop(s, c.late_drop[1]);
-    if (s->oom || s->overflow)
-        goto arith;
-
-    /* backward */
-    sim_set_phase(s, MM_PHASE_BACKWARD);
-    int32_t bucket = -1;
-    if (t->zero_stage >= 2 && P_tr) {
-        uint64_t h = 0;
-        for (size_t mi = 0; mi < sp->n_modules; mi++)
-            if (sp->modules[mi].type == MOD_LLAMA)
-                h = sp->modules[mi].hidden_size;
-        uint64_t rb = sp->deepspeed.reduce_bucket_size ? sp->deepspeed.reduce_bucket_size
-                                                       : sim_mul(s, h, h);
-        sim_label(s, "deepspeed reduce buckets", r_bucket);
-        bucket = sim_alloc(s, r_bucket, sim_mul3(s, rb, c.dt, sp->deepspeed.overlap_comm ? 2 : 1),
-                           F_GRAD, 0);
-        /* ZeRO-2 reduces into a partition in the model dtype; ZeRO-3 into an fp32
-         * partition that the optimizer uses directly (DeepSpeed's estimators:
-         * ZeRO-2 2P + 18P/N, ZeRO-3 18P/N + 4 x largest layer) */
-        if (t->grad_accum == 1)
-            partition = sim_alloc(s, r_part, sim_mul(s, P_tr, t->zero_stage == 3 ? 4 : c.dt),
-                                  F_GRAD, 1);
-    }
-    sim_backward(s, 0, s->ntape, layers_recompute, &c);
-    sim_drop(s, loss);
-    sim_drop(s, bucket);
-    sim_drop(s, gathered);
-    if (s->oom || s->overflow)
-        goto arith;
-
-    /* optimizer step */
-    sim_set_phase(s, MM_PHASE_OPTIMIZER);
-    sim_label(s, "optimizer step", r_step);
-    if (P_tr) {
-        if (t->zero_stage == 1 || t->zero_stage == 2) {
-            /* DeepSpeed: the gradient partition converted to fp32 for the step */
-            int32_t g32 = sim_alloc(s, r_step, sim_mul(s, P_tr, 4), F_TEMP, 1);
-            sim_drop(s, g32);
-        } else if (t->zero_stage == 3) {
-            /* the fp32 gradient partition is used as is (FusedAdam: no temporaries) */
-        } else if (t->optimizer == OPT_ADAMW || t->optimizer == OPT_ADAM) {
-            if (t->impl == IMPL_FOREACH)
-                foreach_sqrt(s, r_step, sdt);
-            else if (t->impl == IMPL_FOR_LOOP) /* denom per parameter */
-                sim_transient(s, r_step, sim_mul3(s, c.largest_param, sdt, 2));
-        } else if (t->optimizer == OPT_ADAFACTOR) {
-            /* HF Adafactor: fp32 grad copy, update and param copy per parameter */
-            sim_transient(s, r_step, sim_mul3(s, c.largest_param, 4, 3));
-        }
-    }
-    /* zero_grad(set_to_none=True) */
-    for (size_t i = 0; i < s->nt; i++)
-        if (s->t[i].alive && s->t[i].cls == F_GRAD && i != (size_t)partition)
-            sim_drop(s, (int32_t)i);
-    sim_drop(s, partition);
-    sim_drop(s, inputs);
-    sim_drop(s, c.pixels);
-    s->largest_param = c.largest_param;
-    free(scratch);
-    if (s->oom) {
-        mm_err(err, "out of memory");
-        return -1;
-    }
-    if (s->overflow) {
-        mm_err(err, "%s: the predicted sizes overflow 64-bit byte counts (absurd dimensions?)",
-               sp->path);
-        return -1;
-    }
-    return 0;
-arith:
-    free(scratch);
-    if (s->oom)
-        mm_err(err, "out of memory");
-    else
-        mm_err(err, "%s: the predicted sizes overflow 64-bit byte counts (absurd dimensions?)",
-               sp->path);
-    return -1;
 }
 
 /* Upper envelope of lines F + S*x over x = 1/N in (0, 1/2]; conservative merge
@@ -393,7 +120,7 @@ static int reserved_peak(const mm_spec *sp, const sim *tmpl, uint64_t largest, u
 {
     sim s;
     step_cfg cfg = {.rows_from = tmpl, .largest_param = largest, .dp = N, .nofold = 1, .log = 1};
-    if (run_step(sp, &s, &cfg, err)) {
+    if (step_run(sp, &s, &cfg, err)) {
         sim_free(&s);
         return -1;
     }
@@ -429,6 +156,12 @@ static void set_factor(mm_factors *f, const uint64_t *v)
 
 int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
 {
+    return mm_predict_ex(sp, out, err, 0);
+}
+
+int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned flags)
+{
+    int nofold = (flags & MM_PREDICT_NOFOLD) != 0;
     memset(out, 0, sizeof *out);
     if (err)
         err->msg[0] = '\0';
@@ -436,8 +169,8 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
     uint64_t N = t->data_parallel;
     sim s;
     /* one run gives the spec's peak, the N = 1 peak and the envelope for N >= 2 */
-    step_cfg cfg = {.dp = N, .symbolic = 1, .snap_at = 0};
-    if (run_step(sp, &s, &cfg, err)) {
+    step_cfg cfg = {.dp = N, .symbolic = 1, .snap_at = 0, .nofold = nofold};
+    if (step_run(sp, &s, &cfg, err)) {
         sim_free(&s);
         return -1;
     }
@@ -459,21 +192,26 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
     memset(&tmpl, 0, sizeof tmpl);
     tmpl.rows = s.rows;
     tmpl.nrows = s.nrows;
+    tmpl.layer_tp = s.layer_tp;
     memcpy(tmpl.rcache, s.rcache, sizeof tmpl.rcache);
     s.rows = NULL;
+    s.layer_tp = NULL;
     s.nrows = s.caprows = 0;
+    uint64_t host = s.host_bytes, outside = s.outside_bytes;
     uint64_t largest = s.largest_param;
     sim_free(&s);
 
     if (reserved_peak(sp, &tmpl, largest, N, out, err)) {
         free(tmpl.rows);
+        free(tmpl.layer_tp);
         return -1;
     }
     /* replay to the peak event for the breakdown */
-    step_cfg snap = {.rows_from = &tmpl, .largest_param = largest, .dp = N, .symbolic = 0,
+    step_cfg snap = {.rows_from = &tmpl, .largest_param = largest, .dp = N, .nofold = nofold,
                      .snap_at = peak_event};
-    int rc = run_step(sp, &s, &snap, err);
+    int rc = step_run(sp, &s, &snap, err);
     free(tmpl.rows);
+    free(tmpl.layer_tp);
     if (rc) {
         sim_free(&s);
         return -1;
@@ -495,8 +233,10 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
         out->overheads.alloc_frac = sp->device.allocator_fraction;
     out->allocator_slack = out->reserved_peak_bytes > out->allocated_peak_bytes
                                ? out->reserved_peak_bytes - out->allocated_peak_bytes : 0;
-    out->peak_bytes = device_level(&out->overheads, out->allocated_peak_bytes,
-                                   out->allocator_slack, (uint32_t)N);
+    out->paged_bytes = outside;
+    out->host_peak_bytes = host;
+    out->peak_bytes = mm_sat_add(device_level(&out->overheads, out->allocated_peak_bytes,
+                                              out->allocator_slack, (uint32_t)N), outside);
     set_factor(&out->factors, s.snap_fact);
     out->factors.overhead = out->peak_bytes - out->allocated_peak_bytes;
     mm_strlcpy(out->name, sp->name, sizeof out->name);
@@ -516,8 +256,9 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
         mm_module_result *M = &out->modules[mi];
         const module_spec *ms = &sp->modules[mi];
         mm_strlcpy(M->name, ms->name, sizeof M->name);
-        mm_strlcpy(M->type, ms->type == MOD_VIT ? "vit" : ms->type == MOD_MLP ? "mlp" : "llama",
-                   sizeof M->type);
+        static const char *const legacy[MOD_NKIND] = {"vit", "mlp", "llama"};
+        static const char *const kinds[MOD_NKIND] = {"vision", "connector", "decoder"};
+        mm_strlcpy(M->type, ms->legacy ? legacy[ms->kind] : kinds[ms->kind], sizeof M->type);
         size_t nl = 0;
         for (size_t r = 0; r < s.nrows; r++)
             if (s.rows[r].module == mi)

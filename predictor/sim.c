@@ -5,11 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void maybe_free(sim *s, int32_t id);
+
 void sim_init(sim *s, uint64_t dp, int symbolic)
 {
     memset(s, 0, sizeof *s);
     s->dp = dp ? dp : 1;
     s->symbolic = symbolic;
+    s->ckpt_extra = -1;
 }
 
 void sim_free(sim *s)
@@ -20,6 +23,7 @@ void sim_free(sim *s)
     free(s->rows);
     free(s->snap_row_fact);
     free(s->ev);
+    free(s->layer_tp);
     memset(s, 0, sizeof *s);
 }
 
@@ -172,7 +176,7 @@ static void snapshot(sim *s)
         const sim_tensor *t = &s->t[i];
         if (!t->alive || t->row >= s->snap_nrows)
             continue;
-        int f = t->cls == F_TEMP && t->refs ? F_ACT : t->cls;
+        int f = t->cls == F_TEMP && (t->refs || t->vrefs) ? F_ACT : t->cls;
         if (t->sharded == SIM_MULTI && s->dp == 1)
             continue;
         uint64_t b = t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, s->dp) : t->bytes;
@@ -205,7 +209,7 @@ static void event(sim *s)
 
 static int fact_of(const sim_tensor *t)
 {
-    return t->cls == F_TEMP && t->refs ? F_ACT : t->cls;
+    return t->cls == F_TEMP && (t->refs || t->vrefs) ? F_ACT : t->cls;
 }
 
 static void account(sim *s, const sim_tensor *t, int sign)
@@ -269,8 +273,9 @@ int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
     }
     int32_t id = (int32_t)s->nt++;
     sim_tensor *t = &s->t[id];
-    *t = (sim_tensor){.bytes = bytes, .row = row, .cls = (uint8_t)cls,
-                      .sharded = (uint8_t)sharded, .alive = 1, .holds = 1, .grad = -1};
+    *t = (sim_tensor){.bytes = bytes, .vbytes = bytes, .base = -1, .row = row,
+                      .cls = (uint8_t)cls, .sharded = (uint8_t)sharded, .alive = 1, .holds = 1,
+                      .grad = -1};
     account(s, t, +1);
     if (s->log)
         log_event(s, id, 0);
@@ -282,11 +287,52 @@ static void maybe_free(sim *s, int32_t id)
 {
     sim_tensor *t = &s->t[id];
     if (t->alive && !t->holds && !t->refs) {
-        account(s, t, -1);
         t->alive = 0;
+        if (t->base >= 0) { /* a view: release its base */
+            sim_drop(s, t->base);
+            return;
+        }
+        account(s, t, -1);
         if (s->log)
             log_event(s, id, 1);
     }
+}
+
+int32_t sim_view(sim *s, uint32_t row, int32_t base, uint64_t vbytes)
+{
+    if (s->stopped || base < 0)
+        return -1;
+    if (s->nt == s->capt) {
+        size_t cap = s->capt ? s->capt * 2 : 1024;
+        sim_tensor *t = realloc(s->t, cap * sizeof *t);
+        if (!t) {
+            s->oom = 1;
+            return -1;
+        }
+        s->t = t;
+        s->capt = cap;
+    }
+    while (s->t[base].base >= 0) /* a view of a view shares the first base */
+        base = s->t[base].base;
+    int32_t id = (int32_t)s->nt++;
+    s->t[id] = (sim_tensor){.bytes = 0, .vbytes = vbytes, .base = base, .row = row,
+                            .cls = s->t[base].cls, .alive = 1, .holds = 1, .grad = -1,
+                            .esz = s->t[base].esz};
+    s->t[base].holds++;
+    return id;
+}
+
+uint64_t sim_grad_bytes(const sim *s, int32_t id)
+{
+    return s->t[id].base >= 0 ? s->t[id].vbytes : s->t[id].bytes;
+}
+
+void sim_node_out(sim *s, sim_node *n, int32_t out)
+{
+    if (!n || out < 0 || n->nouts >= SIM_MAX_OUT - 1)
+        return;
+    n->outs[n->nouts++] = out;
+    s->t[out].rg = 1;
 }
 
 void sim_hold(sim *s, int32_t id)
@@ -329,6 +375,20 @@ sim_node *sim_node_new(sim *s, uint32_t row, int32_t out)
     return n;
 }
 
+/* a saved view makes its base count as an activation (refs), without a hold */
+static void sim_save_storage(sim *s, int32_t base, int sign)
+{
+    sim_tensor *t = &s->t[base];
+    if (t->alive)
+        account(s, t, -1);
+    if (sign > 0)
+        t->vrefs++;
+    else if (t->vrefs)
+        t->vrefs--;
+    if (t->alive)
+        account(s, t, +1);
+}
+
 void sim_save(sim *s, sim_node *n, int32_t id)
 {
     if (!n || id < 0)
@@ -340,6 +400,11 @@ void sim_save(sim *s, sim_node *n, int32_t id)
         return;
     n->saved[n->nsaved++] = id;
     sim_tensor *t = &s->t[id];
+    if (t->base >= 0) { /* a saved view keeps its base: the base becomes an activation */
+        t->refs++;
+        sim_save_storage(s, t->base, +1);
+        return;
+    }
     if (t->alive && t->refs == 0 && t->cls == F_TEMP) {
         /* moves from temporaries to activations */
         account(s, t, -1);
@@ -355,6 +420,12 @@ static void unsave(sim *s, int32_t id)
     sim_tensor *t = &s->t[id];
     if (!t->refs)
         return;
+    if (t->base >= 0) {
+        t->refs--;
+        sim_save_storage(s, t->base, -1);
+        maybe_free(s, id);
+        return;
+    }
     if (t->alive && t->refs == 1 && t->cls == F_TEMP) {
         account(s, t, -1);
         t->refs--;
@@ -374,17 +445,100 @@ void sim_transient(sim *s, uint32_t row, uint64_t bytes)
         sim_drop(s, id);
 }
 
+void sim_transient_sharded(sim *s, uint32_t row, uint64_t bytes)
+{
+    if (!bytes)
+        return;
+    int32_t id = sim_alloc(s, row, bytes, F_TEMP, SIM_SHARDED);
+    if (id >= 0)
+        sim_drop(s, id);
+}
+
 /* gradient of tensor `x` arrives: a new tensor, or accumulated into the
- * existing one (autograd's InputBuffer: a temporary of the same size) */
+ * existing one (autograd's InputBuffer: old + new, a temporary of that size) */
 static void grad_arrives(sim *s, int32_t x, uint32_t row)
 {
     sim_tensor *t = &s->t[x];
     if (t->grad < 0) {
-        int32_t g = sim_alloc(s, row, s->t[x].bytes, F_TEMP, 0);
+        int32_t g = sim_alloc(s, row, sim_grad_bytes(s, x), F_TEMP, 0);
         s->t[x].grad = g;
     } else {
-        sim_transient(s, row, t->bytes);
+        sim_transient(s, row, sim_grad_bytes(s, x));
     }
+}
+
+/* the gradient of x is (a view of) g: no new storage unless one is there */
+static void grad_alias(sim *s, int32_t x, int32_t g, uint32_t row)
+{
+    if (s->t[x].grad < 0) {
+        sim_hold(s, g);
+        s->t[x].grad = g;
+    } else {
+        sim_transient(s, row, sim_grad_bytes(s, x));
+    }
+}
+
+static void drop_grad(sim *s, int32_t x)
+{
+    if (x >= 0 && s->t[x].grad >= 0) {
+        int32_t g = s->t[x].grad;
+        s->t[x].grad = -1;
+        sim_drop(s, g);
+    }
+}
+
+/* a checkpointed layer: re-run it with grad enabled, then backward through it
+ * (reentrant: the whole layer, output included; non-reentrant: the layer
+ * program stops at its last saved tensor - both re-create the saved set) */
+static void ckpt_backward(sim *s, const sim_node *n, sim_recompute_fn fn, void *ctx)
+{
+    size_t start = s->ntape;
+    int32_t o2 = fn(s, n, ctx);
+    if (o2 >= 0 && n->out >= 0) {
+        s->t[o2].grad = s->t[n->out].grad;
+        s->t[n->out].grad = -1;
+    }
+    int32_t extra = s->ckpt_extra;
+    s->ckpt_extra = -1;
+    size_t end = s->ntape;
+    sim_backward(s, start, end, fn, ctx);
+    s->ntape = start;
+    drop_grad(s, o2);
+    sim_drop(s, o2);
+    if (extra >= 0) { /* the host copy's device twin and its gradient */
+        drop_grad(s, extra);
+        sim_drop(s, extra);
+    }
+    for (int i = 0; i < n->nsaved; i++)
+        unsave(s, n->saved[i]);
+}
+
+static void node_backward(sim *s, const sim_node *n)
+{
+    if (n->free_first)
+        for (int i = 0; i < n->nsaved; i++)
+            unsave(s, n->saved[i]);
+    int32_t og = n->out >= 0 ? s->t[n->out].grad : -1;
+    for (int i = 0; i < n->nin; i++) {
+        if (n->grad_views && og >= 0)
+            grad_alias(s, n->in[i], og, n->row);
+        else
+            grad_arrives(s, n->in[i], n->row);
+    }
+    if (n->wgrad_bytes) {
+        /* AccumulateGrad: the first gradient becomes .grad (kept until
+         * zero_grad); a second contribution (tied weights) is added */
+        int32_t g = sim_alloc(s, n->wgrad_row, n->wgrad_bytes, F_GRAD, n->wgrad_sharded);
+        if (n->wgrad_transient)
+            sim_drop(s, g); /* copied into the reduce bucket / partition */
+        /* else stays alive: held until the optimizer's zero_grad */
+    }
+    sim_transient(s, n->row, n->bwd_tmp);
+    for (int i = 0; !n->free_first && i < n->nsaved; i++)
+        unsave(s, n->saved[i]);
+    drop_grad(s, n->out);
+    for (int i = 0; i < n->nouts; i++)
+        drop_grad(s, n->outs[i]);
 }
 
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx)
@@ -394,46 +548,10 @@ void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx
         if (s->oom || s->stopped)
             return;
         sim_label(s, NULL, n.row);
-        if (n.ckpt) {
-            /* re-run the layer with grad enabled, then backward through it */
-            size_t start = s->ntape;
-            int32_t o2 = fn(s, &n, ctx);
-            if (o2 >= 0 && n.out >= 0) {
-                s->t[o2].grad = s->t[n.out].grad;
-                s->t[n.out].grad = -1;
-            }
-            size_t end = s->ntape;
-            sim_backward(s, start, end, fn, ctx);
-            s->ntape = start;
-            if (o2 >= 0 && s->t[o2].grad >= 0) {
-                sim_drop(s, s->t[o2].grad);
-                s->t[o2].grad = -1;
-            }
-            sim_drop(s, o2);
-            for (int i = 0; i < n.nsaved; i++)
-                unsave(s, n.saved[i]);
-            continue;
-        }
-        if (n.free_first)
-            for (int i = 0; i < n.nsaved; i++)
-                unsave(s, n.saved[i]);
-        for (int i = 0; i < n.nin; i++)
-            grad_arrives(s, n.in[i], n.row);
-        if (n.wgrad_bytes) {
-            /* AccumulateGrad: the first gradient becomes .grad (kept until
-             * zero_grad); a second contribution (tied weights) is added */
-            int32_t g = sim_alloc(s, n.wgrad_row, n.wgrad_bytes, F_GRAD, n.wgrad_sharded);
-            if (n.wgrad_transient)
-                sim_drop(s, g); /* copied into the reduce bucket / partition */
-            /* else stays alive: held until the optimizer's zero_grad */
-        }
-        sim_transient(s, n.row, n.bwd_tmp);
-        for (int i = 0; !n.free_first && i < n.nsaved; i++)
-            unsave(s, n.saved[i]);
-        if (n.out >= 0 && s->t[n.out].grad >= 0) {
-            sim_drop(s, s->t[n.out].grad);
-            s->t[n.out].grad = -1;
-        }
+        if (n.ckpt)
+            ckpt_backward(s, &n, fn, ctx);
+        else
+            node_backward(s, &n);
     }
 }
 

@@ -16,14 +16,18 @@ enum { F_PARAM = 0, F_GRAD, F_OPT, F_ACT, F_TEMP, F_NFACT }; /* F_ACT: saved for
 enum { SIM_FIXED = 0, SIM_SHARDED = 1, SIM_MULTI = 2 /* exists only when N > 1 (DDP buckets) */ };
 
 typedef struct sim_tensor {
-    uint64_t bytes;      /* unsharded size */
+    uint64_t bytes;      /* unsharded size (0 for a view: its base holds the storage) */
+    uint64_t vbytes;     /* a view's own size: what its gradient takes */
+    int32_t base;        /* a view's base tensor, -1 for a tensor with storage */
     uint32_t row;        /* owning breakdown row */
     uint8_t cls;         /* F_PARAM, F_GRAD, F_OPT, or F_TEMP (data; F_ACT while saved) */
     uint8_t sharded;     /* SIM_FIXED, SIM_SHARDED (ZeRO partitions: / N) or SIM_MULTI */
     uint8_t alive;
     uint8_t rg;          /* requires grad */
+    uint8_t esz;         /* bytes per element (dtype), for ops that follow their input */
     uint32_t holds;      /* Python references (variables, tuples, caches) */
     uint32_t refs;       /* autograd saved-variable references */
+    uint32_t vrefs;      /* saved views of this tensor (it counts as an activation) */
     int32_t grad;        /* tensor id of its gradient, -1 none */
 } sim_tensor;
 
@@ -37,12 +41,15 @@ typedef struct sim_ev {
 
 #define SIM_MAX_SAVED 6
 #define SIM_MAX_IN 3
+#define SIM_MAX_OUT 3
 typedef struct sim_node {
     uint32_t row;
     int32_t out;                      /* its output; the output's grad is consumed here */
+    int32_t outs[SIM_MAX_OUT - 1];    /* more outputs (unbind, split, chunk) */
     int32_t in[SIM_MAX_IN];           /* inputs that need a gradient */
     int32_t saved[SIM_MAX_SAVED];
-    uint8_t nin, nsaved;
+    uint8_t nin, nsaved, nouts;
+    uint8_t grad_views;               /* cat: the inputs' gradients are views of the output's */
     uint8_t ckpt;                     /* checkpointed layer: recompute in backward */
     uint8_t wgrad_sharded;
     uint8_t wgrad_transient;          /* ZeRO-2/3: reduced into a bucket, then freed */
@@ -51,6 +58,7 @@ typedef struct sim_node {
     uint64_t wgrad_bytes;             /* weight gradient this node creates */
     uint64_t bwd_tmp;                 /* transient working set of its backward */
     uint32_t ckpt_layer;              /* layer index for the recompute */
+    int32_t aux[6];                   /* checkpoint: input, cos, sin, mask, sliding mask, cross states */
     const void *ckpt_prog;            /* layer program to re-run */
 } sim_node;
 
@@ -62,6 +70,8 @@ typedef struct sim_row {
     uint32_t trainable_count;  /* instances with trainable parameters */
     uint32_t lora_a, lora_b;   /* rows of this linear's LoRA adapters (0 = none yet) */
     uint64_t params, trainable;
+    uint64_t qbytes;           /* quantized base (QLoRA): storage bytes of all instances */
+    uint64_t mat_rows, mat_cols; /* a matrix parameter's shape per instance (Adafactor) */
 } sim_row;
 
 typedef struct sim {
@@ -104,6 +114,8 @@ typedef struct sim {
     sim_row *rows;
     size_t nrows, caprows;
     uint64_t largest_param;    /* largest single parameter tensor (optimizer temporaries) */
+    uint64_t *layer_tp;        /* trainable parameters per (module, layer): MM_MAX_MODULES x
+                                  MM_MAX_LAYERS, filled by the counting pass */
     /* event log for the allocator model (log = 1) */
     int log;
     sim_ev *ev;
@@ -111,6 +123,9 @@ typedef struct sim {
     size_t step_ev;            /* first event of the step proper (after model states) */
     int overflow;              /* an arithmetic overflow happened: result invalid */
     int oom;                   /* allocation failure */
+    int32_t ckpt_extra;        /* a recompute's own input copy (offloaded checkpoints) */
+    uint64_t host_bytes;       /* per rank, on the host: offloaded states and activations */
+    uint64_t outside_bytes;    /* on the GPU outside the caching allocator (paged optimizers) */
 } sim;
 
 void sim_init(sim *s, uint64_t dp, int symbolic);
@@ -122,6 +137,14 @@ uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind
 uint32_t sim_row_get_tmp(sim *s, uint32_t module, const char *name, const char *kind);
 
 int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded);
+/* A view of `base` (reshape, transpose, slice, unbind ...): no storage of its
+ * own; it keeps the base alive while it lives.  `vbytes` is its own size,
+ * which its gradient takes. */
+int32_t sim_view(sim *s, uint32_t row, int32_t base, uint64_t vbytes);
+/* a second (third) output of node n */
+void sim_node_out(sim *s, sim_node *n, int32_t out);
+/* bytes a gradient of tensor id takes */
+uint64_t sim_grad_bytes(const sim *s, int32_t id);
 uint64_t sim_live_fixed(const sim *s);
 void sim_hold(sim *s, int32_t id);
 void sim_drop(sim *s, int32_t id);   /* release one hold */
@@ -129,6 +152,8 @@ void sim_save(sim *s, sim_node *n, int32_t id);
 sim_node *sim_node_new(sim *s, uint32_t row, int32_t out);
 /* a transient working set: allocate, record the event, free */
 void sim_transient(sim *s, uint32_t row, uint64_t bytes);
+/* the same for a tensor sharded over the data-parallel ranks */
+void sim_transient_sharded(sim *s, uint32_t row, uint64_t bytes);
 void sim_set_phase(sim *s, mm_phase p);
 void sim_label(sim *s, const char *label, uint32_t row);
 uint64_t sim_live(const sim *s);

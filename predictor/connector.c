@@ -1,0 +1,132 @@
+/* connector.c - vision features -> language-model tokens:
+ *   mlp            LLaVA / LLaVA-OneVision: Linear, GELU, Linear (its input may be a
+ *                  non-contiguous [:, 1:] view: the Linear reshapes it, a copy);
+ *   patch_merger   Qwen2-VL / 2.5-VL / 3-VL: norm per patch, 2x2 patches as one row,
+ *                  Linear(4h, 4h), GELU, Linear(4h, out) (2.5-VL: rows back in image order);
+ *   pixel_shuffle  InternVL (LayerNorm(4h), Linear, GELU, Linear) and Idefics3 /
+ *                  SmolVLM (one Linear): two permute().contiguous() copies first;
+ *   avg_pool       Gemma 3: (B, h, g, g) copy, AvgPool2d, Gemma RMSNorm, matmul;
+ *   linear         Mllama: one Linear to the text width.
+ * Qwen3-VL's DeepStack mergers (norm after the merge) run from the vision
+ * loop through connector_deepstack. */
+#include "block.h"
+#include "ops.h"
+#include "util.h"
+
+static uint64_t esz_of(const lctx *c, int32_t id)
+{
+    return id >= 0 && c->s->t[id].esz ? c->s->t[id].esz : c->dt;
+}
+
+static const char *const lin_names[] = {"linear_1", "linear_2", "linear_3", "linear_4"};
+static const char *const act_names[] = {"act_1", "act_2", "act_3", "act_4"};
+
+/* Linear (-> act -> Linear ...) over rows x in; widths in -> mid ... -> out */
+static int32_t mlp(lctx *c, int32_t x, uint64_t rows, uint64_t in, uint64_t mid, uint64_t out)
+{
+    const module_spec *m = c->m;
+    uint64_t L = m->num_layers;
+    for (uint64_t l = 0; l < L; l++) {
+        uint64_t wi = l == 0 ? in : mid, wo = l + 1 == L ? out : mid;
+        int32_t y = op_linear(c, lin_names[l < 4 ? l : 3], x, rows, wi, wo, m->conn_bias,
+                              LT_MLP_ALL);
+        op_drop(c, x);
+        x = y;
+        if (l + 1 < L) {
+            int32_t a = op_activation(c, act_names[l < 4 ? l : 3], x, op_mul(c, rows, wo), m->act);
+            op_drop(c, x);
+            x = a;
+        }
+    }
+    return x;
+}
+
+/* a contiguous copy that backward passes straight through */
+static int32_t copy(lctx *c, uint32_t r, int32_t x, uint64_t elems)
+{
+    int32_t y = op_new(c, r, elems, esz_of(c, x));
+    sim_node *n = op_node(c, r, y, x, -1, -1, 0);
+    (void)n;
+    op_drop(c, x);
+    return y;
+}
+
+static int32_t merger(lctx *c, int32_t x, uint64_t rows, uint64_t h, int norm_after)
+{
+    const module_spec *m = c->m;
+    uint64_t k = op_mul(c, m->merge_size, m->merge_size), wide = op_mul(c, h, k);
+    uint64_t out_rows = rows / k;
+    if (!norm_after && m->conn_norm != NORM_NONE) {
+        int32_t z = op_norm(c, "ln_q", x, rows, h, m->conn_norm, 1);
+        op_drop(c, x);
+        x = z;
+    }
+    /* .view(-1, 4h): no copy */
+    if (norm_after) {
+        int32_t z = op_norm(c, "norm", x, out_rows, wide, m->conn_norm, 1);
+        op_drop(c, x);
+        x = z;
+    }
+    uint64_t mid = m->intermediate_size ? m->intermediate_size : wide;
+    return mlp(c, x, out_rows, wide, mid, m->hidden_size);
+}
+
+static int32_t pixel_shuffle(lctx *c, int32_t x, uint64_t rows, uint64_t h)
+{
+    const module_spec *m = c->m;
+    uint64_t k = op_mul(c, m->merge_size, m->merge_size), wide = op_mul(c, h, k);
+    uint32_t r = op_row(c, "pixel_shuffle", "copy");
+    op_label(c, "pixel shuffle", r);
+    x = copy(c, r, x, op_mul(c, rows, h)); /* permute(0, 2, 1, 3).contiguous() */
+    x = copy(c, r, x, op_mul(c, rows, h)); /* and again after the second view */
+    uint64_t out_rows = rows / k;
+    if (m->conn_norm != NORM_NONE) {
+        int32_t z = op_norm(c, "layer_norm", x, out_rows, wide, m->conn_norm, 1);
+        op_drop(c, x);
+        x = z;
+    }
+    uint64_t mid = m->intermediate_size ? m->intermediate_size : m->hidden_size;
+    return mlp(c, x, out_rows, wide, mid, m->hidden_size);
+}
+
+static int32_t avg_pool(lctx *c, int32_t x, uint64_t rows, uint64_t h)
+{
+    const module_spec *m = c->m;
+    uint64_t kk = op_mul(c, m->pool_kernel, m->pool_kernel), out_rows = rows / kk;
+    uint32_t r = op_row(c, "avg_pool", "pool");
+    op_label(c, "avg pool", r);
+    x = copy(c, r, x, op_mul(c, rows, h)); /* transpose + reshape: a copy */
+    int32_t p = op_new(c, r, op_mul(c, out_rows, h), esz_of(c, x));
+    op_node(c, r, p, x, -1, -1, 0); /* AvgPool2dBackward keeps sizes */
+    op_drop(c, x);
+    int32_t z = op_norm(c, "mm_soft_emb_norm", p, out_rows, h, m->conn_norm, 1);
+    op_drop(c, p);
+    int32_t y = op_linear(c, "mm_input_projection", z, out_rows, h, m->hidden_size, 0,
+                          LT_MLP_ALL);
+    op_drop(c, z);
+    return y;
+}
+
+int32_t connector_module(lctx *c, int32_t feat)
+{
+    const module_spec *m = c->m;
+    uint64_t h = m->input_size, rows = c->T;
+    uint32_t r = op_row(c, "input_copy", "copy");
+    switch (m->conn) {
+    case CONN_PATCH_MERGER:
+        return merger(c, feat, rows, h, m->conn_norm_after);
+    case CONN_PIXEL_SHUFFLE:
+        return pixel_shuffle(c, feat, rows, h);
+    case CONN_AVG_POOL:
+        return avg_pool(c, feat, rows, h);
+    case CONN_MLP:
+    case CONN_LINEAR:
+    default: {
+        int32_t x = feat;
+        if (feat >= 0 && c->s->t[feat].base >= 0) /* the [:, 1:] view: Linear reshapes (copies) */
+            x = copy(c, r, feat, op_mul(c, rows, h));
+        uint64_t mid = m->intermediate_size ? m->intermediate_size : m->hidden_size;
+        return mlp(c, x, rows, h, mid, m->hidden_size);
+    }
+    }
+}

@@ -1,0 +1,207 @@
+/* ops_attn.c - rotary embeddings and the attention core: eager (HF
+ * eager_attention_forward), torch SDPA (the CUDA flash or memory-efficient
+ * kernel, as torch picks them) and flash-attn 2.  Packed vision sequences
+ * (attention per image) run as `chunks` sequences of S tokens: everything
+ * saved is summed over chunks, the working set of the kernel is one chunk's. */
+#include "ops.h"
+#include "util.h"
+
+static uint64_t esz_of(const lctx *c, int32_t id)
+{
+    return id >= 0 && c->s->t[id].esz ? c->s->t[id].esz : c->dt;
+}
+
+static uint64_t round_up(uint64_t x, uint64_t m)
+{
+    return (x + m - 1) / m * m;
+}
+
+/* apply_rotary_pos_emb: (x * cos) + (rotate_half(x) * sin).  MulBackward0
+ * keeps cos / sin (shared by every layer: no new bytes); rotate_half makes
+ * -x2 (half) and a cat (full); everything else is a temporary.  The vision
+ * variant (Qwen) runs it on fp32 copies and casts the result back. */
+int32_t op_rope(lctx *c, uint32_t r, int32_t x, uint64_t elems, int fp32)
+{
+    uint64_t e0 = esz_of(c, x), ce = esz_of(c, c->cos);
+    int32_t xf = x;
+    if (fp32 && e0 != F32)
+        xf = op_plain(c, r, x, -1, elems, F32);
+    uint64_t e = fp32 ? F32 : (e0 > ce ? e0 : ce);
+    int32_t t1 = op_new(c, r, elems, e);
+    sim_node *n = op_node(c, r, t1, xf, -1, -1, 0);
+    op_save(c, n, c->cos);
+    int32_t ng = op_plain(c, r, xf, -1, elems / 2, esz_of(c, xf));
+    int32_t rh = op_new(c, r, elems, esz_of(c, xf));
+    n = op_node(c, r, rh, ng, xf, -1, 0);
+    if (n)
+        n->grad_views = 1; /* CatBackward: narrow views of the gradient */
+    op_drop(c, ng);
+    int32_t t2 = op_new(c, r, elems, e);
+    n = op_node(c, r, t2, rh, -1, -1, 0);
+    op_save(c, n, c->sin);
+    op_drop(c, rh);
+    int32_t o = op_add(c, r, t1, t2, elems, e);
+    op_drop(c, t1);
+    op_drop(c, t2);
+    if (xf != x)
+        op_drop(c, xf);
+    if (!fp32 || e0 == F32)
+        return o;
+    int32_t y = op_plain(c, r, o, -1, elems, e0);
+    op_drop(c, o);
+    return y;
+}
+
+/* repeat_kv: expand + reshape, a copy with every head */
+static int32_t repeat_kv(lctx *c, uint32_t r, int32_t k, uint64_t qe)
+{
+    return op_plain(c, r, k, -1, qe, esz_of(c, k));
+}
+
+/* eager_attention_forward: scores = q k^T (keeps q, k) -> * scaling -> + mask
+ * -> softmax(dtype=float32).to(dtype) (SoftmaxBackward keeps the fp32 result;
+ * the old scores stay referenced until the expression assigns) -> p v (keeps p,
+ * v) -> transpose(1, 2).contiguous(), a copy the output projection keeps. */
+static int32_t eager(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o)
+{
+    uint64_t skv = o->Skv ? o->Skv : o->S, dt = esz_of(c, q);
+    uint64_t ss = op_mul3(c, o->B, o->heads, op_mul(c, o->S, skv));
+    uint64_t qe = op_mul3(c, o->B, o->S, op_mul(c, o->heads, o->d));
+    uint64_t pb = o->softmax_fp32 ? F32 : dt;
+    /* chunks before the last: what they keep (fp32 and dtype probabilities) and
+     * their contiguous outputs waiting for the cat */
+    int32_t prior = -1, prior_out = -1;
+    if (o->chunks > 1) {
+        prior = op_new(c, r, op_mul(c, ss, o->chunks - 1), pb + (pb != dt ? dt : 0));
+        prior_out = op_new(c, r, op_mul(c, qe, o->chunks - 1), dt);
+    }
+    int32_t sc = op_new(c, r, ss, dt);
+    sim_node *n = op_node(c, r, sc, q, k, -1, 0);
+    op_save(c, n, q);
+    op_save(c, n, k);
+    op_save(c, n, prior);
+    op_drop(c, prior);
+    int32_t sc2 = op_plain(c, r, sc, -1, ss, dt); /* * scaling */
+    op_drop(c, sc);
+    if (o->mask >= 0 || o->causal) {
+        int32_t sc3 = op_plain(c, r, sc2, -1, ss, dt); /* + attention_mask */
+        op_drop(c, sc2);
+        sc2 = sc3;
+    }
+    int32_t f = sc2;
+    if (pb != dt) /* softmax(dtype=float32) converts its input first */
+        f = op_plain(c, r, sc2, -1, ss, F32);
+    int32_t p32 = op_new(c, r, ss, pb);
+    n = op_node(c, r, p32, f, -1, -1, 0);
+    op_save(c, n, p32);
+    if (f != sc2)
+        op_drop(c, f);
+    int32_t p = p32;
+    if (pb != dt) { /* .to(query.dtype) */
+        p = op_plain(c, r, p32, -1, ss, dt);
+        op_drop(c, p32);
+    }
+    op_drop(c, sc2);
+    int32_t out = op_new(c, r, qe, dt);
+    n = op_node(c, r, out, p, v, -1, 0);
+    op_save(c, n, p);
+    op_save(c, n, v);
+    op_drop(c, p);
+    int32_t oc = op_plain(c, r, out, -1, qe, dt); /* transpose(1, 2).contiguous() */
+    op_drop(c, out);
+    if (prior_out < 0)
+        return oc;
+    int32_t cat = op_new(c, r, op_mul(c, qe, o->chunks), dt); /* torch.cat(chunk outputs) */
+    n = op_node(c, r, cat, oc, -1, -1, 0);
+    if (n)
+        n->grad_views = 1;
+    op_drop(c, oc);
+    op_drop(c, prior_out);
+    return cat;
+}
+
+/* The fused kernels write the output in (B, S, heads, d) storage, so the
+ * transpose(1, 2).contiguous() after them is free.
+ *   flash (torch SDPA on CUDA for fp16/bf16 without a mask, and flash-attn 2):
+ *     keeps q, k, v, out and an fp32 logsumexp (B, heads, S); backward makes
+ *     dq_accum fp32 (B, S up to 128, heads, d up to 32) and softmax_d fp32
+ *     (B, heads, S up to 128) (flash_api.cpp mha_bwd), and with fewer kv heads
+ *     dk / dv for every head before summing them.
+ *   memory-efficient (a mask, or fp32): logsumexp (B, heads, S up to 32); backward
+ *     makes delta fp32 (B, heads, S) and an fp32 dq accumulator for 16-bit inputs
+ *     (mem_eff_attention kernel_backward.h, kNeedsAccumGradQ). */
+static int32_t fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o,
+                     int flash)
+{
+    uint64_t dt = esz_of(c, q), B = o->B, a = o->heads;
+    uint64_t qe = op_mul3(c, B, o->S, op_mul(c, a, o->d));
+    uint64_t S_lse = flash ? o->S : round_up(o->S, 32);
+    uint64_t lse = op_mul3(c, B, a, S_lse);
+    int32_t out = op_new(c, r, qe, dt);
+    int32_t l = op_new(c, r, lse, F32);
+    sim_node *n = op_node(c, r, out, q, k, v, 0);
+    op_save(c, n, q);
+    op_save(c, n, k);
+    op_save(c, n, v);
+    op_save(c, n, out);
+    op_save(c, n, l);
+    if (n) {
+        uint64_t tmp;
+        if (flash) {
+            uint64_t dqa = op_mul3(c, B, round_up(o->S, 128), op_mul(c, a, round_up(o->d, 32)));
+            tmp = sim_add(c->s, op_mul(c, dqa, F32), op_mul3(c, B, a, round_up(o->S, 128) * F32));
+            if (o->kv < a) /* dk, dv expanded to every head, then summed */
+                tmp = sim_add(c->s, tmp, op_mul(c, 2 * qe, dt));
+        } else {
+            tmp = op_mul3(c, B, a, o->S * F32);
+            if (dt != F32)
+                tmp = sim_add(c->s, tmp, op_mul(c, qe, F32));
+        }
+        n->bwd_tmp = tmp;
+    }
+    op_drop(c, l);
+    return out;
+}
+
+int32_t op_attention(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o)
+{
+    attn_kind ak = c->attn;
+    uint64_t qe = op_mul3(c, o->B, o->S, op_mul(c, o->heads, o->d));
+    op_label(c, ak == ATT_EAGER ? "attention (eager)" : ak == ATT_SDPA ? "attention (sdpa)"
+                                                                       : "attention (flash)", r);
+    /* GQA: eager always repeats k/v; SDPA gets enable_gqa=True when there is
+     * no mask (transformers >= 4.48, sdpa_attention.use_gqa_in_sdpa) */
+    const framework_spec *fw = &c->spec->framework;
+    int old_tf = fw->tf_major < 4 || (fw->tf_major == 4 && fw->tf_minor < 48);
+    int repeat = o->kv < o->heads &&
+                 (ak == ATT_EAGER || (ak == ATT_SDPA && (old_tf || o->mask >= 0)));
+    int32_t kr = k, vr = v;
+    if (repeat) {
+        kr = repeat_kv(c, r, k, qe);
+        vr = repeat_kv(c, r, v, qe);
+    } else {
+        op_hold(c, k);
+        op_hold(c, v);
+    }
+    int32_t out;
+    if (ak == ATT_EAGER) {
+        out = eager(c, r, q, kr, vr, o);
+    } else {
+        /* torch SDPA takes the flash kernel for 16-bit inputs without a mask */
+        int flash = ak == ATT_FLASH || (esz_of(c, q) == 2 && o->mask < 0 && o->d <= 256);
+        attn_opts all = *o;
+        all.B = o->B * (o->chunks ? o->chunks : 1);
+        out = fused(c, r, q, kr, vr, &all, flash);
+        if (o->chunks > 1) { /* the chunk outputs stay saved; the cat is a copy */
+            int32_t cat = op_new(c, r, op_mul(c, qe, o->chunks), esz_of(c, out));
+            sim_node *n = op_node(c, r, cat, out, -1, -1, 0);
+            if (n)
+                n->grad_views = 1;
+            op_drop(c, out);
+            out = cat;
+        }
+    }
+    op_drop(c, kr);
+    op_drop(c, vr);
+    return out;
+}

@@ -1,0 +1,316 @@
+/* spec_train.c - the sections after `modules`: training (incl. the
+ * checkpointing map and the worst-case image), framework versions, deepspeed,
+ * fsdp and device.  Defaults that depend on a version (transformers 5
+ * checkpoints non-reentrantly) are resolved here, once. */
+#include "spec_internal.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const attn_names[] = {"eager", "sdpa", "flash", NULL};
+static const char *const prec_names[] = {"bf16", "fp16", "fp32", NULL};
+static const char *const master_names[] = {"none", "fp32", NULL};
+static const char *const opt_names[] = {"adamw", "adam", "sgd", "sgd_momentum", "adamw_8bit",
+                                        "adafactor", "paged_adamw_8bit", "paged_adamw", NULL};
+static const char *const impl_names[] = {"foreach", "fused", "for_loop", NULL};
+static const char *const loss_names[] = {"standard", "chunked", "fused_linear", NULL};
+static const char *const gran_names[] = {"full", "attention", "mlp", NULL};
+
+#define TR(f) offsetof(training_spec, f)
+static const keydesc training_keys[] = {
+    {"micro_batch_size", K_UINT, TR(micro_batch_size), 1, 1 << 16, NULL, 0, 1, 0},
+    {"seq_len", K_UINT, TR(seq_len), 1, 1 << 22, NULL, 0, 1, 0},
+    {"images_per_sample", K_UINT, TR(images_per_sample), 0, 64, NULL, 0, 0, 0},
+    {"image_size", K_SPECIAL, 0, 0, 0, NULL, 0, 0, 0},
+    {"video_frames", K_UINT, TR(video_frames), 0, 4096, NULL, 0, 0, 0},
+    {"precision", K_ENUM, TR(precision), 0, 0, prec_names, 0, 0, 0},
+    {"master_weights", K_ENUM, TR(master_weights), 0, 0, master_names, 0, 0, 0},
+    {"autocast", K_BOOL, TR(autocast), 0, 1, NULL, 0, 0, 0},
+    {"optimizer", K_ENUM, TR(optimizer), 0, 0, opt_names, 0, 0, 0},
+    {"optimizer_impl", K_ENUM, TR(impl), 0, 0, impl_names, 0, 0, 0},
+    {"zero_stage", K_INT32, TR(zero_stage), 0, 3, NULL, 0, 0, 0},
+    {"data_parallel", K_UINT, TR(data_parallel), 1, 1 << 20, NULL, 0, 0, 0},
+    {"gradient_accumulation_steps", K_UINT, TR(grad_accum), 1, 1 << 20, NULL, 0, 0, 0},
+    {"gradient_checkpointing", K_SPECIAL, 0, 0, 0, NULL, 0, 0, 0},
+    {"attention", K_ENUM, TR(attention), 0, 0, attn_names, 0, 0, 0},
+    {"loss", K_ENUM, TR(loss), 0, 0, loss_names, 0, 0, 0},
+    {"loss_chunks", K_UINT, TR(loss_chunks), 1, 1 << 16, NULL, 0, 0, 0},
+    {"logits_to_keep", K_UINT, TR(logits_to_keep), 0, 1 << 22, NULL, 0, 0, 0},
+    {"packing", K_BOOL, TR(packing), 0, 1, NULL, 0, 0, 0},
+    {"max_grad_norm", K_FLOAT, TR(max_grad_norm), 0, 1e12, NULL, 0, 0, 0},
+    {"activation_offloading", K_BOOL, TR(activation_offload), 0, 1, NULL, 0, 0, 0},
+    {"optimizer_in_backward", K_BOOL, TR(optimizer_in_backward), 0, 1, NULL, 0, 0, 0},
+};
+#undef TR
+
+#define CK(f) offsetof(ckpt_spec, f)
+static const keydesc ckpt_keys[] = {
+    {"enabled", K_BOOL, CK(enabled), 0, 1, NULL, 0, 0, 0},
+    {"use_reentrant", K_BOOL, CK(reentrant), 0, 1, NULL, 0, 0, 0},
+    {"every_n_layers", K_UINT, CK(every_n_layers), 1, MM_MAX_LAYERS, NULL, 0, 0, 0},
+    {"granularity", K_ENUM, CK(granularity), 0, 0, gran_names, 0, 0, 0},
+    {"offload", K_BOOL, CK(offload), 0, 1, NULL, 0, 0, 0},
+};
+#undef CK
+
+#define FW(f) offsetof(framework_spec, f)
+static const keydesc framework_keys[] = {
+    {"transformers_version", K_VERSION, FW(tf_major), 0, 0, NULL, 0, 0, 2},
+    {"torch_version", K_VERSION, FW(torch_major), 0, 0, NULL, 0, 0, 2},
+    {"deepspeed_version", K_VERSION, FW(ds_major), 0, 0, NULL, 0, 0, 3},
+};
+#undef FW
+
+/* true | false, or a map of ckpt_keys (the map alone means enabled) */
+static int decode_ckpt(dctx *c, const mm_node *v, mm_spec *s, int *reentrant_given)
+{
+    ckpt_spec *k = &s->training.ckpt;
+    const char *p = "training.gradient_checkpointing";
+    if (v->type == MM_NODE_MAP) {
+        k->enabled = 1;
+        if (key_decode_map(c, v, ckpt_keys, sizeof ckpt_keys / sizeof ckpt_keys[0], k, p, 0, NULL,
+                           NULL))
+            return -1;
+        *reentrant_given = mm_node_get(v, "use_reentrant") != NULL;
+        return 0;
+    }
+    static const keydesc bk = {"gradient_checkpointing", K_BOOL, 0, 0, 1, NULL, 0, 0, 0};
+    return key_decode_scalar(c, &bk, v, &k->enabled, p);
+}
+
+/* image_size: 448 | [height, width] */
+static int decode_image_size(dctx *c, const mm_node *v, training_spec *t)
+{
+    const char *p = "training.image_size";
+    static const keydesc sk = {"image_size", K_UINT, 0, 1, 65536, NULL, 0, 0, 0};
+    if (v->type == MM_NODE_SEQ) {
+        if (v->n != 2)
+            return key_fail(c, v, p, "expected a size or [height, width]");
+        if (key_decode_scalar(c, &sk, v->vals[0], &t->image_height, p) ||
+            key_decode_scalar(c, &sk, v->vals[1], &t->image_width, p))
+            return -1;
+        return 0;
+    }
+    if (key_decode_scalar(c, &sk, v, &t->image_height, p))
+        return -1;
+    t->image_width = t->image_height;
+    return 0;
+}
+
+static int decode_framework(dctx *c, const mm_node *root, mm_spec *s)
+{
+    framework_spec *f = &s->framework;
+    f->tf_major = 5;          /* what the project measures against (tests/truth) */
+    f->tf_minor = 17;
+    f->torch_major = 2;
+    f->torch_minor = 11;
+    f->ds_major = 0;
+    f->ds_minor = 16;
+    f->ds_patch = 0;
+    const mm_node *fw = mm_node_get(root, "framework");
+    return fw ? key_decode_map(c, fw, framework_keys, sizeof framework_keys / sizeof framework_keys[0],
+                               f, "framework", 0, NULL, NULL)
+              : 0;
+}
+
+static void training_defaults(training_spec *t, const mm_spec *s)
+{
+    memset(t, 0, sizeof *t);
+    t->images_per_sample = mm_spec_module(s, MOD_VISION) ? 1 : 0;
+    t->data_parallel = 1;
+    t->grad_accum = 1;
+    t->attention = ATT_SDPA;
+    t->loss_chunks = 8;
+    t->ckpt.every_n_layers = 1;
+}
+
+int spec_decode_training(dctx *c, const mm_node *root, mm_spec *s)
+{
+    if (decode_framework(c, root, s))
+        return -1;
+    training_spec *t = &s->training;
+    training_defaults(t, s);
+    const mm_node *tr = mm_node_get(root, "training");
+    if (!tr)
+        return key_fail(c, root, "training", "required key is missing");
+    size_t n = sizeof training_keys / sizeof training_keys[0];
+    unsigned char seen[sizeof training_keys / sizeof training_keys[0]] = {0};
+    if (key_decode_map(c, tr, training_keys, n, t, "training", 0, NULL, seen) ||
+        key_check_required(c, tr, training_keys, n, seen, "training", 0))
+        return -1;
+    int reentrant_given = 0;
+    const mm_node *v;
+    if ((v = mm_node_get(tr, "gradient_checkpointing")) && decode_ckpt(c, v, s, &reentrant_given))
+        return -1;
+    if ((v = mm_node_get(tr, "image_size")) && decode_image_size(c, v, t))
+        return -1;
+    /* transformers >= 5 passes use_reentrant=False; 4.35 .. 4.x passed True */
+    if (!reentrant_given)
+        t->ckpt.reentrant = s->framework.tf_major < 5;
+    if (t->zero_stage >= 1 && t->precision != PREC_FP32)
+        t->master_weights = MASTER_FP32; /* DeepSpeed always keeps fp32 master weights */
+    if (t->master_weights == MASTER_FP32 && t->precision == PREC_FP32 &&
+        (v = mm_node_get(tr, "master_weights")))
+        return key_fail(c, v, "training.master_weights",
+                        "fp32 master weights need precision bf16 or fp16");
+    t->autocast_given = mm_node_get(tr, "autocast") != NULL;
+    spec_derive(s);
+    if (t->loss != LOSS_CHUNKED && (v = mm_node_get(tr, "loss_chunks")))
+        return key_fail(c, v, "training.loss_chunks", "only applies to loss: chunked");
+    return 0;
+}
+
+/* ---- deepspeed, fsdp, device ---------------------------------------------------------- */
+
+static const char *const offload_names[] = {"none", "cpu", NULL};
+#define DS(f) offsetof(deepspeed_spec, f)
+static const keydesc deepspeed_keys[] = {
+    {"reduce_bucket_size", K_UINT, DS(reduce_bucket_size), 0, 1e12, NULL, 0, 0, 0},
+    {"allgather_bucket_size", K_UINT, DS(allgather_bucket_size), 0, 1e12, NULL, 0, 0, 0},
+    {"overlap_comm", K_BOOL, DS(overlap_comm), 0, 1, NULL, 0, 0, 0},
+    {"contiguous_gradients", K_BOOL, DS(contiguous_gradients), 0, 1, NULL, 0, 0, 0},
+    {"stage3_prefetch_bucket_size", K_UINT, DS(prefetch_bucket_size), 0, 1e12, NULL, 0, 0, 0},
+    {"stage3_max_live_parameters", K_UINT, DS(max_live_parameters), 0, 1e12, NULL, 0, 0, 0},
+    {"stage3_param_persistence_threshold", K_UINT, DS(param_persistence_threshold), 0, 1e12,
+     NULL, 0, 0, 0},
+    {"sub_group_size", K_UINT, DS(sub_group_size), 1, 1e12, NULL, 0, 0, 0},
+    {"offload_optimizer", K_ENUM, DS(offload_optimizer), 0, 0, offload_names, 0, 0, 0},
+    {"offload_param", K_ENUM, DS(offload_param), 0, 0, offload_names, 0, 0, 0},
+    {"pin_memory", K_BOOL, DS(pin_memory), 0, 1, NULL, 0, 0, 0},
+};
+#undef DS
+
+static const char *const fsdp_prec[] = {"bf16", "fp16", "fp32", NULL};
+static const char *const shard_names[] = {"FULL_SHARD", "SHARD_GRAD_OP", NULL};
+typedef struct fsdp_in {
+    fsdp_spec f;
+    int strategy, has_param, has_reduce;
+    int bprefetch;
+} fsdp_in;
+static const char *const bpf_names[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH", NULL};
+#define FS(f) offsetof(fsdp_in, f)
+static const keydesc fsdp_keys[] = {
+    {"version", K_INT32, FS(f.version), 1, 2, NULL, 0, 1, 0},
+    {"sharding_strategy", K_ENUM, FS(strategy), 0, 0, shard_names, 0, 0, 0},
+    {"use_orig_params", K_BOOL, FS(f.use_orig_params), 0, 1, NULL, 0, 0, 0},
+    {"reshard_after_forward", K_BOOL, FS(f.reshard_after_forward), 0, 1, NULL, 0, 0, 0},
+    {"limit_all_gathers", K_BOOL, FS(f.limit_all_gathers), 0, 1, NULL, 0, 0, 0},
+    {"forward_prefetch", K_BOOL, FS(f.forward_prefetch), 0, 1, NULL, 0, 0, 0},
+    {"backward_prefetch", K_ENUM, FS(bprefetch), 0, 0, bpf_names, 0, 0, 0},
+    {"param_dtype", K_ENUM, FS(f.param_dtype), 0, 0, fsdp_prec, 0, 0, 0},
+    {"reduce_dtype", K_ENUM, FS(f.reduce_dtype), 0, 0, fsdp_prec, 0, 0, 0},
+    {"buffer_dtype", K_ENUM, FS(f.buffer_dtype), 0, 0, fsdp_prec, 0, 0, 0},
+    {"cpu_offload", K_BOOL, FS(f.cpu_offload), 0, 1, NULL, 0, 0, 0},
+    {"model_dtype", K_ENUM, FS(f.fp32_loaded), 0, 0, fsdp_prec, 0, 0, 0},
+};
+#undef FS
+
+#define DV(f) offsetof(device_spec, f)
+static const keydesc device_keys[] = {
+    {"cuda_context", K_SIZE, DV(cuda_context), 0, 0, NULL, 0, 0, 0},
+    {"nccl", K_SIZE, DV(nccl), 0, 0, NULL, 0, 0, 0},
+    {"allocator_fixed", K_SIZE, DV(allocator_fixed), 0, 0, NULL, 0, 0, 0},
+    {"allocator_fraction", K_FLOAT, DV(allocator_fraction), 0, 1, NULL, 0, 0, 0},
+    {"alloc_conf", K_STRING, DV(alloc_conf), 0, 0, NULL, 0, 0, 0},
+};
+#undef DV
+
+static int decode_deepspeed(dctx *c, const mm_node *root, mm_spec *s)
+{
+    deepspeed_spec *d = &s->deepspeed;
+    memset(d, 0, sizeof *d);
+    d->overlap_comm = 1;
+    d->contiguous_gradients = 1;
+    d->max_live_parameters = 1000000000ull;
+    d->sub_group_size = 1000000000ull;
+    const mm_node *ds = mm_node_get(root, "deepspeed");
+    if (!ds)
+        return 0;
+    if (key_decode_map(c, ds, deepspeed_keys, sizeof deepspeed_keys / sizeof deepspeed_keys[0], d,
+                       "deepspeed", 0, NULL, NULL))
+        return -1;
+    const mm_node *v;
+    if (d->offload_param && s->training.zero_stage != 3 && (v = mm_node_get(ds, "offload_param")))
+        return key_fail(c, v, "deepspeed.offload_param", "parameter offload needs zero_stage 3");
+    if (d->offload_optimizer && s->training.zero_stage == 0 &&
+        (v = mm_node_get(ds, "offload_optimizer")))
+        return key_fail(c, v, "deepspeed.offload_optimizer", "optimizer offload needs ZeRO "
+                                                             "(training.zero_stage >= 1)");
+    return 0;
+}
+
+static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
+{
+    const mm_node *fs = mm_node_get(root, "fsdp");
+    memset(&s->fsdp, 0, sizeof s->fsdp);
+    if (!fs)
+        return 0;
+    fsdp_in in;
+    memset(&in, 0, sizeof in);
+    in.f.use_orig_params = 1;
+    in.f.limit_all_gathers = 1;
+    in.f.forward_prefetch = 0;
+    in.f.param_dtype = in.f.reduce_dtype = in.f.buffer_dtype = s->training.precision;
+    in.f.fp32_loaded = PREC_FP32;
+    size_t n = sizeof fsdp_keys / sizeof fsdp_keys[0];
+    unsigned char seen[sizeof fsdp_keys / sizeof fsdp_keys[0]] = {0};
+    if (key_decode_map(c, fs, fsdp_keys, n, &in, "fsdp", 0, NULL, seen) ||
+        key_check_required(c, fs, fsdp_keys, n, seen, "fsdp", 0))
+        return -1;
+    const mm_node *v;
+    if (in.f.version == 2 && (v = mm_node_get(fs, "sharding_strategy")))
+        return key_fail(c, v, "fsdp.sharding_strategy", "FSDP2 uses reshard_after_forward");
+    if (in.f.version == 1 && (v = mm_node_get(fs, "reshard_after_forward")))
+        return key_fail(c, v, "fsdp.reshard_after_forward",
+                        "FSDP1 uses sharding_strategy (FULL_SHARD reshards after forward)");
+    if (in.f.version == 1)
+        in.f.reshard_after_forward = in.strategy == 0;
+    else if (!mm_node_get(fs, "reshard_after_forward"))
+        in.f.reshard_after_forward = 1;
+    in.f.backward_prefetch = in.bprefetch != 2;
+    in.f.mixed_precision = mm_node_get(fs, "param_dtype") || mm_node_get(fs, "reduce_dtype");
+    if ((v = mm_node_get(fs, "version")) && s->training.zero_stage)
+        return key_fail(c, v, "fsdp", "FSDP and DeepSpeed ZeRO exclude each other "
+                                      "(training.zero_stage is %d)", s->training.zero_stage);
+    s->fsdp = in.f;
+    s->fsdp.fp32_loaded = in.f.fp32_loaded == PREC_FP32;
+    spec_derive(s); /* FSDP's MixedPrecision casts the parameters, no autocast */
+    return 0;
+}
+
+static int decode_device(dctx *c, const mm_node *root, mm_spec *s)
+{
+    device_spec *dv = &s->device;
+    memset(dv, 0, sizeof *dv);
+    const mm_node *dev = mm_node_get(root, "device");
+    if (!dev)
+        return 0;
+    if (key_decode_map(c, dev, device_keys, sizeof device_keys / sizeof device_keys[0], dv,
+                       "device", 0, NULL, NULL))
+        return -1;
+    dv->has_context = mm_node_get(dev, "cuda_context") != NULL;
+    dv->has_nccl = mm_node_get(dev, "nccl") != NULL;
+    dv->has_afix = mm_node_get(dev, "allocator_fixed") != NULL;
+    dv->has_afrac = mm_node_get(dev, "allocator_fraction") != NULL;
+    mm_alloc_conf ac;
+    mm_error e2;
+    mm_alloc_conf_default(&ac);
+    if (dv->alloc_conf[0] && mm_alloc_conf_parse(&ac, dv->alloc_conf, &e2) < 0)
+        return key_fail(c, mm_node_get(dev, "alloc_conf"), "device.alloc_conf", "%s", e2.msg);
+    return 0;
+}
+
+int spec_decode_sections(dctx *c, const mm_node *root, mm_spec *s)
+{
+    if (decode_deepspeed(c, root, s) || decode_fsdp(c, root, s) || decode_device(c, root, s))
+        return -1;
+    return 0;
+}
+
+void spec_derive(mm_spec *s)
+{
+    training_spec *t = &s->training;
+    if (!t->autocast_given)
+        t->autocast = t->zero_stage == 0 && !s->fsdp.version && t->master_weights == MASTER_FP32;
+}

@@ -1,0 +1,175 @@
+/* stack.c - a module's run of transformer layers: gradient checkpointing per
+ * layer (torch.utils.checkpoint, reentrant or not, every n-th layer, the
+ * saved inputs optionally on the host) and the folding of identical layers.
+ *
+ * Folding: in a run of identical layer groups (a group is one period of the
+ * layer pattern: 1 for uniform models, 6 for Gemma 3's 5 sliding + 1 global)
+ * every event's live bytes are a per-group base, which changes by the same
+ * amount from one group to the next, plus the same profile.  The maximum over
+ * the middle groups is therefore always reached in an end group: simulating
+ * groups 0, 1 and the last in full, and standing in for the M groups between
+ * with a ballast (what each group leaves alive in forward; in backward swapped
+ * for the groups' weight gradients), gives the same peak exactly.  A unit test
+ * compares folded and unfolded runs. */
+#include "ops.h"
+#include "util.h"
+
+#include <string.h>
+
+#define MAX_PERIOD 8
+
+/* HF gradient_checkpointing_enable(every_n_layers): counted over every
+ * GradientCheckpointingLayer in module order (vision blocks before decoder layers) */
+static int ckpt_here(const lctx *c, uint64_t l)
+{
+    const ckpt_spec *k = &c->spec->training.ckpt;
+    if (!c->ckpt || !c->grad || c->counting || c->recompute)
+        return 0;
+    uint64_t base = 0;
+    const module_spec *v = mm_spec_module(c->spec, MOD_VISION);
+    if (c->m->kind == MOD_DECODER && v)
+        base = v->num_hidden_layers + v->num_global_layers;
+    return (base + l) % (k->every_n_layers ? k->every_n_layers : 1) == 0;
+}
+
+/* what distinguishes one layer's memory from another's */
+static uint32_t layer_class(const lctx *c, uint64_t l)
+{
+    const module_spec *m = c->m;
+    uint32_t k = 0;
+    k |= (uint32_t)lset_has(&m->sliding, l) << 0;
+    k |= (uint32_t)lset_has(&m->dense, l) << 1;
+    k |= (uint32_t)lset_has(&m->cross, l) << 2;
+    k |= (uint32_t)lset_has(&m->full_attention, l) << 3;
+    k |= (uint32_t)lset_has(&m->deepstack, l) << 4;
+    k |= (uint32_t)lset_has(&m->taps, l) << 5;
+    k |= (uint32_t)ckpt_here(c, l) << 6;
+    if (m->kind == MOD_DECODER && l < c->ntaps && m->merge != MERGE_CROSS_ATTENTION)
+        k |= 1u << 7; /* DeepStack features are added after this layer */
+    return k;
+}
+
+typedef struct fold_plan {
+    uint64_t start, period, groups; /* groups of `period` layers from `start` */
+    int on;
+} fold_plan;
+
+/* the smallest period whose groups repeat from some layer to the end of the
+ * run, with at least 5 groups (fewer saves nothing) */
+static void plan_fold(const lctx *c, uint64_t first, uint64_t count, fold_plan *f)
+{
+    memset(f, 0, sizeof *f);
+    if (c->nofold || c->counting || count < 5)
+        return;
+    uint64_t end = first + count;
+    for (uint64_t p = 1; p <= MAX_PERIOD && p * 5 <= count; p++) {
+        uint64_t a = end - p; /* walk back while the class repeats with period p */
+        while (a > first && layer_class(c, a - 1) == layer_class(c, a - 1 + p))
+            a--;
+        uint64_t g = (end - a) / p;
+        if (g >= 5) {
+            f->start = end - g * p;
+            f->period = p;
+            f->groups = g;
+            f->on = 1;
+            return;
+        }
+    }
+}
+
+/* weight gradients the folded layers would leave (persistent .grad only) */
+static uint64_t folded_wgrad(lctx *c, uint64_t from, uint64_t to)
+{
+    if (c->zero >= 2 || c->grads_accumulate || !c->s->layer_tp)
+        return 0;
+    uint64_t n = 0;
+    for (uint64_t l = from; l < to && l < MM_MAX_LAYERS; l++)
+        n = sim_add(c->s, n, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + l]);
+    return op_mul(c, n, c->gdt);
+}
+
+/* saved: the folded groups left tensors for backward (else the growth was a
+ * held tuple of hidden states, released with it) */
+static int32_t ballast(lctx *c, uint64_t delta, uint64_t from, uint64_t to, uint64_t M,
+                       int saved)
+{
+    uint32_t r = op_row(c, "layers.folded", "folded");
+    op_label(c, "folded layers", r);
+    int32_t b = sim_alloc(c->s, r, op_mul(c, delta, M), F_TEMP, 0);
+    if (b < 0 || !saved)
+        return b;
+    sim_node *n = sim_node_new(c->s, r, -1);
+    if (n) {
+        n->free_first = 1;
+        sim_save(c->s, n, b);
+        n->wgrad_bytes = folded_wgrad(c, from, to);
+    }
+    sim_drop(c->s, b); /* now held by the node alone */
+    return -1;
+}
+
+/* one layer, checkpointed or not */
+static int32_t run_layer(lctx *c, int32_t x, uint64_t l)
+{
+    if (!ckpt_here(c, l))
+        return block_layer(c, x, l);
+    const ckpt_spec *k = &c->spec->training.ckpt;
+    c->grad = 0; /* the saved tensors are not kept (holders, or no_grad) */
+    int32_t y = block_layer(c, x, l);
+    c->grad = 1;
+    int needs = c->m->trainable || c->m->lora.enabled || op_rg(c, x);
+    sim_node *n = op_node(c, op_row(c, "layers.checkpoint", "checkpoint"), y, x, -1, -1, needs);
+    if (n) {
+        n->ckpt = 1;
+        n->ckpt_layer = (uint32_t)l;
+        n->ckpt_prog = (const void *)c->m;
+        if (!k->offload)
+            op_save(c, n, x); /* offload: the input waits in pinned host memory */
+        n->aux[0] = x;
+        int32_t aux[4] = {c->cos, c->sin, c->mask, c->mask_sliding};
+        for (int i = 0; i < 4; i++) {
+            op_save(c, n, aux[i]);
+            n->aux[i + 1] = aux[i];
+        }
+        op_save(c, n, c->cross_states);
+        n->aux[5] = c->cross_states;
+    }
+    return y;
+}
+
+int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *keep)
+{
+    fold_plan f;
+    plan_fold(c, first, count, &f);
+    uint64_t g1 = f.start + f.period, g2 = f.start + 2 * f.period;
+    uint64_t last = f.start + (f.groups - 1) * f.period, before = 0;
+    size_t tape0 = 0;
+    size_t nk = 0;
+    c->fold_from = c->fold_to = 0;
+    for (uint64_t l = first; l < first + count; l++) {
+        if (f.on && l == g1) {
+            before = sim_live_fixed(c->s);
+            tape0 = c->s->ntape;
+        }
+        if (f.on && l == g2) {
+            uint64_t delta = sim_live_fixed(c->s) - before, M = f.groups - 3;
+            int32_t b = ballast(c, delta, g2, last, M, c->s->ntape > tape0);
+            c->fold_from = g2;
+            c->fold_to = last;
+            if (keep)
+                keep[nk++] = b; /* a held hidden-state tuple: the ballast stands in */
+            else
+                op_drop(c, b);
+            l = last;
+        }
+        int32_t y = run_layer(c, x, l);
+        if (keep)
+            keep[nk++] = y;
+        else
+            op_drop(c, x);
+        x = y;
+        if (c->m->kind == MOD_DECODER && l < c->ntaps && c->m->merge != MERGE_CROSS_ATTENTION)
+            x = deepstack_add(c, x, l);
+    }
+    return x;
+}

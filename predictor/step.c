@@ -1,0 +1,173 @@
+/* step.c - one steady-state training step (see step.h).  The layer programs
+ * (prog.c) give the forward and its backward tape; this file puts around them
+ * what the training framework holds: parameters, gradients and optimizer
+ * states per strategy, ZeRO buckets and partitions, FSDP's gathered units,
+ * DDP's buckets, and the optimizer step's temporaries. */
+#include "step.h"
+#include "ops.h"
+#include "parallel.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+parallel_kind step_parallel(const mm_spec *sp)
+{
+    if (sp->fsdp.version)
+        return sp->fsdp.version == 2 ? PAR_FSDP2 : PAR_FSDP1;
+    return sp->training.zero_stage ? PAR_ZERO : PAR_DDP;
+}
+
+static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const step_cfg *cfg)
+{
+    const training_spec *t = &sp->training;
+    memset(c, 0, sizeof *c);
+    c->s = s;
+    c->spec = sp;
+    c->scratch = scratch;
+    c->cos = c->sin = c->mask = c->mask_sliding = c->pixels = c->cross_states = -1;
+    for (int i = 0; i < 4; i++)
+        c->late_drop[i] = -1;
+    for (int i = 0; i < MAX_TAPS; i++)
+        c->taps[i] = -1;
+    parallel_kind par = step_parallel(sp);
+    c->zero = par == PAR_ZERO ? t->zero_stage : par == PAR_DDP ? 0 : 3;
+    c->grads_accumulate = t->grad_accum > 1 || t->optimizer_in_backward;
+    c->grads_sharded = par == PAR_ZERO && t->zero_stage == 2 && !sp->deepspeed.contiguous_gradients &&
+                       !sp->deepspeed.offload_optimizer && t->grad_accum == 1;
+    c->nofold = cfg->nofold;
+    c->dt = mm_dtype_bytes(t->precision);
+    c->amp = t->autocast;
+    if (c->amp)
+        c->wdt = 4;
+    else if (par == PAR_FSDP1 || par == PAR_FSDP2)
+        c->wdt = mm_dtype_bytes(sp->fsdp.param_dtype);
+    else
+        c->wdt = c->dt;
+    c->gdt = c->wdt;
+    const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    if (v && t->images_per_sample) {
+        uint64_t h, w;
+        tokens_worst_image(sp, v, &h, &w);
+        mm_error e;
+        tokens_per_image(sp, h, w, &c->vt, &e);
+        c->images = sim_mul(s, t->micro_batch_size, t->images_per_sample);
+    }
+    if (v && v->kind == MOD_VISION)
+        for (uint64_t l = 0; l < v->num_hidden_layers && c->ntaps < MAX_TAPS; l++)
+            if (lset_has(&v->deepstack, l))
+                c->ntaps++;
+}
+
+/* pass 1: rows and parameter counts (or copied from an earlier run) */
+static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
+{
+    if (cfg->rows_from && cfg->rows_from->nrows) {
+        const sim *f = cfg->rows_from;
+        s->rows = malloc(f->nrows * sizeof *s->rows);
+        s->layer_tp = malloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS * sizeof *s->layer_tp);
+        if (!s->rows || !s->layer_tp)
+            return -1;
+        memcpy(s->rows, f->rows, f->nrows * sizeof *s->rows);
+        if (f->layer_tp)
+            memcpy(s->layer_tp, f->layer_tp, (size_t)MM_MAX_MODULES * MM_MAX_LAYERS *
+                                                 sizeof *s->layer_tp);
+        s->nrows = s->caprows = f->nrows;
+        memcpy(s->rcache, f->rcache, sizeof s->rcache); /* same rows, same ids */
+        c->largest_param = cfg->largest_param;
+        return 0;
+    }
+    s->layer_tp = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_tp);
+    if (!s->layer_tp)
+        return -1;
+    c->counting = 1;
+    prog_forward(c);
+    c->counting = 0;
+    return 0;
+}
+
+/* the batch: input_ids, labels, attention_mask (int64) and pixel_values (fp32,
+ * as the processor makes them) */
+static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
+{
+    sim *s = c->s;
+    const training_spec *t = &sp->training;
+    uint32_t rin = sim_row_get(s, llm, "inputs", "inputs");
+    sim_label(s, "inputs", rin);
+    uint64_t bs = sim_mul(s, t->micro_batch_size, t->seq_len);
+    int32_t in = sim_alloc(s, rin, sim_mul(s, bs, 3 * 8), F_TEMP, 0);
+    const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    if (v && c->images) {
+        uint64_t tk = v->temporal_patch_size ? v->temporal_patch_size : 1;
+        uint64_t px = sim_mul3(s, c->images, c->vt.patches, sim_mul3(s, v->num_channels,
+                                                                    sim_mul(s, v->patch_size,
+                                                                            v->patch_size),
+                                                                    tk));
+        c->pixels = sim_alloc(s, sim_row_get(s, (uint32_t)(v - sp->modules), "pixel_values",
+                                             "inputs"),
+                              sim_mul(s, px, 4), F_TEMP, 0);
+        if (c->pixels >= 0)
+            s->t[c->pixels].esz = 4;
+    }
+    return in;
+}
+
+static int finish(sim *s, const mm_spec *sp, int32_t *scratch, lctx *c, mm_error *err)
+{
+    free(scratch);
+    free(c->amp_cache);
+    if (s->oom) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    if (s->overflow) {
+        mm_err(err, "%s: the predicted sizes overflow 64-bit byte counts (absurd dimensions?)",
+               sp->path);
+        return -1;
+    }
+    return 0;
+}
+
+int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+{
+    sim_init(s, cfg->dp, cfg->symbolic);
+    s->snap_at = cfg->snap_at;
+    s->log = cfg->log;
+    int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
+    lctx c;
+    ctx_init(&c, sp, s, scratch, cfg);
+    if (!scratch || rows_pass(&c, s, cfg)) {
+        s->oom = 1;
+        return finish(s, sp, scratch, &c, err);
+    }
+    if (s->oom || s->overflow)
+        return finish(s, sp, scratch, &c, err);
+    par_state ps;
+    uint32_t llm = (uint32_t)(mm_spec_module(sp, MOD_DECODER) - sp->modules);
+    par_model_states(&ps, &c, sp, llm);
+    s->step_ev = s->nev; /* model states above, the step below */
+    int32_t in = inputs(&c, sp, llm);
+    par_forward_begin(&ps, &c);
+    int32_t loss = prog_forward(&c);
+    for (size_t i = 0; i < c.n_amp; i++) /* the autocast region ends */
+        op_drop(&c, c.amp_cache[i]);
+    c.n_amp = 0;
+    for (int i = 0; i < 4; i++)
+        op_drop(&c, c.late_drop[i]);
+    if (s->oom || s->overflow)
+        return finish(s, sp, scratch, &c, err);
+    sim_set_phase(s, MM_PHASE_BACKWARD);
+    par_backward_begin(&ps, &c);
+    sim_backward(s, 0, s->ntape, prog_recompute, &c);
+    sim_drop(s, loss);
+    par_backward_end(&ps, &c);
+    if (s->oom || s->overflow)
+        return finish(s, sp, scratch, &c, err);
+    sim_set_phase(s, MM_PHASE_OPTIMIZER);
+    par_optimizer(&ps, &c);
+    sim_drop(s, in);
+    sim_drop(s, c.pixels);
+    s->largest_param = c.largest_param;
+    return finish(s, sp, scratch, &c, err);
+}

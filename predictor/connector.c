@@ -111,6 +111,8 @@ int32_t connector_module(lctx *c, int32_t feat)
 {
     const module_spec *m = c->m;
     uint64_t h = m->input_size, rows = c->T;
+    if (m->image_newline) /* appended after each row of features: a tiny concat */
+        op_param(c, op_row(c, "image_newline", "parameter"), m->hidden_size, op_trainable(c));
     uint32_t r = op_row(c, "input_copy", "copy");
     switch (m->conn) {
     case CONN_PATCH_MERGER:

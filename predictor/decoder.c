@@ -68,7 +68,8 @@ static int32_t embed(lctx *c, int32_t feat)
      * later sample's V x h gradient is a temporary AccumulateGrad adds in */
     uint64_t llava = m->merge == MERGE_LLAVA && feat >= 0 && c->B > 1
                          ? op_mul3(c, m->vocab_size, m->hidden_size, c->gdt) : 0;
-    int32_t emb = op_embedding(c, "embed_tokens", c->T, m->vocab_size, m->hidden_size,
+    uint64_t rows = m->embedding_rows ? m->embedding_rows : m->vocab_size;
+    int32_t emb = op_embedding(c, "embed_tokens", c->T, rows, m->hidden_size,
                                m->tie_word_embeddings, llava);
     if (c->input_grads && !c->counting && emb >= 0)
         c->s->t[emb].rg = 1; /* enable_input_require_grads() */

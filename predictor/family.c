@@ -94,6 +94,7 @@ static void fam_qwen3_vl(module_spec *m)
     m->act = ACT_GELU_TANH;
     m->pos = POS_LEARNED_ROPE2D;
     m->patch_bias = 1;
+    m->num_position_embeddings = 2304;
     m->img.min_pixels = 65536;
     m->img.max_pixels = 16777216;
 }
@@ -141,6 +142,7 @@ static void fam_mllama(module_spec *m)
     m->img.kind = IMG_MLLAMA;
     m->img.max_tiles = 4;
     m->max_num_tiles = 4;
+    m->aspect_ratio_ids = 8;
     m->num_global_layers = 8;
     m->hidden_tuple = 0;
 }

@@ -37,6 +37,7 @@ static void usage_main(FILE *f)
             "  report  LOG... [--json]\n"
             "  bench   SPEC [--iterations N]\n"
             "  alloc-replay TRACE [--alloc-conf CONF] [--capacity SIZE] [--json]\n"
+            "  import  --hf DIR|config.json [--set SECTION.KEY=VALUE]... [-o SPEC]\n"
             "\n"
             "  mmguard <command> --help   details of a command\n"
             "  mmguard --version\n");
@@ -470,6 +471,8 @@ int main(int argc, char **argv)
         return mm_cli_report_entry(argc, argv);
     if (!strcmp(cmd, "alloc-replay"))
         return mm_cli_alloc_replay(argc - 1, argv + 1);
+    if (!strcmp(cmd, "import"))
+        return mm_cli_import(argc - 1, argv + 1);
     fprintf(stderr, "mmguard: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return 2;

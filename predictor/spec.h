@@ -104,6 +104,7 @@ typedef struct module_spec {
     pos_kind pos;
     /* decoder */
     uint64_t vocab_size;
+    uint64_t embedding_rows;      /* rows of embed_tokens when not vocab_size (Mllama: +8) */
     int tie_word_embeddings;
     int scale_embeddings;         /* Gemma: embeddings * sqrt(hidden) */
     uint64_t sliding_window;      /* 0 = none */
@@ -135,6 +136,9 @@ typedef struct module_spec {
     uint64_t num_global_layers;   /* Mllama global (gated) encoder */
     layer_set taps;               /* Mllama intermediate_layers_indices */
     uint64_t max_num_tiles;       /* Mllama tile embeddings */
+    uint64_t aspect_ratio_ids;    /* Mllama supported aspect ratios (tile embedding rows - 1) */
+    uint64_t num_position_embeddings; /* Qwen3-VL learned position table rows */
+    int pooling_head;             /* SigLIP attention-pooling head (parameters only) */
     image_proc img;
     /* connector */
     conn_kind conn;
@@ -144,6 +148,7 @@ typedef struct module_spec {
     uint64_t merge_size;          /* patch merger / pixel shuffle: side of the merged square */
     uint64_t pool_kernel;         /* avg_pool: side of the pooling window */
     int conn_bias;
+    int image_newline;            /* LLaVA-NeXT / OneVision image_newline parameter */
     /* quantized base weights (QLoRA) */
     quant_kind quant;
     int double_quant;

@@ -63,6 +63,7 @@ static const keydesc module_keys[] = {
     /* decoder */
     {"vocab_size", K_UINT, M(vocab_size), 1, 1 << 24, NULL, D, 1, 0},
     {"tie_word_embeddings", K_BOOL, M(tie_word_embeddings), 0, 1, NULL, D, 0, 0},
+    {"embedding_rows", K_UINT, M(embedding_rows), 1, 1 << 24, NULL, D, 0, 0},
     {"scale_embeddings", K_BOOL, M(scale_embeddings), 0, 1, NULL, D, 0, 0},
     {"sliding_window", K_UINT, M(sliding_window), 0, 1 << 24, NULL, D, 0, 0},
     {"sliding_layers", K_LAYERS, M(sliding), 0, 0, NULL, D, 0, 0},
@@ -102,6 +103,9 @@ static const keydesc module_keys[] = {
     {"num_global_layers", K_UINT, M(num_global_layers), 0, MM_MAX_LAYERS, NULL, V, 0, 0},
     {"intermediate_layers_indices", K_LAYERS, M(taps), 0, 0, NULL, V, 0, 0},
     {"max_num_tiles", K_UINT, M(max_num_tiles), 1, 64, NULL, V, 0, 0},
+    {"aspect_ratio_ids", K_UINT, M(aspect_ratio_ids), 1, 4096, NULL, V, 0, 0},
+    {"num_position_embeddings", K_UINT, M(num_position_embeddings), 1, 1 << 20, NULL, V, 0, 0},
+    {"pooling_head", K_BOOL, M(pooling_head), 0, 1, NULL, V, 0, 0},
     {"image_processor", K_SPECIAL, 0, 0, 0, NULL, V, 0, 0},
     /* connector */
     {"input_size", K_UINT, M(input_size), 1, 1 << 17, NULL, C, 1, 0},
@@ -110,6 +114,7 @@ static const keydesc module_keys[] = {
     {"merge_size", K_UINT, M(merge_size), 1, 64, NULL, C, 0, 0},
     {"pool_kernel", K_UINT, M(pool_kernel), 1, 256, NULL, C, 0, 0},
     {"bias", K_BOOL, M(conn_bias), 0, 1, NULL, C, 0, 0},
+    {"image_newline", K_BOOL, M(image_newline), 0, 1, NULL, C, 0, 0},
     /* all */
     {"quantization", K_SPECIAL, 0, 0, 0, NULL, ALL, 0, 0},
     {"lora", K_SPECIAL, 0, 0, 0, NULL, ALL, 0, 0},

@@ -63,10 +63,9 @@ static int32_t embeddings(lctx *c)
     }
     if (m->pos == POS_LEARNED || m->pos == POS_LEARNED_ROPE2D) {
         uint32_t rp = op_row(c, "embeddings.position_embedding", "embedding");
-        uint64_t npos = m->pos == POS_LEARNED_ROPE2D ? op_mul(c, 48, 48)
-                                                     : op_mul(c, P, 1) + (m->class_token ? 1 : 0);
-        if (m->pos == POS_LEARNED_ROPE2D && m->image_size)
-            npos = op_mul(c, m->image_size / m->patch_size, m->image_size / m->patch_size);
+        uint64_t g = m->image_size && m->patch_size ? m->image_size / m->patch_size : 0;
+        uint64_t npos = m->pos == POS_LEARNED_ROPE2D ? m->num_position_embeddings
+                                                     : op_mul(c, g, g) + (m->class_token ? 1 : 0);
         op_param(c, rp, op_mul(c, npos, h), tw);
         int32_t pos = op_new(c, rp, op_mul(c, m->packed ? c->T : c->S, h), c->wdt);
         sim_node *n = op_node(c, rp, pos, -1, -1, -1, tw);
@@ -164,6 +163,15 @@ int32_t vision_module(lctx *c)
         int d = c->dead;
         c->dead = 1;
         op_param(c, rpost, 2 * h, op_trainable(c));
+        c->dead = d;
+    }
+    if (m->pooling_head) { /* SiglipMultiheadAttentionPoolingHead: parameters only */
+        int d = c->dead;
+        c->dead = 1;
+        uint64_t I = m->intermediate_size;
+        op_param(c, op_row(c, "head", "pooling_head"),
+                 sim_add(c->s, op_mul(c, 4 * h, h), op_mul(c, 2 * h, I)) + 8 * h + I,
+                 op_trainable(c));
         c->dead = d;
     }
     op_drop(c, c->cos);

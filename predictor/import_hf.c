@@ -1,0 +1,162 @@
+/* import_hf.c - Hugging Face config.json (+ preprocessor_config.json) ->
+ * modules: which sub-configs hold the vision and text parts for each
+ * top-level model_type, and the image processor of each family. */
+#include "import_hf.h"
+
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ULL(x) ((unsigned long long)(x))
+
+static const char *const vlm_types[] = {"llava", "llava_onevision", "qwen2_vl", "qwen2_5_vl",
+                                        "qwen3_vl", "qwen3_vl_moe", "internvl", "internvl_chat",
+                                        "gemma3", "mllama", "idefics3", "smolvlm", NULL};
+
+/* the text part of a VLM: its sub-config (or the top level) and model_type */
+static const mm_node *text_part(const mm_node *root, const char *top, char *ttype, size_t n,
+                                const char **key)
+{
+    const mm_node *t = mm_node_get(root, "text_config");
+    *key = "text_config";
+    if (!strcmp(top, "internvl_chat")) {
+        t = mm_node_get(root, "llm_config");
+        *key = "llm_config";
+    }
+    const mm_node *mt = t ? mm_node_get(t, "model_type") : NULL;
+    if (mt && mt->type == MM_NODE_SCALAR && mt->str)
+        snprintf(ttype, n, "%s", mt->str);
+    else if (!strcmp(top, "qwen2_vl") || !strcmp(top, "qwen2_5_vl") || !strcmp(top, "qwen3_vl"))
+        snprintf(ttype, n, "%.40s_text", top);
+    else if (!strcmp(top, "qwen3_vl_moe"))
+        snprintf(ttype, n, "qwen3_vl_moe_text");
+    else if (!strcmp(top, "gemma3"))
+        snprintf(ttype, n, "gemma3_text");
+    else if (!strcmp(top, "mllama"))
+        snprintf(ttype, n, "mllama_text_model");
+    else if (!strcmp(top, "llava_onevision") || !strcmp(top, "internvl"))
+        snprintf(ttype, n, "qwen2");
+    else
+        snprintf(ttype, n, "llama");
+    if (!t && (!strcmp(top, "qwen2_vl") || !strcmp(top, "qwen2_5_vl"))) {
+        *key = "";
+        return root; /* older Qwen-VL files keep the text keys at the top */
+    }
+    return t;
+}
+
+static int vlm(imp_spec *s, const mm_node *root, const char *top, const char *file, mm_error *err)
+{
+    hfc th, vh, rh;
+    char ttype[64];
+    const char *tkey;
+    const mm_node *t = text_part(root, top, ttype, sizeof ttype, &tkey);
+    hfc_init(&rh, s, root, "", file, err);
+    hf_mark(&rh, "text_config");
+    hf_mark(&rh, "llm_config");
+    hf_mark(&rh, "vision_config");
+    int top_tie = -1, tie;
+    if (mm_node_get(root, "tie_word_embeddings") && t != root) {
+        if (hf_bool(&rh, "tie_word_embeddings", 0, &tie))
+            return -1;
+        top_tie = tie;
+    }
+    hfc *text = t == root ? &rh : &th;
+    if (t != root)
+        hfc_init(&th, s, t, tkey, file, err);
+    if (imp_hf_text(text, ttype, top_tie, s))
+        return -1;
+    if (t != root && hf_finish(&th))
+        return -1;
+    hfc_init(&vh, s, mm_node_get(root, "vision_config"), "vision_config", file, err);
+    if (imp_hf_vision(&rh, &vh, top, s))
+        return -1;
+    if (!strcmp(top, "internvl_chat")) { /* tiles from config.json */
+        uint64_t size, lo, hi;
+        int thumb, dyn;
+        if (hf_u64(&rh, "force_image_size", 448, &size) || hf_u64(&rh, "min_dynamic_patch", 1, &lo) ||
+            hf_u64(&rh, "max_dynamic_patch", 12, &hi) || hf_bool(&rh, "use_thumbnail", 1, &thumb) ||
+            hf_bool(&rh, "dynamic_image_size", 1, &dyn))
+            return -1;
+        imp_section *v = imp_module(s, "vision");
+        imp_set(v, "image_size", "force_image_size", "%llu", ULL(size));
+        imp_set(v, "image_processor",
+                "max_dynamic_patch / min_dynamic_patch / use_thumbnail",
+                "{kind: %s, min_tiles: %llu, max_tiles: %llu, use_thumbnail: %s}",
+                dyn ? "tiles" : "fixed", ULL(lo), ULL(dyn ? hi : 1), thumb ? "true" : "false");
+    }
+    if (!strcmp(top, "llava_onevision"))
+        hf_mark(&rh, "image_grid_pinpoints"); /* read with the preprocessor below */
+    hf_mark(&rh, "hidden_size");                /* InternVL copies the LLM width */
+    if (t != root && mm_node_get(root, "vocab_size"))
+        imp_note(s, "ignored vocab_size: a copy of %s.vocab_size", tkey);
+    hf_mark(&rh, "vocab_size");
+    return hf_finish(&rh);
+}
+
+static int is_vlm(const char *t)
+{
+    for (size_t i = 0; vlm_types[i]; i++)
+        if (!strcmp(vlm_types[i], t))
+            return 1;
+    return 0;
+}
+
+int imp_hf_buffer(imp_spec *s, const char *buf, size_t len, const char *name, const char *pre,
+                  size_t prelen, const char *prename, mm_error *err)
+{
+    mm_node *root = mm_json_parse(buf, len, name, err);
+    if (!root)
+        return -1;
+    imp_source(s, name, buf, len);
+    int rc = -1;
+    const mm_node *mt = mm_node_get(root, "model_type");
+    if (root->type != MM_NODE_MAP || !mt || mt->type != MM_NODE_SCALAR || !mt->str) {
+        mm_err_at(err, name, root->line, root->col, "model_type: required (a Hugging Face "
+                                                      "config.json names its model_type)");
+        goto out;
+    }
+    char top[48];
+    snprintf(top, sizeof top, "%.40s", mt->str);
+    if (is_vlm(top)) {
+        rc = vlm(s, root, top, name, err);
+    } else {
+        hfc h;
+        hfc_init(&h, s, root, "", name, err);
+        rc = imp_hf_text(&h, top, -1, s) || hf_finish(&h) ? -1 : 0;
+    }
+    if (!rc && pre)
+        rc = imp_hf_preprocessor(s, pre, prelen, prename, top, err);
+    else if (!rc && strcmp(top, "internvl_chat") && imp_module(s, "vision")->n &&
+             imp_get(imp_module(s, "vision"), "family"))
+        imp_note(s, "assumed the family's default image processor (no preprocessor_config.json)");
+out:
+    mm_node_free(root);
+    return rc;
+}
+
+/* config.json, or a directory holding it; preprocessor_config.json beside it */
+int imp_hf(imp_spec *s, const char *path, mm_error *err)
+{
+    char cfg[1024], pre[1024], dir[1024];
+    size_t n = strlen(path);
+    if (n >= 11 && strcmp(path + n - 11, "config.json") == 0) {
+        snprintf(cfg, sizeof cfg, "%s", path);
+        snprintf(dir, sizeof dir, "%s", path);
+        snprintf(pre, sizeof pre, "%s/preprocessor_config.json", dirname(dir));
+    } else {
+        snprintf(cfg, sizeof cfg, "%s/config.json", path);
+        snprintf(pre, sizeof pre, "%s/preprocessor_config.json", path);
+    }
+    size_t len, plen = 0;
+    char *buf = imp_read_file(cfg, &len, err);
+    if (!buf)
+        return -1;
+    mm_error perr;
+    char *pbuf = imp_read_file(pre, &plen, &perr); /* optional */
+    int rc = imp_hf_buffer(s, buf, len, cfg, pbuf, plen, pbuf ? pre : NULL, err);
+    free(buf);
+    free(pbuf);
+    return rc;
+}

@@ -183,6 +183,12 @@ static int32_t sublayer(lctx *c, int32_t x, int which, int attn)
     }
     if (m->layer_scale)
         f = layer_scale(c, which == 0 ? "layers.lambda_1" : "layers.lambda_2", f);
+    if (c->gated) {
+        int32_t g = op_tanh_gate(c, which == 0 ? "global_layers.gate_attn" : "global_layers.gate_ffn",
+                                 f, op_mul(c, T, h));
+        op_drop(c, f);
+        f = g;
+    }
     uint32_t rres = op_row(c, "layers.residual", "add");
     op_label(c, "residual", rres);
     /* a non-reentrant recompute stops at the last saved tensor: the layer's

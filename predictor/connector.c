@@ -18,22 +18,28 @@ static uint64_t esz_of(const lctx *c, int32_t id)
     return id >= 0 && c->s->t[id].esz ? c->s->t[id].esz : c->dt;
 }
 
-static const char *const lin_names[] = {"linear_1", "linear_2", "linear_3", "linear_4"};
-static const char *const act_names[] = {"act_1", "act_2", "act_3", "act_4"};
+static const char *const lin_names[2][4] = {
+    {"linear_1", "linear_2", "linear_3", "linear_4"},
+    {"deepstack.linear_1", "deepstack.linear_2", "deepstack.linear_3", "deepstack.linear_4"}};
+static const char *const act_names[2][4] = {{"act_1", "act_2", "act_3", "act_4"},
+                                            {"deepstack.act_1", "deepstack.act_2",
+                                             "deepstack.act_3", "deepstack.act_4"}};
 
 /* Linear (-> act -> Linear ...) over rows x in; widths in -> mid ... -> out */
 static int32_t mlp(lctx *c, int32_t x, uint64_t rows, uint64_t in, uint64_t mid, uint64_t out)
 {
     const module_spec *m = c->m;
     uint64_t L = m->num_layers;
+    int ds = c->per_layer; /* DeepStack mergers are the connector's repeated rows */
     for (uint64_t l = 0; l < L; l++) {
         uint64_t wi = l == 0 ? in : mid, wo = l + 1 == L ? out : mid;
-        int32_t y = op_linear(c, lin_names[l < 4 ? l : 3], x, rows, wi, wo, m->conn_bias,
+        int32_t y = op_linear(c, lin_names[ds][l < 4 ? l : 3], x, rows, wi, wo, m->conn_bias,
                               LT_MLP_ALL);
         op_drop(c, x);
         x = y;
         if (l + 1 < L) {
-            int32_t a = op_activation(c, act_names[l < 4 ? l : 3], x, op_mul(c, rows, wo), m->act);
+            int32_t a = op_activation(c, act_names[ds][l < 4 ? l : 3], x, op_mul(c, rows, wo),
+                                      m->act);
             op_drop(c, x);
             x = a;
         }
@@ -63,7 +69,8 @@ static int32_t merger(lctx *c, int32_t x, uint64_t rows, uint64_t h, int norm_af
     }
     /* .view(-1, 4h): no copy */
     if (norm_after) {
-        int32_t z = op_norm(c, "norm", x, out_rows, wide, m->conn_norm, 1);
+        int32_t z = op_norm(c, c->per_layer ? "deepstack.norm" : "norm", x, out_rows, wide,
+                            m->conn_norm == NORM_NONE ? NORM_LAYER : m->conn_norm, 1);
         op_drop(c, x);
         x = z;
     }
@@ -131,4 +138,24 @@ int32_t connector_module(lctx *c, int32_t feat)
         return mlp(c, x, rows, h, mid, m->hidden_size);
     }
     }
+}
+
+/* Qwen3VLVisionModel: deepstack_merger_list[k](hidden_states) right after a
+ * tapped vision layer (its LayerNorm after the 2x2 merge); the features wait
+ * for the decoder's first layers */
+int32_t connector_deepstack(lctx *c, int32_t x)
+{
+    const module_spec *cm = mm_spec_module(c->spec, MOD_CONNECTOR);
+    if (!cm)
+        return -1;
+    lctx outer = *c;
+    prog_enter_module(c, (uint32_t)(cm - c->spec->modules));
+    c->per_layer = 1;
+    op_hold(c, x);
+    int32_t y = merger(c, x, c->T, cm->input_size, 1);
+    outer.amp_cache = c->amp_cache;
+    outer.n_amp = c->n_amp;
+    outer.cap_amp = c->cap_amp;
+    *c = outer;
+    return y;
 }

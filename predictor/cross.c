@@ -7,23 +7,6 @@
 #include "ops.h"
 #include "util.h"
 
-/* tanh(gate) * x: TanhBackward keeps the (scalar) result, MulBackward0 keeps x
- * for the gate's gradient */
-static int32_t gated(lctx *c, const char *name, int32_t x, uint64_t elems)
-{
-    uint32_t r = op_row(c, name, "gate");
-    int tw = op_trainable(c);
-    op_param(c, r, 1, tw);
-    uint64_t e = x >= 0 ? c->s->t[x].esz : c->dt;
-    int32_t y = op_new(c, r, elems, e);
-    sim_node *n = op_node(c, r, y, x, -1, -1, tw);
-    if (tw) {
-        op_save(c, n, x);
-        op_wgrad(c, n, 1);
-    }
-    return y;
-}
-
 static int32_t cross_attention(lctx *c, int32_t z)
 {
     const module_spec *m = c->m;
@@ -60,7 +43,7 @@ int32_t block_cross_layer(lctx *c, int32_t x)
     int32_t z = op_norm(c, "cross_layers.input_layernorm", x, c->T, m->hidden_size, m->norm, 1);
     int32_t a = cross_attention(c, z);
     op_drop(c, z);
-    int32_t ga = gated(c, "cross_layers.cross_attn_attn_gate", a, Th);
+    int32_t ga = op_tanh_gate(c, "cross_layers.cross_attn_attn_gate", a, Th);
     op_drop(c, a);
     int32_t h1 = op_add(c, rres, x, ga, Th, 0);
     op_drop(c, ga);
@@ -71,7 +54,7 @@ int32_t block_cross_layer(lctx *c, int32_t x)
     /* full_text_row_masked_out_mask[:, 0] * hidden_states */
     int32_t fm = op_plain(c, rres, f, -1, Th, f >= 0 ? c->s->t[f].esz : c->dt);
     op_drop(c, f);
-    int32_t gf = gated(c, "cross_layers.cross_attn_mlp_gate", fm, Th);
+    int32_t gf = op_tanh_gate(c, "cross_layers.cross_attn_mlp_gate", fm, Th);
     op_drop(c, fm);
     int32_t out = op_add(c, rres, h1, gf, Th, 0);
     op_drop(c, h1);

@@ -128,9 +128,12 @@ static void masks(lctx *c, int has_images)
         if (sliding)
             c->mask_sliding = op_new(c, r, ss, 1);
     }
-    if (m->merge == MERGE_CROSS_ATTENTION && has_images && c->attn != ATT_FLASH)
-        c->mask = op_new(c, r, op_mul(c, ss / c->S, c->vt.seq * c->vt.tiles * c->images),
-                         c->attn == ATT_EAGER ? esz_of(c, c->cos) : 1);
+    /* Mllama _prepare_cross_attention_mask: an additive (B, 1, S, image tokens)
+     * mask in the model dtype, for every attention kind */
+    if (m->merge == MERGE_CROSS_ATTENTION && has_images)
+        c->mask = op_new(c, r, op_mul(c, op_mul(c, c->B, c->S),
+                                      c->vt.seq * c->vt.tiles * (c->images / c->B)),
+                         esz_of(c, c->cos));
 }
 
 int32_t decoder_module(lctx *c, int32_t image_features)

@@ -247,6 +247,7 @@ static const struct ignored ignored_keys[] = {
     {"vision_aspect_ratio", "read with the image processor"},
     {"use_absolute_position_embeddings", "read with the vision family"},
     {"use_mask_token", "masked image modelling, unused in training here"},
+    {"image_seq_len", "derived from the image geometry"},
 };
 
 static const char *ignored_why(const char *key)

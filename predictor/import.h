@@ -18,7 +18,7 @@
 
 typedef struct imp_kv {
     char key[64];
-    char val[600];
+    char val[1600];
     char from[160];     /* "vision_config.depth", "ds_config.json: zero_optimization.stage" */
 } imp_kv;
 
@@ -57,6 +57,9 @@ int imp_hf_buffer(imp_spec *s, const char *buf, size_t len, const char *name,
 /* import_emit.c: the commented YAML spec (malloc'd) */
 char *imp_emit(const imp_spec *s);
 
+/* what a spec needs that no input gave: micro_batch_size 1, a sequence length,
+ * one image per sample, bf16 - each stated as an assumption */
+void imp_training_defaults(imp_spec *s);
 /* read a whole regular file (limit MM_MAX_SPEC_BYTES); NULL with err */
 char *imp_read_file(const char *path, size_t *len, mm_error *err);
 

@@ -46,7 +46,7 @@ static void section(sbuf *b, const imp_section *s, const char *indent)
 {
     for (size_t i = 0; i < s->n; i++) {
         const imp_kv *kv = &s->kv[i];
-        char line[800];
+        char line[1800];
         snprintf(line, sizeof line, "%s%s: %s", indent, kv->key, kv->val);
         if (kv->from[0])
             put(b, "%-48s # %s\n", line, kv->from);

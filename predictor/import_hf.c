@@ -46,6 +46,36 @@ static const mm_node *text_part(const mm_node *root, const char *top, char *ttyp
     return t;
 }
 
+/* LLaVA-OneVision keeps the anyres grid in config.json: image_grid_pinpoints
+ * and vision_aspect_ratio anyres_max_N */
+static int anyres_from_config(hfc *rh, imp_spec *s)
+{
+    const mm_node *pp = hf_node(rh, "image_grid_pinpoints");
+    char ar[64], buf[600] = "[";
+    if (hf_str(rh, "vision_aspect_ratio", "anyres_max_9", ar, sizeof ar))
+        return -1;
+    uint64_t maxt = 9;
+    if (strncmp(ar, "anyres_max_", 11) || key_parse_u64(ar + 11, &maxt))
+        return hf_fail(rh, "vision_aspect_ratio", "expected anyres_max_N, got '%s'", ar);
+    if (!pp || pp->type != MM_NODE_SEQ || !pp->n || pp->n > 64)
+        return hf_fail(rh, "image_grid_pinpoints", "expected 1 to 64 [height, width] pairs");
+    size_t o = 1;
+    for (size_t i = 0; i < pp->n && o + 32 < sizeof buf; i++) {
+        const mm_node *e = pp->vals[i];
+        if (e->type != MM_NODE_SEQ || e->n != 2 || e->vals[0]->type != MM_NODE_SCALAR ||
+            e->vals[1]->type != MM_NODE_SCALAR)
+            return hf_fail(rh, "image_grid_pinpoints", "expected [height, width] pairs");
+        o += (size_t)snprintf(buf + o, sizeof buf - o, "%s[%s, %s]", i ? ", " : "",
+                              e->vals[0]->str, e->vals[1]->str);
+    }
+    snprintf(buf + o, sizeof buf - o, "]");
+    imp_set(imp_module(s, "vision"), "image_processor",
+            "image_grid_pinpoints, vision_aspect_ratio",
+            "{kind: anyres, max_tiles: %llu, image_newline: true, image_grid_pinpoints: %s}",
+            ULL(maxt), buf);
+    return 0;
+}
+
 static int vlm(imp_spec *s, const mm_node *root, const char *top, const char *file, mm_error *err)
 {
     hfc th, vh, rh;
@@ -56,9 +86,13 @@ static int vlm(imp_spec *s, const mm_node *root, const char *top, const char *fi
     hf_mark(&rh, "text_config");
     hf_mark(&rh, "llm_config");
     hf_mark(&rh, "vision_config");
+    /* transformers 5.17 ties by the top-level flag, whose class default is true
+     * for InternVLConfig and Gemma3Config (a converted config that leaves it out
+     * is tied) */
     int top_tie = -1, tie;
-    if (mm_node_get(root, "tie_word_embeddings") && t != root) {
-        if (hf_bool(&rh, "tie_word_embeddings", 0, &tie))
+    int top_def = !strcmp(top, "internvl") || !strcmp(top, "gemma3");
+    if (t != root && (mm_node_get(root, "tie_word_embeddings") || top_def)) {
+        if (hf_bool(&rh, "tie_word_embeddings", top_def, &tie))
             return -1;
         top_tie = tie;
     }
@@ -86,8 +120,8 @@ static int vlm(imp_spec *s, const mm_node *root, const char *top, const char *fi
                 "{kind: %s, min_tiles: %llu, max_tiles: %llu, use_thumbnail: %s}",
                 dyn ? "tiles" : "fixed", ULL(lo), ULL(dyn ? hi : 1), thumb ? "true" : "false");
     }
-    if (!strcmp(top, "llava_onevision"))
-        hf_mark(&rh, "image_grid_pinpoints"); /* read with the preprocessor below */
+    if (!strcmp(top, "llava_onevision") && anyres_from_config(&rh, s))
+        return -1;
     hf_mark(&rh, "hidden_size");                /* InternVL copies the LLM width */
     if (t != root && mm_node_get(root, "vocab_size"))
         imp_note(s, "ignored vocab_size: a copy of %s.vocab_size", tkey);

@@ -231,8 +231,11 @@ static int connector(hfc *top, const char *top_type, imp_spec *s, uint64_t vh, u
         imp_set(c, "hidden_act", hf_where(top, "projector_hidden_act", w, sizeof w), "%s", act);
         if (!bias)
             imp_set(c, "bias", "multimodal_projector_bias", "false");
-        if (!strcmp(top_type, "llava_onevision"))
-            imp_set(c, "image_newline", "LlavaOnevisionModel.image_newline", "true");
+        int nl = !strcmp(top_type, "llava_onevision");
+        if (nl && hf_bool(top, "use_image_newline_parameter", 1, &nl))
+            return -1;
+        if (nl)
+            imp_set(c, "image_newline", "use_image_newline_parameter", "true");
     } else if (!strcmp(vc->family, "qwen2_vl") || !strcmp(vc->family, "qwen3_vl")) {
         imp_set(c, "family", "merger", "patch_merger");
     } else if (!strcmp(vc->family, "qwen2_5_vl")) {

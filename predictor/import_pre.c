@@ -80,9 +80,9 @@ static int tiles(hfc *p, imp_section *v, const char *type)
 static int anyres(hfc *p, imp_spec *s, imp_section *v)
 {
     const mm_node *pp = hf_node(p, "image_grid_pinpoints");
-    if (!pp || pp->type != MM_NODE_SEQ || !pp->n || pp->n > 32)
-        return hf_fail(p, "image_grid_pinpoints", "expected 1 to 32 [height, width] pairs");
-    char buf[600] = "[";
+    if (!pp || pp->type != MM_NODE_SEQ || !pp->n || pp->n > 64)
+        return hf_fail(p, "image_grid_pinpoints", "expected 1 to 64 [height, width] pairs");
+    char buf[1600] = "[";
     size_t o = 1;
     for (size_t i = 0; i < pp->n && o + 32 < sizeof buf; i++) {
         const mm_node *e = pp->vals[i];
@@ -128,7 +128,8 @@ int imp_hf_preprocessor(imp_spec *s, const char *buf, size_t len, const char *na
     if (!rc && !strcmp(top, "qwen2_vl")) rc = dynamic(&p, v);
     else if (!rc && (!strcmp(top, "qwen2_5_vl") || !strncmp(top, "qwen3_vl", 8))) rc = dynamic(&p, v);
     else if (!rc && !strcmp(top, "internvl")) rc = tiles(&p, v, type);
-    else if (!rc && !strcmp(top, "llava_onevision")) rc = anyres(&p, s, v);
+    else if (!rc && !strcmp(top, "llava_onevision") && hf_node(&p, "image_grid_pinpoints"))
+        rc = anyres(&p, s, v);
     else if (!rc && (!strcmp(top, "idefics3") || !strcmp(top, "smolvlm"))) rc = split(&p, v);
     else if (!rc && !strcmp(top, "mllama")) {
         uint64_t t;

@@ -498,3 +498,21 @@ int32_t op_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t wi
         return gemma_rmsnorm(c, r, x, rows, width);
     return rmsnorm(c, r, x, rows, width, has_weight);
 }
+
+/* tanh(gate) * x: TanhBackward keeps the (scalar) result, MulBackward0 keeps x
+ * for the gate's gradient */
+int32_t op_tanh_gate(lctx *c, const char *name, int32_t x, uint64_t elems)
+{
+    uint32_t r = op_row(c, name, "gate");
+    int tw = op_trainable(c);
+    op_param(c, r, 1, tw);
+    uint64_t e = x >= 0 ? c->s->t[x].esz : c->dt;
+    int32_t y = op_new(c, r, elems, e);
+    sim_node *n = op_node(c, r, y, x, -1, -1, tw);
+    if (tw) {
+        op_save(c, n, x);
+        op_wgrad(c, n, 1);
+    }
+    return y;
+}
+

@@ -34,6 +34,8 @@ int32_t op_plain(lctx *c, uint32_t r, int32_t a, int32_t b, uint64_t elems, uint
 int32_t op_add(lctx *c, uint32_t r, int32_t a, int32_t b, uint64_t elems, uint64_t bytes);
 /* a * b, both need saving for the other's gradient */
 int32_t op_mul_saved(lctx *c, uint32_t r, int32_t a, int32_t b, uint64_t elems, uint64_t bytes);
+/* tanh(gate) * x with a one-element gate parameter (Mllama) */
+int32_t op_tanh_gate(lctx *c, const char *name, int32_t x, uint64_t elems);
 /* a norm of kind k over `width` for `rows` rows (rms, layer, gemma rms) */
 int32_t op_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t width,
                 norm_kind k, int has_weight);

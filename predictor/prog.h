@@ -32,6 +32,7 @@ typedef struct lctx {
     int input_grads;     /* enable_input_require_grads(): embeddings require grad */
     int early_stop;      /* non-reentrant recompute: stop at the last saved tensor */
     int recompute;       /* re-running a checkpointed layer in backward */
+    int gated;           /* Mllama global encoder: tanh gates on both branches */
     attn_kind attn;
     uint64_t dt;         /* activation dtype bytes */
     uint64_t wdt;        /* weight dtype bytes (fp32 under autocast) */
@@ -62,6 +63,10 @@ int32_t connector_module(lctx *c, int32_t feat);
 int32_t decoder_module(lctx *c, int32_t image_features);
 /* layer loop with checkpointing and folding (stack.c) */
 int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *keep);
+/* connector.c: a Qwen3-VL DeepStack merger on vision layer output x (kept) */
+int32_t connector_deepstack(lctx *c, int32_t x);
+/* mllama.c: Llama-3.2-Vision's tiled, gated vision encoder */
+int32_t mllama_vision(lctx *c);
 /* decoder.c: Qwen3-VL DeepStack: visual features added after layer l */
 int32_t deepstack_add(lctx *c, int32_t x, uint64_t l);
 

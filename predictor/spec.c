@@ -30,6 +30,8 @@ static int check_top_keys(dctx *c, const mm_node *root)
         for (q = 0; q < NTOP; q++)
             if (strcmp(root->keys[i], top_keys[q]) == 0)
                 break;
+        if (q == NTOP && spec_is_ref_key(root->keys[i]))
+            continue; /* a deepspeed mapping, or a reference left after an import error */
         if (q == NTOP) {
             const char *sug = mm_suggest(root->keys[i], top_keys, NTOP);
             char what[128];
@@ -140,7 +142,7 @@ mm_spec *mm_spec_load_buffer(const char *buf, size_t len, const char *name, mm_f
     mm_sha256_hex(buf, len, s->digest);
     s->json = fmt == MM_FMT_JSON;
     s->doc = s->json ? mm_json_parse(buf, len, name, err) : mm_yaml_parse(buf, len, name, err);
-    if (!s->doc || mm_spec_decode(s, err)) {
+    if (!s->doc || spec_resolve_refs(s, err) || mm_spec_decode(s, err)) {
         mm_spec_free(s);
         return NULL;
     }

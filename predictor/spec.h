@@ -75,7 +75,7 @@ typedef struct image_proc {
     int thumbnail;                        /* tiles: + a global thumbnail tile */
     uint64_t longest_edge;                /* split (Idefics3): image resized to this */
     size_t n_pinpoints;                   /* anyres (LLaVA-NeXT / OneVision) */
-    uint64_t pinpoints[32][2];            /* (height, width) */
+    uint64_t pinpoints[64][2];            /* (height, width) */
     int newline;                          /* anyres: an image_newline token per row */
 } image_proc;
 

@@ -172,8 +172,8 @@ static const keydesc img_keys[] = {
 
 static int decode_pinpoints(dctx *c, const mm_node *v, image_proc *ip, const char *path)
 {
-    if (v->type != MM_NODE_SEQ || v->n == 0 || v->n > 32)
-        return key_fail(c, v, path, "expected a list of 1 to 32 [height, width] pairs");
+    if (v->type != MM_NODE_SEQ || v->n == 0 || v->n > 64)
+        return key_fail(c, v, path, "expected a list of 1 to 64 [height, width] pairs");
     for (size_t i = 0; i < v->n; i++) {
         const mm_node *p = v->vals[i];
         if (p->type != MM_NODE_SEQ || p->n != 2)

@@ -144,7 +144,7 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
     uint64_t g1 = f.start + f.period, g2 = f.start + 2 * f.period;
     uint64_t last = f.start + (f.groups - 1) * f.period, before = 0;
     size_t tape0 = 0;
-    size_t nk = 0;
+    size_t nk = 0, nds = 0;
     c->fold_from = c->fold_to = 0;
     for (uint64_t l = first; l < first + count; l++) {
         if (f.on && l == g1) {
@@ -170,6 +170,8 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
         x = y;
         if (c->m->kind == MOD_DECODER && l < c->ntaps && c->m->merge != MERGE_CROSS_ATTENTION)
             x = deepstack_add(c, x, l);
+        if (c->m->kind == MOD_VISION && lset_has(&c->m->deepstack, l) && nds < MAX_TAPS)
+            c->taps[nds++] = connector_deepstack(c, x);
     }
     return x;
 }

@@ -146,6 +146,8 @@ int32_t vision_module(lctx *c)
 {
     const module_spec *m = c->m;
     uint64_t h = m->hidden_size;
+    if (m->img.kind == IMG_MLLAMA)
+        return mllama_vision(c);
     c->per_layer = 0;
     int32_t x = embeddings(c);
     vision_rotary(c);

@@ -17,8 +17,12 @@ SLURM_SYSCONFDIR ?= /etc/slurm
 ALL_TARGETS     += $(PLUGIN_SO)
 CHECK_TARGETS   += check-slurm
 INSTALL_TARGETS += install-plugin
-# the config parser is Slurm-free and unit-tested (tests/unit/test_config.c)
-UNIT_EXTRA_SRCS += spank_plugin/config.c
+# the Slurm-free parts are unit-tested (tests/unit/test_config.c, test_request.c,
+# test_record.c) and fuzzed (tests/fuzz/fuzz_config.c, fuzz_cmdline.c, fuzz_record.c)
+PLUGIN_PURE_SRCS := spank_plugin/config.c spank_plugin/request.c spank_plugin/walk.c \
+                    spank_plugin/optable.c spank_plugin/script.c spank_plugin/reqtext.c \
+                    spank_plugin/jobinfo.c spank_plugin/record.c
+UNIT_EXTRA_SRCS += $(PLUGIN_PURE_SRCS)
 
 .PHONY: plugin check-slurm demo bench-sbatch install-plugin
 

@@ -22,7 +22,7 @@ INSTALL_TARGETS += install-plugin
 PLUGIN_PURE_SRCS := spank_plugin/config.c spank_plugin/request.c spank_plugin/walk.c \
                     spank_plugin/optable.c spank_plugin/script.c spank_plugin/reqtext.c \
                     spank_plugin/jobinfo.c spank_plugin/record.c
-UNIT_EXTRA_SRCS += $(PLUGIN_PURE_SRCS)
+UNIT_EXTRA_SRCS += $(PLUGIN_PURE_SRCS) tests/unit/case_table.c
 
 .PHONY: plugin check-slurm demo bench-sbatch install-plugin
 

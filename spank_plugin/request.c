@@ -384,8 +384,10 @@ static int gpu_entry(const char *e, size_t n, char type[MMG_REQ_TYPE_MAX], uint3
     e += 4;
     n -= 4;
     colon = memchr(e, ':', n);
-    if (!colon && digits_u32(e, n, count) == 0)
-        return 1;
+    /* a lone field starting with a digit is a count, as for Slurm ("gpu:2k"
+     * would be 2048: counts with a unit are not read here) */
+    if (!colon && n && isdigit((unsigned char)e[0]))
+        return digits_u32(e, n, count) == 0 ? 1 : -1;
     if (colon && digits_u32(colon + 1, n - (size_t)(colon - e) - 1, count) != 0)
         return -1;
     n = colon ? (size_t)(colon - e) : n;

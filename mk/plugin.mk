@@ -36,9 +36,17 @@ $(PLUGIN_SO): $(PLUGIN_OBJS) $(BUILD)/libmmguard.a $(PLUGIN_LDS)
 	$(CC) -shared $(LDHARDEN) -Wl,--version-script=$(PLUGIN_LDS) -Wl,--exclude-libs,ALL \
 	  -o $@ $(PLUGIN_OBJS) $(BUILD)/libmmguard.a $(PKG_LIBS) -lm
 
+# The GPU request as the plugin rebuilds it, printed (tests/slurm/test_request.sh
+# holds it against slurmctld's record of the same submission).
+REQUEST_TOOL := $(BUILD)/request_tool
+$(REQUEST_TOOL): tests/slurm/request_tool.c $(PLUGIN_PURE_SRCS) $(PLUGIN_HDRS)
+	$(CC) $(CFLAGS_ALL) -Ispank_plugin tests/slurm/request_tool.c $(filter-out %config.c %record.c,$(PLUGIN_PURE_SRCS)) -o $@
+
 # Real single-node Slurm (munged, slurmctld, slurmd) on loopback; needs root.
-check-slurm: $(PLUGIN_SO) $(BUILD)/mmguard
+check-slurm: $(PLUGIN_SO) $(BUILD)/mmguard $(REQUEST_TOOL)
 	PLUGIN=$(abspath $(PLUGIN_SO)) MMGUARD_CLI=$(abspath $(BUILD)/mmguard) sh tests/slurm/test_plugin.sh
+	PLUGIN=$(abspath $(PLUGIN_SO)) REQUEST_TOOL=$(abspath $(REQUEST_TOOL)) \
+	  JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) sh tests/slurm/test_request.sh
 
 demo:
 	sh scripts/install-deps.sh build slurm

@@ -24,7 +24,7 @@ PLUGIN_PURE_SRCS := spank_plugin/config.c spank_plugin/request.c spank_plugin/wa
                     spank_plugin/jobinfo.c spank_plugin/record.c
 UNIT_EXTRA_SRCS += $(PLUGIN_PURE_SRCS) tests/unit/case_table.c
 
-.PHONY: plugin check-slurm demo bench-sbatch install-plugin
+.PHONY: plugin check-slurm demo bench-sbatch bench-sbatch-instructions install-plugin
 
 plugin: $(PLUGIN_SO)
 
@@ -56,6 +56,11 @@ demo:
 BENCH_N ?= 50
 bench-sbatch: $(PLUGIN_SO)
 	PLUGIN=$(abspath $(PLUGIN_SO)) N=$(BENCH_N) sh bench/sbatch_bench.sh
+
+# instructions sbatch executes without / with the plugin (callgrind); BASE_PLUGIN=
+# an older spank_mmguard.so to compare with
+bench-sbatch-instructions: $(PLUGIN_SO)
+	PLUGIN=$(abspath $(PLUGIN_SO)) sh bench/sbatch_instructions.sh
 
 install-plugin: $(PLUGIN_SO)
 	install -d $(DESTDIR)$(SLURM_PLUGINDIR) $(DESTDIR)$(PREFIX)/share/mmguard

@@ -15,7 +15,7 @@ SLURM_PLUGINDIR ?= $(PREFIX)/lib/slurm
 SLURM_SYSCONFDIR ?= /etc/slurm
 
 ALL_TARGETS     += $(PLUGIN_SO)
-CHECK_TARGETS   += check-slurm
+CHECK_TARGETS   += check-slurm check-plugin-structure check-plugin-docs
 INSTALL_TARGETS += install-plugin
 # the Slurm-free parts are unit-tested (tests/unit/test_config.c, test_request.c,
 # test_record.c) and fuzzed (tests/fuzz/fuzz_config.c, fuzz_cmdline.c, fuzz_record.c)
@@ -24,7 +24,7 @@ PLUGIN_PURE_SRCS := spank_plugin/config.c spank_plugin/request.c spank_plugin/wa
                     spank_plugin/jobinfo.c spank_plugin/record.c
 UNIT_EXTRA_SRCS += $(PLUGIN_PURE_SRCS) tests/unit/case_table.c
 
-.PHONY: plugin check-slurm demo bench-sbatch bench-sbatch-instructions install-plugin
+.PHONY: plugin check-slurm check-plugin-structure check-plugin-docs demo bench-sbatch bench-sbatch-instructions install-plugin
 
 plugin: $(PLUGIN_SO)
 
@@ -41,6 +41,14 @@ $(PLUGIN_SO): $(PLUGIN_OBJS) $(BUILD)/libmmguard.a $(PLUGIN_LDS)
 REQUEST_TOOL := $(BUILD)/request_tool
 $(REQUEST_TOOL): tests/slurm/request_tool.c $(PLUGIN_PURE_SRCS) $(PLUGIN_HDRS)
 	$(CC) $(CFLAGS_ALL) -Ispank_plugin tests/slurm/request_tool.c $(filter-out %config.c %record.c,$(PLUGIN_PURE_SRCS)) -o $@
+
+# No two files of the plugin call each other (tests/check/test_structure.sh).
+check-plugin-structure: $(PLUGIN_OBJS)
+	sh tests/check/test_structure.sh $(BUILD)/plugin
+
+# What the review found wrong in the plugin's docs, held against the code.
+check-plugin-docs: $(BUILD)/mmguard
+	sh tests/check/test_docs.sh $(BUILD)/mmguard
 
 # Real single-node Slurm (munged, slurmctld, slurmd) on loopback; needs root.
 check-slurm: $(PLUGIN_SO) $(BUILD)/mmguard $(REQUEST_TOOL)

@@ -4,32 +4,11 @@
  * srun as the submitting user; explain.c words a misfit, submit.c hands the
  * decision on. */
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "plugin.h"
-
-const char *mmg_decision_name(mmg_decision d)
-{
-    switch (d) {
-    case MMG_ACCEPT: return "accept";
-    case MMG_WARN: return "warn";
-    case MMG_REJECT: return "reject";
-    default: return "error";
-    }
-}
-
-void mmg_check_line(struct mmg_check *chk, const char *fmt, ...)
-{
-    va_list ap;
-    if (chk->n_lines >= MMG_MAX_LINES)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(chk->lines[chk->n_lines++], MMG_LINE_MAX, fmt, ap);
-    va_end(ap);
-}
 
 /* Error decision: the message plus the on_error policy.  A broken
  * configuration always blocks: its on_error line may be the broken one. */

@@ -5,6 +5,7 @@
  * gather.c    the job's GPU request from the process: command line, #SBATCH
  *             lines, environment, or (srun steps) the allocation
  * check.c     the submit-time decision: config, request, spec, prediction
+ * decision.c  its name and the lines the user reads
  * explain.c   what the user reads: breakdown and suggestions in their terms
  * submit.c    run, print, publish, log (what sbatch/salloc/srun do)
  * publish.c   the MMGUARD record (record.c) for job_submit.lua and the job

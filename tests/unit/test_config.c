@@ -190,9 +190,17 @@ START_TEST(shipped_example)
     ck_assert_int_eq(parse("config=" SRCDIR "/mmguard.conf.example", NULL), 0);
     ck_assert_int_eq(cfg.action, MMG_ACTION_REJECT);
     ck_assert(cfg.margin.percent == 10.0);
-    /* only types with more memory than the default: an a100 (80 GiB) is not
-     * larger than an h100 */
-    ck_assert_str_eq(cfg.resize_types, "h200");
+    /* resize only moves to types with more memory than the default: an a100
+     * (80 GiB) is not larger than an h100, so it must not be listed */
+    {
+        char list[sizeof(cfg.resize_types)], *save = NULL;
+        const struct mmg_gpu *def = mmg_config_gpu(&cfg, cfg.default_gpu);
+        memcpy(list, cfg.resize_types, sizeof(list));
+        ck_assert_str_ne(list, "");
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+            ck_assert_msg(mmg_config_gpu(&cfg, t)->bytes > def->bytes,
+                          "resize_types entry %s is not larger than %s", t, def->name);
+    }
 }
 END_TEST
 

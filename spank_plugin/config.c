@@ -1,5 +1,6 @@
 /* config.c - strict parser of the mmguard plugin configuration (see config.h). */
 #include "config.h"
+#include "parse_u32.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -136,20 +137,6 @@ static int set_resize_types(struct mmg_config *c, const char *value, const char 
     }
     memcpy(c->resize_types, value, strlen(value) + 1);
     lower(c->resize_types);
-    return 0;
-}
-
-static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-    char *end = NULL;
-    unsigned long long v;
-    if (!*s || !isdigit((unsigned char)*s))
-        return -1;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = (uint32_t)v;
     return 0;
 }
 
@@ -298,7 +285,7 @@ static int set_other(struct mmg_config *c, const char *key, const char *value, c
         c->syslog = b;
         return 0;
     }
-    if (parse_u32(value, 1, 1024, &c->max_gpus_per_node) != 0)
+    if (mmg_parse_u32(value, 1, 1024, &c->max_gpus_per_node) != 0)
         return fail(err, errlen, "%s: max_gpus_per_node: '%s' is not an integer in 1..1024",
                     where, value);
     return 0;

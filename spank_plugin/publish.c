@@ -24,7 +24,6 @@ static void request_code(const struct mmg_check *chk, char *out, size_t n)
 
 void mmg_record_from_check(const struct mmg_check *chk, struct mmg_record *r)
 {
-    const mm_prediction *p = &chk->pred;
     memset(r, 0, sizeof(*r));
     snprintf(r->decision, sizeof(r->decision), "%s", mmg_decision_name(chk->decision));
     snprintf(r->spec, sizeof(r->spec), "%s", chk->spec_path);
@@ -47,15 +46,7 @@ void mmg_record_from_check(const struct mmg_check *chk, struct mmg_record *r)
     r->alloc = chk->alloc_peak;
     r->has_mmb = chk->have_fit;
     r->mmb = chk->fit.max_micro_batch;
-    r->has_model = 1;
-    r->ctx = p->overheads.cuda_context;
-    r->nccl = p->overheads.nccl;
-    r->afix = p->overheads.alloc_fixed;
-    r->afrac = p->overheads.alloc_frac;
-    r->slack = p->allocator_slack;
-    r->dp1 = p->allocated_dp1;
-    r->n_terms = p->n_terms < MM_MAX_TERMS ? p->n_terms : MM_MAX_TERMS;
-    memcpy(r->terms, p->terms, sizeof(r->terms));
+    mmg_record_set_model(r, &chk->pred);
 }
 
 void mmg_publish(const struct mmg_check *chk, mmg_setenv_f set, void *ctx)

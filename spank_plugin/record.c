@@ -274,6 +274,19 @@ int mmg_record_parse(const char *text, struct mmg_record *r, char *err, size_t e
     return 0;
 }
 
+void mmg_record_set_model(struct mmg_record *r, const mm_prediction *p)
+{
+    r->has_model = 1;
+    r->ctx = p->overheads.cuda_context;
+    r->nccl = p->overheads.nccl;
+    r->afix = p->overheads.alloc_fixed;
+    r->afrac = p->overheads.alloc_frac;
+    r->slack = p->allocator_slack;
+    r->dp1 = p->allocated_dp1;
+    r->n_terms = p->n_terms < MM_MAX_TERMS ? p->n_terms : MM_MAX_TERMS;
+    memcpy(r->terms, p->terms, sizeof(r->terms));
+}
+
 uint64_t mmg_record_peak_for_dp(const struct mmg_record *r, uint32_t n)
 {
     mm_prediction p;

@@ -51,6 +51,8 @@ struct mmg_record {
 int mmg_record_format(const struct mmg_record *r, char *out, size_t n);
 /* Parse text; 0 ok, -1 with a message naming the key. */
 int mmg_record_parse(const char *text, struct mmg_record *r, char *err, size_t errlen);
+/* The peak model of a prediction (has_model, ctx .. terms). */
+void mmg_record_set_model(struct mmg_record *r, const mm_prediction *p);
 /* mm_peak_for_dp() from the published model (what job_submit.lua computes). */
 uint64_t mmg_record_peak_for_dp(const struct mmg_record *r, uint32_t n);
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "parse_u32.h"
 #include "request.h"
 
 /* ---- input environment variables ----------------------------------------- */
@@ -81,21 +82,6 @@ void mmg_env_apply(struct mmg_reqin *r, char *const envp[])
 
 /* ---- option values -------------------------------------------------------- */
 
-/* Unsigned decimal in [lo, hi] with nothing after it. */
-static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-    char *end = NULL;
-    unsigned long long v;
-    if (!isdigit((unsigned char)s[0]))
-        return -1;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
 /* A node count as verify_node_count reads it: digits with an optional k/m
  * multiplier (1024, 1048576). */
 static int node_count(const char *s, size_t n, uint32_t *out)
@@ -112,7 +98,7 @@ static int node_count(const char *s, size_t n, uint32_t *out)
         mult = 1024 * 1024;
     if (mult > 1)
         buf[--n] = '\0';
-    if (parse_u32(buf, 0, UINT32_MAX, out) != 0 || (uint64_t)*out * mult > UINT32_MAX)
+    if (mmg_parse_u32(buf, 0, UINT32_MAX, out) != 0 || (uint64_t)*out * mult > UINT32_MAX)
         return -1;
     v = (uint64_t)*out * mult;
     *out = (uint32_t)v;
@@ -207,11 +193,11 @@ static int read_counts(struct mmg_reqin *r, struct counts *c)
         c->nodes_set = 1;
     }
     if ((o = &r->o[MMG_O_NTASKS])->set) {
-        if (parse_u32(o->value, 0, UINT32_MAX - 1, &c->ntasks) != 0)
+        if (mmg_parse_u32(o->value, 0, UINT32_MAX - 1, &c->ntasks) != 0)
             return bad_value(r, o);
         c->ntasks_set = 1;
     }
-    if ((o = &r->o[MMG_O_NTASKS_PER_NODE])->set && parse_u32(o->value, 1, 65533, &c->ntpn) != 0)
+    if ((o = &r->o[MMG_O_NTASKS_PER_NODE])->set && mmg_parse_u32(o->value, 1, 65533, &c->ntpn) != 0)
         return bad_value(r, o);
     if ((o = &r->o[MMG_O_NODELIST])->set) {
         uint32_t h = mmg_hostlist_count(o->value);
@@ -363,7 +349,7 @@ static int digits_u32(const char *s, size_t n, uint32_t *out)
         return -1;
     memcpy(num, s, n);
     num[n] = '\0';
-    return parse_u32(num, 0, UINT32_MAX, out);
+    return mmg_parse_u32(num, 0, UINT32_MAX, out);
 }
 
 /* One entry "gres:gpu:h100:2" (prefix optional): gpu, gpu:COUNT, gpu:TYPE or

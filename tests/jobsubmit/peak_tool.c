@@ -42,15 +42,7 @@ static int from_spec(const char *path, const char *set)
     }
     memset(&r, 0, sizeof(r));
     snprintf(r.decision, sizeof(r.decision), "accept");
-    r.has_model = 1;
-    r.ctx = p.overheads.cuda_context;
-    r.nccl = p.overheads.nccl;
-    r.afix = p.overheads.alloc_fixed;
-    r.afrac = p.overheads.alloc_frac;
-    r.slack = p.allocator_slack;
-    r.dp1 = p.allocated_dp1;
-    r.n_terms = p.n_terms;
-    memcpy(r.terms, p.terms, sizeof(r.terms));
+    mmg_record_set_model(&r, &p);
     emit(&r);
     mm_prediction_free(&p);
     mm_spec_free(spec);

@@ -129,15 +129,7 @@ START_TEST(peak_model)
     ck_assert_int_eq(mm_predict(spec, &p, &e), 0);
     memset(&r, 0, sizeof(r));
     snprintf(r.decision, sizeof(r.decision), "accept");
-    r.has_model = 1;
-    r.ctx = p.overheads.cuda_context;
-    r.nccl = p.overheads.nccl;
-    r.afix = p.overheads.alloc_fixed;
-    r.afrac = p.overheads.alloc_frac;
-    r.slack = p.allocator_slack;
-    r.dp1 = p.allocated_dp1;
-    r.n_terms = p.n_terms;
-    memcpy(r.terms, p.terms, sizeof(r.terms));
+    mmg_record_set_model(&r, &p);
     ck_assert_uint_gt(r.slack, 0);
     ck_assert_int_eq(mmg_record_format(&r, text, sizeof(text)), 0);
     ck_assert_int_eq(mmg_record_parse(text, &back, err, sizeof(err)), 0);

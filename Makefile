@@ -90,8 +90,10 @@ check-cli: $(BUILD)/mmguard
 # `make check` = what CI runs: install missing packages, build, every test suite.
 check: deps
 	$(MAKE) --no-print-directory all
-	$(MAKE) --no-print-directory -k check-unit check-cli check-asan $(CHECK_TARGETS)
-	@echo "make check: all suites passed"
+	@mkdir -p $(BUILD)
+	@{ $(MAKE) --no-print-directory -k check-unit check-cli check-asan $(CHECK_TARGETS); \
+	   echo $$? >$(BUILD)/check.rc; } 2>&1 | tee $(BUILD)/check.log
+	@sh mk/check_summary.sh $(BUILD)/check.log "$$(cat $(BUILD)/check.rc)"
 
 deps:
 	sh scripts/install-deps.sh build slurm oracle

@@ -2,7 +2,9 @@
 # sbatch_bench.sh - what the mmguard SPANK plugin adds to `sbatch`: time N
 # submissions without and with --mm-model on one single-node Slurm
 # (tests/slurm/cluster.sh, needs root), interleaved in rounds so that drift hits
-# both sides alike.  Jobs are submitted held and cancelled at the end.
+# both sides alike.  Jobs are submitted held (--gres=gpu:h100:8) and cancelled
+# at the end.  Wall time on a shared VM is noisy: bench/sbatch_instructions.sh
+# counts instructions instead.
 #   PLUGIN=build/spank_mmguard.so N=50 SPEC=contrib/models/llava-1.5-7b-finetune.yaml
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +27,7 @@ batch() {
     _t0=$(now_ns)
     _i=0
     while [ $_i -lt "$_k" ]; do
-        sbatch --hold -o /dev/null "$@" --wrap true >/dev/null 2>&1 || { echo "sbatch failed" >&2; exit 1; }
+        sbatch --hold -o /dev/null --gres=gpu:h100:8 "$@" --wrap true >/dev/null 2>&1 || { echo "sbatch failed" >&2; exit 1; }
         _i=$((_i + 1))
     done
     echo $(( $(now_ns) - _t0 ))

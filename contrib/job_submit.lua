@@ -1,55 +1,47 @@
 --[[
-contrib/job_submit.lua - mmguard admission check at slurmctld (JobSubmitPlugins=lua).
+contrib/job_submit.lua - mmguard's admission check at slurmctld (JobSubmitPlugins=lua).
 
-Why this file exists: the mmguard SPANK plugin runs inside sbatch, where the job's
---gres/--gpus request is not visible.  It publishes its prediction in the job's
-SPANK environment (MMGUARD_* variables, job_desc.spank_job_env).  Here, at
-slurmctld, the real GPU request is known, so this script makes the authoritative
-comparison of the predicted per-GPU peak with the GPU's usable memory and then
-accepts, warns, rejects or resizes the job (mmguard.conf `action=`).
+Why this file exists: the mmguard SPANK plugin judges a job early, in the user's
+sbatch/salloc/srun, from the GPU request it rebuilds from the command line,
+#SBATCH lines and environment.  Here slurmctld sees the request it will
+actually allocate (job_desc), so this script makes the authoritative decision:
+it recomputes the per-GPU peak for that many GPUs from the prediction the
+plugin published (the MMGUARD variable in job_desc.spank_job_env) and accepts,
+warns, rejects or resizes the job (mmguard.conf `action=`).  It also applies
+`require=` to GPU jobs that carry no --mm-model.  The prediction is trusted as
+published: a user who bypasses the plugin can forge it (docs/plugin.md, "What
+is enforced where").
 
-Install: copy next to slurm.conf as job_submit.lua and set JobSubmitPlugins=lua.
-The configuration is the same mmguard.conf the plugin reads (docs/jobsubmit.md).
-Jobs without MMGUARD_* variables (no --mm-model) are never touched.
+Install: next to slurm.conf as job_submit.lua, JobSubmitPlugins=lua.  It reads
+mmguard.conf from the same directory (MMGUARD_CONF in slurmctld's environment
+overrides that) with the same rules as the plugin: tests/unit/conf_cases.txt
+holds the cases both readers must agree on.
 
-Tested with Slurm 22.05 (job_desc fields as exposed by job_submit_lua.c there)
-and Lua 5.3 (64-bit integers are needed for byte counts).
+Lua: Debian's slurm-wlm 22.05 runs job_submit.lua in Lua 5.1 (liblua5.1), where
+numbers are doubles: byte counts are exact integers below 2^53 and every input
+is checked against that.  The script is written for 5.1 and runs unchanged on
+5.3 and 5.4; `make check-jobsubmit` tests it with every one installed.  The
+ctld_log is written through lua-posix (O_NOFOLLOW); without it that log is off.
 --]]
 
--- Path of the shared configuration; the MMGUARD_CONF environment variable of
--- slurmctld overrides it.
-local MMGUARD_CONF_PATH = "/etc/slurm/mmguard.conf"
-
 local M = {}             -- internals, exported as the global `mmguard_jobsubmit` for tests
-M.CONF_PATH = MMGUARD_CONF_PATH
+
+-- Where this script was loaded from (slurmctld loads it next to slurm.conf).
+local SCRIPT_SOURCE = (debug and debug.getinfo and debug.getinfo(1, "S") or {}).source or ""
 
 local KiB = 1024
 local MiB = KiB * 1024
 local GiB = MiB * 1024
-local TiB = GiB * 1024
--- Lua 5.1 (what Debian's slurm-wlm 22.05 links) has only doubles: byte counts
--- are exact integers up to 2^53 (8 PiB), which every input is checked against.
 local MAXEXACT = 2 ^ 53
-local NO_VAL = 4294967294   -- 0xfffffffe, Slurm's "not set" for uint32 fields
+local MAXSIZE = MAXEXACT - 1   -- the largest size mmguard.conf accepts (as the plugin)
+local NO_VAL = 4294967294      -- 0xfffffffe, Slurm's "not set" for uint32 fields
+local NO_VAL16 = 65534
 local INFINITE = 4294967295
+local MAX_GPUS = 65536         -- the spec's limit for training.data_parallel
 
-M.BUILTIN_GPUS = {
-    ["h100"]     = 81559 * MiB,
-    ["h200"]     = 143771 * MiB,
-    ["a100"]     = 81920 * MiB,
-    ["a100-40g"] = 40960 * MiB,
-    ["l40s"]     = 46068 * MiB,
-}
-
-local UNITS = {
-    [""] = 1, b = 1,
-    kb = 1000, mb = 1000000, gb = 1000000000, tb = 1000000000000,
-    kib = KiB, mib = MiB, gib = GiB, tib = TiB,
-}
-
-local function trim(s)
-    return (s:gsub("^%s+", ""):gsub("%s+$", ""))
-end
+------------------------------------------------------------------------------
+-- Exact integer arithmetic on doubles (all values below 2^53).
+------------------------------------------------------------------------------
 
 local function is_int(x)
     return type(x) == "number" and x == math.floor(x) and x >= -MAXEXACT and x <= MAXEXACT
@@ -61,268 +53,50 @@ local function istr(x)
 end
 M.istr = istr
 
--- ceil(a / n) for integers 0 <= a <= 2^53, n >= 1, exactly.
-local function ceil_div(a, n)
-    local q = math.floor(a / n)
-    local r = a - q * n
-    while r < 0 do q = q - 1; r = r + n end
-    while r >= n do q = q + 1; r = r - n end
-    if r > 0 then q = q + 1 end
+-- floor(a / d) for integers 0 <= a < 2^53, d >= 1.
+local function idiv(a, d)
+    local q = math.floor(a / d)
+    while q * d > a do q = q - 1 end
+    while a - q * d >= d do q = q + 1 end
+    return q
+end
+
+local function ceil_div(a, d)
+    local q = idiv(a, d)
+    if a - q * d > 0 then q = q + 1 end
     return q
 end
 M.ceil_div = ceil_div
 
--- Non-negative integer from a decimal digit string, nil on overflow/garbage.
+-- floor(a * b / d) and whether it has a remainder, exactly, for a < 2^53,
+-- b <= 1e9, d <= 1e9: long division of a's base-10^4 digits times b.
+local function muldiv(a, b, d)
+    local digits, x = {}, a
+    repeat
+        table.insert(digits, 1, x % 10000)
+        x = idiv(x, 10000)
+    until x == 0
+    local q, r = 0, 0
+    for _, l in ipairs(digits) do
+        local t = r * 10000 + l * b
+        local qi = idiv(t, d)
+        r = t - qi * d
+        q = q * 10000 + qi
+    end
+    return q, r > 0
+end
+M.muldiv = muldiv
+
+-- Non-negative integer from a decimal digit string below 2^53, else nil.
 local function parse_uint(s)
-    if type(s) ~= "string" or not s:match("^%d+$") or #s > 16 then return nil end
+    if type(s) ~= "string" or not s:match("^%d+$") then return nil end
+    s = s:gsub("^0+(%d)", "%1")
+    if #s > 16 then return nil end
     local v = tonumber(s)
-    if v == nil or v < 0 or v >= MAXEXACT then return nil end
+    if v == nil or v >= MAXEXACT then return nil end
     return v
 end
 M.parse_uint = parse_uint
-
--- "80GiB", "81559MiB", "1.5TiB", "512 MB", "123" -> bytes (integer) or nil, err.
--- Like mm_parse_size: the fraction's bytes are truncated (fraction digits
--- beyond the 6th are ignored here).
-function M.parse_size(s)
-    if type(s) ~= "string" then return nil, "not a string" end
-    local t = trim(s)
-    local num, unit = t:match("^(%d+%.?%d*)%s*(%a*)$")
-    if num and num:sub(-1) == "." then num = nil end
-    if not num then return nil, "invalid size '" .. s .. "'" end
-    local mult = UNITS[unit:lower()]
-    if not mult then return nil, "unknown unit '" .. unit .. "' in '" .. s .. "'" end
-    local whole, frac = num:match("^(%d+)%.?(%d*)$")
-    local w = parse_uint(whole)
-    if not w then return nil, "size too large '" .. s .. "'" end
-    if w > MAXEXACT / mult then return nil, "size too large '" .. s .. "'" end
-    local v = w * mult
-    frac = frac:sub(1, 6)
-    if #frac > 0 then
-        local scale = 10 ^ #frac
-        local f = tonumber(frac)
-        -- floor(f * mult / scale) exactly: mult = qm*scale + rm
-        local qm = math.floor(mult / scale)
-        local rm = mult - qm * scale
-        v = v + qm * f + math.floor(rm * f / scale)
-    end
-    if v >= MAXEXACT then return nil, "size too large '" .. s .. "'" end
-    return v, nil
-end
-
--- "10%" -> {percent=10, bytes=0}; "4GiB" -> {percent=0, bytes=4GiB}
-function M.parse_margin(s)
-    local t = trim(s or "")
-    local pct = t:match("^(%d+%.?%d*)%%$")
-    if pct then
-        local p = tonumber(pct)
-        if not p or p < 0 or p >= 100 then return nil, "margin '" .. s .. "' must be a percentage in [0, 100)" end
-        return { percent = p, bytes = 0 }, nil
-    end
-    local b, err = M.parse_size(t)
-    if not b then return nil, "invalid margin '" .. tostring(s) .. "': " .. err end
-    return { percent = 0, bytes = b }, nil
-end
-
--- usable = mem - ceil(mem*percent/100) - margin bytes - reserve, clamped at 0
--- (mmg_config_usable / mm_usable_bytes).
-function M.usable_bytes(mem, conf)
-    local cut = math.ceil(mem * conf.margin.percent / 100)
-    if cut >= mem then return 0 end
-    local u = mem - cut - conf.margin.bytes - conf.reserve
-    if u < 0 then u = 0 end
-    return u
-end
-
--- "71.3 GiB", "512.0 MiB", "12 B" (same as mm_format_bytes)
-function M.format_bytes(b)
-    if b < 1024 then return istr(b) .. " B" end
-    local units = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" }
-    local v, i = b / 1024, 1
-    while v >= 1024 and i < #units do v = v / 1024; i = i + 1 end
-    return string.format("%.1f %s", v, units[i])
-end
-
-local function split(s, sep)
-    local out = {}
-    for piece in (s .. sep):gmatch("(.-)" .. sep:gsub("%p", "%%%0")) do out[#out + 1] = piece end
-    return out
-end
-
--- GPU type names as Slurm GRES types use them: [A-Za-z0-9_.-], 1..31 chars.
-local function valid_gpu_name(s)
-    return type(s) == "string" and #s >= 1 and #s <= 31 and s:match("^[%w_%.%-]+$") ~= nil
-end
-
-local BOOL = { yes = true, ["true"] = true, ["1"] = true, on = true,
-               no = false, ["false"] = false, ["0"] = false, off = false }
-
--- "10%+2147483648" (margin percent, then margin bytes + reserve), as the plugin writes it.
-function M.margin_text(conf)
-    return string.format("%g%%+%s", conf.margin.percent, istr(conf.margin.bytes + conf.reserve))
-end
-
-local function default_conf()
-    local gpus = {}
-    for k, v in pairs(M.BUILTIN_GPUS) do gpus[k] = v end
-    return {
-        action = "reject",
-        margin = { percent = 0, bytes = 0 },
-        reserve = 0,
-        gpus = gpus,
-        default_gpu = "h100",
-        on_error = "reject",
-        max_gpus_per_node = 8,
-        resize_types = {},
-        ctld_log = nil,
-        log = nil,
-        syslog = false,
-    }
-end
-M.default_conf = default_conf
-
--- Parse mmguard.conf text.  Returns conf, errors (list of "conf:LINE: msg").
--- Errors never abort: the bad line is skipped and the caller applies on_error.
-function M.parse_conf(text, name)
-    local conf, errs = default_conf(), {}
-    name = name or "mmguard.conf"
-    local lineno = 0
-    local function bad(msg) errs[#errs + 1] = string.format("%s:%d: %s", name, lineno, msg) end
-    for raw in (text .. "\n"):gmatch("([^\n]*)\n") do
-        lineno = lineno + 1
-        local line = trim(raw:gsub("\r$", ""))
-        if line ~= "" and line:sub(1, 1) ~= "#" then
-            local key, val = line:match("^([^=]-)%s*=%s*(.*)$")
-            if not key or key == "" then
-                bad("expected key=value, got '" .. line .. "'")
-            else
-                key = trim(key)
-                if key == "action" then
-                    if val == "reject" or val == "warn" or val == "resize" then conf.action = val
-                    else bad("action must be reject|warn|resize, got '" .. val .. "'") end
-                elseif key == "margin" then
-                    local m, err = M.parse_margin(val)
-                    if m then conf.margin = m else bad(err) end
-                elseif key == "reserve" then
-                    local b, err = M.parse_size(val)
-                    if b then conf.reserve = b else bad("reserve: " .. err) end
-                elseif key:match("^gpu%.") then
-                    local t = key:sub(5):lower()
-                    local b, err = M.parse_size(val)
-                    if not valid_gpu_name(t) then bad("invalid GPU type name in '" .. key .. "'")
-                    elseif not b or b == 0 then bad(key .. ": " .. (err or "size must be > 0"))
-                    else conf.gpus[t] = b end
-                elseif key == "default_gpu" then
-                    if valid_gpu_name(val) then conf.default_gpu = val:lower()
-                    else bad("default_gpu: invalid GPU type '" .. val .. "'") end
-                elseif key == "log" or key == "ctld_log" then
-                    if val == "" or val == "none" then conf[key] = nil
-                    elseif val:sub(1, 1) ~= "/" then bad(key .. ": '" .. val .. "' is not an absolute path")
-                    elseif val:find("%c") then bad(key .. ": control character in path")
-                    else conf[key] = val end
-                elseif key == "syslog" then
-                    if BOOL[val] ~= nil then conf.syslog = BOOL[val]
-                    else bad("syslog: invalid value '" .. val .. "' (yes|no)") end
-                elseif key == "on_error" then
-                    if val == "reject" or val == "allow" then conf.on_error = val
-                    else bad("on_error must be reject|allow, got '" .. val .. "'") end
-                elseif key == "max_gpus_per_node" then
-                    local n = parse_uint(val)
-                    if n and n >= 1 and n <= 1024 then conf.max_gpus_per_node = n
-                    else bad("max_gpus_per_node must be an integer 1..1024, got '" .. val .. "'") end
-                elseif key == "resize_types" then
-                    local list, okl = {}, true
-                    if val ~= "" then
-                        for _, t in ipairs(split(val, ",")) do
-                            if not valid_gpu_name(t) then
-                                bad("resize_types: invalid GPU type '" .. t .. "' in '" .. val .. "'")
-                                okl = false
-                                break
-                            end
-                            list[#list + 1] = t:lower()
-                        end
-                    end
-                    if okl then conf.resize_types = list end
-                else
-                    bad("unknown key '" .. key .. "'")
-                end
-            end
-        end
-    end
-    if not conf.gpus[conf.default_gpu] then
-        errs[#errs + 1] = name .. ": default_gpu '" .. conf.default_gpu .. "' has no size (add gpu." .. conf.default_gpu .. "=SIZE)"
-    end
-    for _, t in ipairs(conf.resize_types) do
-        if not conf.gpus[t] then
-            errs[#errs + 1] = name .. ": resize_types: unknown GPU type '" .. t .. "'"
-        end
-    end
-    if conf.gpus[conf.default_gpu] and M.usable_bytes(conf.gpus[conf.default_gpu], conf) == 0 then
-        errs[#errs + 1] = name .. ": margin/reserve leave no usable memory on " .. conf.default_gpu
-    end
-    return conf, errs
-end
-
-function M.conf_path()
-    local p = os.getenv("MMGUARD_CONF")
-    if p and p ~= "" then return p end
-    return M.CONF_PATH
-end
-
-function M.load_conf(path)
-    local f, err = io.open(path, "r")
-    if not f then
-        return default_conf(), { "cannot read " .. path .. ": " .. tostring(err) }
-    end
-    local text = f:read("*a") or ""
-    f:close()
-    return M.parse_conf(text, path)
-end
-
-------------------------------------------------------------------------------
--- The published prediction.
-------------------------------------------------------------------------------
-
--- "v1 ctx=<B> nccl=<B> afix=<B> afrac=<float> [dp1=<B>] terms=F:S,F:S,..." -> model or nil, err
--- dp1 (optional) is the allocated peak at N = 1 (mm_prediction.allocated_dp1);
--- without it the terms are evaluated at N = 1 too.
-function M.parse_peak_model(s)
-    if type(s) ~= "string" then return nil, "MMGUARD_PEAK_MODEL missing" end
-    local words = {}
-    for w in s:gmatch("%S+") do words[#words + 1] = w end
-    if words[1] ~= "v1" then return nil, "MMGUARD_PEAK_MODEL: unsupported version (want v1)" end
-    local m, seen = { terms = {} }, {}
-    for i = 2, #words do
-        local k, v = words[i]:match("^([%w_]+)=(.*)$")
-        if not k then return nil, "MMGUARD_PEAK_MODEL: bad field '" .. words[i] .. "'" end
-        if seen[k] then return nil, "MMGUARD_PEAK_MODEL: duplicate field '" .. k .. "'" end
-        seen[k] = true
-        if k == "ctx" or k == "nccl" or k == "afix" or k == "dp1" then
-            m[k] = parse_uint(v)
-            if not m[k] then return nil, "MMGUARD_PEAK_MODEL: bad " .. k .. " '" .. v .. "'" end
-        elseif k == "afrac" then
-            local f = v:match("^%d+%.?%d*[eE]?[-+]?%d*$") and tonumber(v)
-            if not f or f ~= f or f < 0 or f > 10 then
-                return nil, "MMGUARD_PEAK_MODEL: bad afrac '" .. v .. "'"
-            end
-            m.afrac = f + 0.0
-        elseif k == "terms" then
-            for _, pair in ipairs(split(v, ",")) do
-                local fs, ss = pair:match("^(%d+):(%d+)$")
-                local F, S = parse_uint(fs), parse_uint(ss)
-                if not F or not S then return nil, "MMGUARD_PEAK_MODEL: bad term '" .. pair .. "'" end
-                m.terms[#m.terms + 1] = { F, S }
-            end
-            if #m.terms == 0 or #m.terms > 64 then return nil, "MMGUARD_PEAK_MODEL: bad term count" end
-        else
-            return nil, "MMGUARD_PEAK_MODEL: unknown field '" .. k .. "'"
-        end
-    end
-    for _, k in ipairs({ "ctx", "nccl", "afix", "afrac", "terms" }) do
-        if not seen[k] then return nil, "MMGUARD_PEAK_MODEL: missing " .. k end
-    end
-    return m, nil
-end
 
 local function add(a, b)
     local r = a + b
@@ -352,12 +126,371 @@ local function ceil_mul(a, f)
 end
 M.ceil_mul = ceil_mul
 
--- allocated(1) = dp1 (when published), allocated(N) = max_k (F_k + ceil(S_k / N))
--- peak(N) = ceil(allocated(N) * (1 + afrac)) + afix + ctx + (N > 1 and nccl or 0)
--- Mirrors mm_peak_for_dp() in predictor/predict.c (which rounds the allocator
--- slack up in long double; here the product is exact).
+local function split(s, sep)
+    local out = {}
+    for piece in (s .. sep):gmatch("(.-)" .. sep:gsub("%p", "%%%0")) do out[#out + 1] = piece end
+    return out
+end
+
+------------------------------------------------------------------------------
+-- Sizes (mm_parse_size of the C library, limited to 2^53 - 1).
+------------------------------------------------------------------------------
+
+local UNITS = {
+    [""] = 1, b = 1, k = 1000, kb = 1000, m = 1000000, mb = 1000000,
+    g = 1000000000, gb = 1000000000, t = 1000000000000, tb = 1000000000000,
+    kib = KiB, mib = MiB, gib = GiB, tib = GiB * 1024,
+}
+
+-- "80GiB", "81559MiB", "1.5 TiB", "512 MB", "123" -> bytes, or nil and why.
+-- The fraction's bytes are truncated; digits after the 9th are ignored.
+function M.parse_size(s)
+    if type(s) ~= "string" or s == "" then return nil, "empty size" end
+    local lead, int, rest = s:match("^(%s*)(%d+)(.*)$")
+    if not int then return nil, "'" .. s .. "' is not a size" end
+    local frac = ""
+    if rest:sub(1, 1) == "." then
+        frac, rest = rest:match("^%.(%d*)(.*)$")
+        if frac == "" then return nil, "'" .. s .. "' is not a size (digits expected after '.')" end
+    end
+    local unit, tail = rest:match("^%s*(%S*)(.*)$")
+    if #unit > 7 or not tail:match("^%s*$") then return nil, "'" .. s .. "' is not a size (trailing characters)" end
+    local mult = UNITS[unit:lower()]
+    if not mult then return nil, "'" .. s .. "': unknown unit '" .. unit .. "'" end
+    local w = parse_uint(int)
+    if not w or w > MAXSIZE / mult then return nil, "size '" .. s .. "' is too large" end
+    local v = w * mult
+    frac = frac:sub(1, 9)
+    if #frac > 0 then
+        local fden, f = 10 ^ #frac, tonumber(frac)
+        local q = muldiv(mult % fden, f, fden)
+        v = v + idiv(mult, fden) * f + q
+    end
+    if v > MAXSIZE then return nil, "size '" .. s .. "' is too large" end
+    return v, nil
+end
+
+-- "71.3 GiB", "512.0 MiB", "12 B" (mm_format_bytes)
+function M.format_bytes(b)
+    if b < 1024 then return istr(b) .. " B" end
+    local units = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" }
+    local v, i = b / 1024, 1
+    while v >= 1024 and i < #units do v = v / 1024; i = i + 1 end
+    return string.format("%.1f %s", v, units[i])
+end
+
+------------------------------------------------------------------------------
+-- mmguard.conf, read exactly as the plugin reads it (spank_plugin/config.c):
+-- the same keys, values, messages and the first error only.
+------------------------------------------------------------------------------
+
+M.BUILTIN_GPUS = {
+    ["h100"] = 81559 * MiB, ["h200"] = 143771 * MiB, ["a100"] = 81920 * MiB,
+    ["a100-40g"] = 40960 * MiB, ["l40s"] = 46068 * MiB,
+}
+local CONF_MAX_BYTES, CONF_MAX_LINE, MAX_GPU_TYPES = 65536, 1024, 32
+
+local function default_conf()
+    local gpus, n = {}, 0
+    for k, v in pairs(M.BUILTIN_GPUS) do gpus[k] = v; n = n + 1 end
+    return {
+        action = "reject", margin = { percent = 0, num = 0, den = 1, bytes = 0 }, reserve = 0,
+        gpus = gpus, n_gpus = n, default_gpu = "h100", on_error = "reject", require = "off",
+        max_gpus_per_node = 8, resize_types = {}, ctld_log = nil, log = nil, syslog = false,
+    }
+end
+M.default_conf = default_conf
+
+-- GPU type names as Slurm GRES types use them: [A-Za-z0-9_.-], 1..31 chars.
+local function valid_gpu_name(s)
+    return type(s) == "string" and #s >= 1 and #s <= 31 and s:match("^[%w_%.%-]+$") ~= nil
+end
+
+local BOOL = { yes = true, ["true"] = true, ["1"] = true, on = true,
+               no = false, ["false"] = false, ["0"] = false, off = false }
+local CHOICES = { action = { "reject", "warn", "resize" }, on_error = { "reject", "allow" },
+                  require = { "off", "warn", "reject" } }
+
+-- "7.5%": digits, one '.', at most 6 decimals, below 100 -> num, den (percent
+-- = num / den), as the plugin keeps it.
+local function percent(v)
+    local int, dec = v:match("^(%d+)%.?(%d*)%%$")
+    if not int or #dec > 6 or #int:gsub("^0+", "") > 2 then return nil end
+    return tonumber(int .. dec), 10 ^ #dec
+end
+
+local function set_margin(conf, v, where)
+    if v:sub(-1) == "%" then
+        local num, den = percent(v)
+        if not num then
+            return where .. ": margin: invalid value '" .. v .. "': a percentage below 100 with at most 6 decimals (10%, 7.5%)"
+        end
+        conf.margin = { percent = tonumber(v:sub(1, -2)), num = num, den = den, bytes = 0 }
+        return nil
+    end
+    local b, err = M.parse_size(v)
+    if not b then return where .. ": margin: invalid value '" .. v .. "': " .. err end
+    conf.margin = { percent = 0, num = 0, den = 1, bytes = b }
+end
+
+local function set_gpu(conf, key, v, where)
+    local name = key:sub(5)
+    if not valid_gpu_name(name) then return where .. ": " .. key .. ": invalid GPU type name '" .. name .. "'" end
+    local b, err = M.parse_size(v)
+    if not b then return where .. ": " .. key .. ": invalid size '" .. v .. "': " .. err end
+    if b == 0 then return where .. ": " .. key .. ": GPU memory must be > 0" end
+    name = name:lower()
+    if not conf.gpus[name] then
+        if conf.n_gpus >= MAX_GPU_TYPES then return where .. ": " .. key .. ": more than 32 GPU types" end
+        conf.n_gpus = conf.n_gpus + 1
+    end
+    conf.gpus[name] = b
+end
+
+local function set_path(conf, key, v, where)
+    if v == "" or v == "none" then conf[key] = nil; return nil end
+    if v:sub(1, 1) ~= "/" then return where .. ": " .. key .. ": '" .. v .. "' is not an absolute path" end
+    if #v >= 1024 then return where .. ": " .. key .. ": path longer than 1023 bytes" end
+    if v:find("[%z\1-\31\127]") then return where .. ": " .. key .. ": control character in path" end
+    conf[key] = v
+end
+
+local function set_resize_types(conf, v, where)
+    if #v >= 256 then return where .. ": resize_types: list longer than 255 bytes" end
+    local list = {}
+    if v ~= "" then
+        if v:sub(1, 1) == "," or v:sub(-1) == "," or v:find(",,", 1, true) then
+            return where .. ": resize_types: empty entry in '" .. v .. "'"
+        end
+        for _, t in ipairs(split(v, ",")) do
+            if not valid_gpu_name(t) then return where .. ": resize_types: invalid GPU type '" .. t .. "'" end
+            list[#list + 1] = t:lower()
+        end
+    end
+    conf.resize_types = list
+end
+
+-- One key=value; nil, or the message "WHERE: KEY: problem".
+local function set_key(conf, key, v, where)
+    if CHOICES[key] then
+        for _, c in ipairs(CHOICES[key]) do if v == c then conf[key] = v; return nil end end
+        return where .. ": " .. key .. ": invalid value '" .. v .. "' (" .. table.concat(CHOICES[key], "|") .. ")"
+    elseif key == "margin" then return set_margin(conf, v, where)
+    elseif key == "reserve" then
+        local b, err = M.parse_size(v)
+        if not b then return where .. ": reserve: invalid size '" .. v .. "': " .. err end
+        conf.reserve = b
+    elseif key:sub(1, 4) == "gpu." then return set_gpu(conf, key, v, where)
+    elseif key == "log" or key == "ctld_log" then return set_path(conf, key, v, where)
+    elseif key == "resize_types" then return set_resize_types(conf, v, where)
+    elseif key == "default_gpu" then
+        if not valid_gpu_name(v) then return where .. ": default_gpu: invalid GPU type '" .. v .. "'" end
+        conf.default_gpu = v:lower()
+    elseif key == "syslog" then
+        if BOOL[v] == nil then return where .. ": syslog: invalid value '" .. v .. "' (yes|no)" end
+        conf.syslog = BOOL[v]
+    elseif key == "max_gpus_per_node" then
+        local n = parse_uint(v)
+        if not n or n < 1 or n > 1024 then
+            return where .. ": max_gpus_per_node: '" .. v .. "' is not an integer in 1..1024"
+        end
+        conf.max_gpus_per_node = n
+    elseif key == "config" then return where .. ": config: only allowed on the plugstack.conf line"
+    else return where .. ": unknown key '" .. key .. "'" end
+end
+
+-- usable = mem - ceil(mem * percent / 100) - margin bytes - reserve, exactly
+-- (mmg_config_usable), 0 if nothing is left.
+function M.usable_bytes(mem, conf)
+    local m = conf.margin
+    local q, rem = muldiv(mem, m.num, 100 * m.den)
+    local cut = q + (rem and 1 or 0)
+    local u = mem - cut - m.bytes - conf.reserve
+    if cut >= mem or u <= 0 then return 0 end
+    return u
+end
+
+-- The cross-key checks (mmg_config_finish); the file name without a line.
+local function finish_conf(conf, name)
+    if not conf.gpus[conf.default_gpu] then
+        return name .. ": default_gpu: unknown GPU type '" .. conf.default_gpu .. "' (add gpu." .. conf.default_gpu .. "=SIZE)"
+    end
+    for _, t in ipairs(conf.resize_types) do
+        if not conf.gpus[t] then return name .. ": resize_types: unknown GPU type '" .. t .. "'" end
+    end
+    if M.usable_bytes(conf.gpus[conf.default_gpu], conf) == 0 then
+        return name .. ": margin/reserve leave no usable memory on " .. conf.default_gpu
+    end
+end
+
+local function ctrim(s)   -- config.c's trim(): blanks and tabs, a trailing CR
+    return (s:gsub("^[ \t]+", ""):gsub("[ \t\r]+$", ""))
+end
+
+-- Parse mmguard.conf text.  Returns conf, or nil and the first error
+-- ("FILE:LINE: KEY: problem"), as the plugin reports it.
+function M.parse_conf(text, name)
+    local conf, lineno = default_conf(), 0
+    name = name or "mmguard.conf"
+    if #text > CONF_MAX_BYTES then return nil, name .. ": config file larger than 65536 bytes" end
+    if text:find("\0", 1, true) then return nil, name .. ": NUL byte in config file" end
+    for raw in (text .. "\n"):gmatch("([^\n]*)\n") do
+        lineno = lineno + 1
+        local where = name .. ":" .. lineno
+        if #raw >= CONF_MAX_LINE then return nil, where .. ": line longer than 1023 bytes" end
+        local line = ctrim(raw)
+        if line ~= "" and line:sub(1, 1) ~= "#" then
+            local eq = line:find("=", 1, true)
+            if not eq then return nil, where .. ": expected key=value, got '" .. line .. "'" end
+            local key, v = ctrim(line:sub(1, eq - 1)), ctrim(line:sub(eq + 1))
+            if key == "" then return nil, where .. ": empty key before '='" end
+            local err = set_key(conf, key, v, where)
+            if err then return nil, err end
+        end
+    end
+    local err = finish_conf(conf, name)
+    if err then return nil, err end
+    return conf, nil
+end
+
+-- "10%+2147483648" (margin percent, then margin bytes + reserve), as the plugin writes it.
+function M.margin_text(conf)
+    return string.format("%g%%+%s", conf.margin.percent, istr(conf.margin.bytes + conf.reserve))
+end
+
+-- mmguard.conf next to this script (= next to slurm.conf); MMGUARD_CONF in
+-- slurmctld's environment overrides it.
+function M.conf_path()
+    local p = os.getenv("MMGUARD_CONF")
+    if p and p ~= "" then return p end
+    local dir = SCRIPT_SOURCE:match("^@(.*)/[^/]*$")
+    if dir and dir:sub(1, 1) == "/" then return dir .. "/mmguard.conf" end
+    local conf = os.getenv("SLURM_CONF")
+    dir = conf and conf:match("^(/.*)/[^/]*$")
+    return (dir or "/etc/slurm") .. "/mmguard.conf"
+end
+
+-- conf, or nil and the error.
+function M.load_conf(path)
+    local f, err = io.open(path, "rb")
+    if not f then
+        return nil, path .. ": cannot open config file: " .. tostring(err):gsub("^.-: ", "")
+    end
+    local text = f:read(CONF_MAX_BYTES + 1) or ""
+    f:close()
+    return M.parse_conf(text, path)
+end
+
+------------------------------------------------------------------------------
+-- The MMGUARD variable the plugin publishes (spank_plugin/record.h):
+-- "v=2 key=value ...", strings percent-encoded.
+------------------------------------------------------------------------------
+
+local REC_STR = { decision = 8, spec = 1024, sha256 = 65, model = 128, gpu = 32, request = 160,
+                  error = 1024, admission = 160 }
+local REC_NUM = { gpu_mem = true, usable = true, dp = true, peak = true, alloc = true, mmb = true,
+                  ctx = true, nccl = true, afix = true, slack = true, dp1 = true }
+local REC_MODEL = { "ctx", "nccl", "afix", "afrac", "slack", "dp1", "terms" }
+local REC_ORDER = { "decision", "spec", "sha256", "model", "gpu", "gpu_mem", "usable", "dp",
+                    "request", "peak", "alloc", "mmb", "error", "admission", "ctx", "nccl", "afix",
+                    "afrac", "slack", "dp1", "terms" }
+
+-- Percent-decode; nil for a stray '%', a control byte or too long a value.
+local function decode(v, max)
+    if v:gsub("%%%x%x", ""):find("%", 1, true) then return nil end
+    local d = v:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+    if #d >= max or d:find("[\1-\31\127]") or d:find("\0", 1, true) then return nil end
+    return d
+end
+
+local function encode(s)
+    return (s:gsub("[^!-$&-~]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+local function rec_value(m, k, v)
+    if REC_STR[k] then
+        m[k] = decode(v, REC_STR[k])
+        if k == "decision" and m[k] ~= "accept" and m[k] ~= "warn" and m[k] ~= "error" then m[k] = nil end
+        return m[k] ~= nil
+    elseif REC_NUM[k] then
+        m[k] = #v <= 20 and parse_uint(v) or nil
+        return m[k] ~= nil
+    elseif k == "afrac" then
+        local f = v:match("^%d[%d%.eE+-]*$") and tonumber(v)
+        if not f or f ~= f or f < 0 or f > 10 then return false end
+        m.afrac = f + 0.0
+        return true
+    elseif k == "terms" then
+        m.terms = {}
+        for _, pair in ipairs(split(v, ",")) do
+            local fs, ss = pair:match("^(%d+):(%d+)$")
+            local F, S = parse_uint(fs), parse_uint(ss)
+            if not F or not S or #m.terms >= 8 then return false end
+            m.terms[#m.terms + 1] = { F, S }
+        end
+        return #m.terms > 0
+    end
+    return false
+end
+
+-- The record, or nil and why (the same checks as mmg_record_parse).
+function M.parse_record(s)
+    if type(s) ~= "string" then return nil, "MMGUARD missing" end
+    if #s > 8192 then return nil, "MMGUARD: longer than 8192 bytes" end
+    if s:sub(1, 3) ~= "v=2" or (#s > 3 and s:sub(4, 4) ~= " ") then
+        return nil, "MMGUARD: unsupported version (want v=2)"
+    end
+    local m, seen, rest = {}, {}, s:sub(4)
+    while rest ~= "" do
+        local tok
+        tok, rest = rest:match("^ ([^ ]*)(.*)$")
+        if tok == "" then return nil, "MMGUARD: empty field" end
+        local k, v = tok:match("^([^=]*)=(.*)$")
+        if not (k and (REC_STR[k] or REC_NUM[k] or k == "afrac" or k == "terms")) then
+            return nil, "MMGUARD: unknown field '" .. (k or tok):sub(1, 40) .. "'"
+        end
+        if seen[k] then return nil, "MMGUARD: duplicate field '" .. k .. "'" end
+        seen[k] = true
+        if not rec_value(m, k, v) then return nil, "MMGUARD: bad value of '" .. k .. "'" end
+    end
+    local nmodel = 0
+    for _, k in ipairs(REC_MODEL) do if seen[k] then nmodel = nmodel + 1 end end
+    if nmodel ~= 0 and nmodel ~= #REC_MODEL then return nil, "MMGUARD: incomplete peak model" end
+    m.has_model = nmodel == #REC_MODEL
+    return m, nil
+end
+
+-- The text of a record (after a resize).
+function M.format_record(m)
+    local parts = { "v=2" }
+    for _, k in ipairs(REC_ORDER) do
+        local v = m[k]
+        if k == "terms" and v then
+            local t = {}
+            for i, p in ipairs(v) do t[i] = istr(p[1]) .. ":" .. istr(p[2]) end
+            v = table.concat(t, ",")
+        elseif k == "afrac" and v then
+            v = string.format("%.17g", v)
+        elseif REC_STR[k] and v and v ~= "" then
+            v = encode(v)
+        elseif REC_NUM[k] and v then
+            v = istr(v)
+        end
+        local model_key = false
+        for _, mk in ipairs(REC_MODEL) do model_key = model_key or mk == k end
+        if v and v ~= "" and (model_key or k == "mmb" or not (REC_NUM[k] and v == "0")) then
+            parts[#parts + 1] = k .. "=" .. v
+        end
+    end
+    return table.concat(parts, " ")
+end
+
+-- mm_peak_for_dp() of the C library from the published model:
+--   allocated(1) = dp1, allocated(N >= 2) = max_k (F_k + ceil(S_k / N))
+--   peak(N) = ceil(allocated * (1 + afrac)) + afix + slack + ctx + (N > 1 ? nccl : 0)
+-- (here the product is exact; the C code rounds it in long double).
 function M.alloc_for_dp(m, n)
-    if n == 1 and m.dp1 then return m.dp1 end
+    if n == 1 then return m.dp1 end
     local best = 0
     for _, t in ipairs(m.terms) do
         local a = add(t[1], ceil_div(t[2], n))
@@ -370,42 +503,124 @@ function M.peak_for_dp(m, n)
     assert(is_int(n) and n >= 1, "N must be an integer >= 1")
     local alloc = M.alloc_for_dp(m, n)
     local peak = add(alloc, ceil_mul(alloc, m.afrac))
-    peak = add(peak, m.afix)
-    peak = add(peak, m.ctx)
+    peak = add(add(add(peak, m.afix), m.slack), m.ctx)
     if n > 1 then peak = add(peak, m.nccl) end
     return peak
 end
 
 ------------------------------------------------------------------------------
--- The job's GPU request.
+-- The job's GPU request (22.05 job_desc fields), evaluated exactly as the
+-- plugin's mmg_jobreq_eval() (spank_plugin/request.c) evaluates the request it
+-- rebuilds in sbatch: tests/unit/request_cases.txt drives both.
 ------------------------------------------------------------------------------
 
--- One comma-separated tres string -> list of entries.  A GPU entry is
--- {gpu=true, prefix="gres:", type=nil|"h100", count=N, typed=bool}; others are
--- kept verbatim.  Returns nil, err on a GPU entry we cannot read.
+-- One tres entry "gres:gpu:h100:2" (prefix optional): gpu, gpu:COUNT,
+-- gpu:TYPE, gpu:TYPE:COUNT.  true, type|nil, count for a GPU entry; false for
+-- another GRES; nil when unreadable.
+local function gpu_entry(e)
+    e = e:gsub("^gres[:/]", "", 1)
+    if e:sub(1, 3) ~= "gpu" or (#e > 3 and e:sub(4, 4) ~= ":") then return false end
+    if #e == 3 then return true, nil, 1 end
+    local rest = e:sub(5)
+    local a, b = rest:match("^([^:]*):(.*)$")
+    if not a then
+        if rest:match("^%d") then
+            local n = rest:match("^%d+$") and #rest < 16 and parse_uint(rest)
+            if not n or n > 4294967295 then return nil end
+            return true, nil, n
+        end
+        a = rest
+    else
+        b = b:match("^%d+$") and #b < 16 and parse_uint(b)
+        if not b or b > 4294967295 then return nil end
+    end
+    if not valid_gpu_name(a) then return nil end
+    return true, a:lower(), b or 1
+end
+
+-- The GPU entry of a tres string: 1, type, count; 0 none; -1, message.
+function M.tres_gpu(tres)
+    local found, gtype, count = 0, nil, nil
+    if type(tres) ~= "string" or tres == "" then return 0 end
+    for _, e in ipairs(split(tres, ",")) do
+        local is_gpu, t, n = gpu_entry(e)
+        if is_gpu == nil then return -1, "cannot read the GPU request '" .. tres .. "'" end
+        if is_gpu then
+            if found == 1 then return -1, "more than one GPU entry in '" .. tres .. "'" end
+            found, gtype, count = 1, t, n
+        end
+    end
+    return found, gtype, count
+end
+
+local function given(v, unset)   -- a job_desc number that was set
+    if type(v) ~= "number" or v == unset or v == NO_VAL or v == INFINITE or v <= 0 then return nil end
+    return v
+end
+
+local function node_range(j)
+    local minn, maxn = given(j.min_nodes), given(j.max_nodes)
+    local tasks, tpn = given(j.num_tasks), given(j.ntasks_per_node, NO_VAL16)
+    if minn then return minn, (maxn and maxn >= minn) and maxn or minn end
+    if tasks and tpn then
+        local n = ceil_div(tasks, tpn)
+        return n, n
+    end
+    return 1, (tasks and tasks > 1) and tasks or 1
+end
+
+-- What the job asks for: {kind="node"|"job"|"task", type, count, nodes_min,
+-- nodes_max, tasks, gpus}; or nil, "none"|"unknown", why.
+function M.eval_request(j)
+    local fields = { { "tres_per_node", "per node", "node" }, { "tres_per_job", "per job", "job" },
+                     { "tres_per_task", "per task", "task" }, { "tres_per_socket", "per socket", "socket" } }
+    local req, which
+    for _, f in ipairs(fields) do
+        local rc, t, n = M.tres_gpu(j[f[1]])
+        if rc < 0 then return nil, "unknown", t end
+        if rc == 1 and n > 0 then
+            if req then return nil, "unknown", "GPUs asked for both " .. which[2] .. " and " .. f[2] end
+            req, which = { kind = f[3], type = t, count = n }, f
+        end
+    end
+    if not req then return nil, "none", "the job asks for no GPU" end
+    if req.kind == "socket" then
+        return nil, "unknown", "GPUs per socket (--gpus-per-socket) are not supported: the GPU count depends on the sockets Slurm picks"
+    end
+    req.nodes_min, req.nodes_max = node_range(j)
+    if req.kind == "task" then
+        local minn, tpn = given(j.min_nodes), given(j.ntasks_per_node, NO_VAL16)
+        req.tasks = given(j.num_tasks) or (minn and minn * (tpn or 1))
+        if not req.tasks then return nil, "unknown", "GPUs per task without a task count (-n)" end
+    end
+    req.gpus = M.request_total(req, req.nodes_min)
+    if req.gpus > MAX_GPUS then return nil, "unknown", "the job asks for more than 65536 GPUs" end
+    return req
+end
+
+function M.request_total(req, nodes)
+    if req.kind == "job" then return req.count end
+    if req.kind == "task" then return req.count * req.tasks end
+    return req.count * nodes
+end
+
+-- "h100:2x1-1/node": the plugin's request field, for comparing the two.
+function M.request_code(req)
+    local t = req.type or "gpu"
+    if req.kind == "job" then return string.format("%s:%s/job", t, istr(req.count)) end
+    if req.kind == "task" then return string.format("%s:%sx%s/task", t, istr(req.count), istr(req.tasks)) end
+    return string.format("%s:%sx%s-%s/node", t, istr(req.count), istr(req.nodes_min), istr(req.nodes_max))
+end
+
+-- One tres string as a list (for resize): GPU entries {gpu=true, prefix,
+-- type, count}, others {text}.
 function M.parse_tres(s)
     local out = {}
     if s == nil or s == "" then return out end
     for _, item in ipairs(split(s, ",")) do
-        local prefix, rest = item:match("^(gres[:/])(.*)$")
-        if not prefix then prefix, rest = "", item end
-        local fields = split(rest, ":")
-        if fields[1] == "gpu" then
-            local e = { gpu = true, prefix = prefix }
-            if #fields == 1 then
-                e.count = 1
-            elseif #fields == 2 then
-                local n = parse_uint(fields[2])
-                if n then e.count = n else e.type = fields[2]; e.count = 1 end
-            elseif #fields == 3 then
-                e.type = fields[2]
-                e.count = parse_uint(fields[3])
-            end
-            if not e.count or (e.type and not e.type:match("^[%w_%-%.]+$")) then
-                return nil, "cannot read GPU request '" .. item .. "'"
-            end
-            if e.type then e.type = e.type:lower() end
-            out[#out + 1] = e
+        local is_gpu, t, n = gpu_entry(item)
+        if is_gpu then
+            out[#out + 1] = { gpu = true, prefix = item:match("^(gres[:/])") or "", type = t, count = n }
         else
             out[#out + 1] = { text = item }
         end
@@ -428,15 +643,6 @@ function M.format_tres(list)
     end
     return table.concat(parts, ",")
 end
-
-local function gpu_entry(list)
-    local found, n = nil, 0
-    for _, e in ipairs(list) do
-        if e.gpu then found = found or e; n = n + 1 end
-    end
-    return found, n
-end
-
 local function short_gpu(type_, count)
     if type_ then return string.format("gpu:%s:%s", type_, istr(count)) end
     return "gpu:" .. istr(count)
@@ -519,25 +725,75 @@ function M.json_object(fields)
     return "{" .. table.concat(parts, ",") .. "}"
 end
 
+
+------------------------------------------------------------------------------
+-- Logs: slurmctld's own (slurm.log_*) and the JSON-lines ctld_log.
+------------------------------------------------------------------------------
+
+function M.log_error(msg)
+    if slurm and slurm.log_error then slurm.log_error("%s", msg) end
+end
+function M.log_info(msg)
+    if slurm and slurm.log_info then slurm.log_info("%s", msg) end
+end
+local function log_user(msg)
+    if slurm and slurm.log_user then slurm.log_user("%s", msg) end
+end
+
+-- lua-posix, when installed: the ctld_log is opened like the plugin's log.
+local function posix()
+    local ok, p = pcall(function()
+        return { fcntl = require("posix.fcntl"), unistd = require("posix.unistd"),
+                 stat = require("posix.sys.stat"), uname = require("posix.sys.utsname") }
+    end)
+    return ok and p or nil
+end
+
+-- O_NOFOLLOW: lua-posix 33 lacks the constant; it is 0400000 on x86_64 and
+-- aarch64 (Linux asm-generic), the only architectures it is assumed on.
+local function nofollow(P)
+    if P.fcntl.O_NOFOLLOW then return P.fcntl.O_NOFOLLOW end
+    local m = P.uname.uname().machine
+    if m == "x86_64" or m == "aarch64" then return 131072 end
+end
+
+-- Append one line to path without following a symlink in its place and
+-- without blocking on a FIFO; regular files only.  true, or nil and why.
+function M.append_log(path, line)
+    local P = posix()
+    if not P then return nil, "lua-posix is not installed (Debian: lua-posix), so the log cannot be opened safely" end
+    local nf = nofollow(P)
+    if not nf then return nil, "O_NOFOLLOW unknown on this architecture" end
+    local st = P.stat.lstat(path)
+    if st and P.stat.S_ISLNK(st.st_mode) ~= 0 then return nil, "it is a symbolic link (not followed)" end
+    local F = P.fcntl
+    local fd, err = F.open(path, F.O_WRONLY + F.O_APPEND + F.O_CREAT + F.O_NONBLOCK + F.O_CLOEXEC + nf, 416)
+    if not fd then return nil, tostring(err):gsub("^.-: ", "") end
+    st = P.stat.lstat(path)
+    if not st or P.stat.S_ISREG(st.st_mode) == 0 then
+        P.unistd.close(fd)
+        return nil, "not a regular file"
+    end
+    local n = P.unistd.write(fd, line)
+    P.unistd.close(fd)
+    if n ~= #line then return nil, "short write" end
+    return true
+end
+
+local reported = {}
+local function write_log(conf, fields)
+    if not conf.ctld_log then return end
+    local ok, why = M.append_log(conf.ctld_log, M.json_object(fields) .. "\n")
+    if not ok and not reported[conf.ctld_log .. why] then
+        reported[conf.ctld_log .. why] = true   -- once per problem, not per job
+        M.log_error("mmguard: ctld_log=" .. conf.ctld_log .. ": cannot append the decision record: " .. why)
+    end
+end
+
 ------------------------------------------------------------------------------
 -- Decision.
 ------------------------------------------------------------------------------
 
-local function spank_env(job_desc)
-    local env = job_desc.spank_job_env
-    local vars, any = {}, false
-    if type(env) ~= "table" then return vars, false end
-    for _, kv in pairs(env) do
-        if type(kv) == "string" then
-            local k, v = kv:match("^([^=]+)=(.*)$")
-            if k and k:sub(1, 8) == "MMGUARD_" then vars[k] = v; any = true end
-        end
-    end
-    return vars, any
-end
-M.spank_env = spank_env
-
--- Time limit in minutes: the job's, else the partition's default/max; nil if unknown.
 local function time_limit_minutes(job_desc, part_list)
     local tl = job_desc.time_limit
     if tl and tl ~= NO_VAL and tl ~= INFINITE and tl > 0 then return tl end
@@ -559,31 +815,201 @@ local function time_limit_minutes(job_desc, part_list)
     return nil
 end
 
-local function write_log(conf, rec)
-    if not conf.ctld_log then return end
-    local f, err = io.open(conf.ctld_log, "a")
-    if not f then
-        M.log_error("mmguard: cannot open ctld_log " .. conf.ctld_log .. ": " .. tostring(err))
-        return
+-- The MMGUARD value in the job's SPANK environment (0-indexed: pairs).
+local function spank_record(job_desc)
+    local env = job_desc.spank_job_env
+    if type(env) ~= "table" then return nil end
+    for _, kv in pairs(env) do
+        if type(kv) == "string" and kv:sub(1, 8) == "MMGUARD=" then return kv:sub(9) end
     end
-    f:write(M.json_object(rec), "\n")
-    f:close()
+    return nil
+end
+M.spank_record = spank_record
+
+local function asks_for_gpus(job_desc)
+    for _, f in ipairs({ "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }) do
+        local rc, _, n = M.tres_gpu(job_desc[f])
+        if rc < 0 or (rc == 1 and n > 0) then return true end
+    end
+    return false
 end
 
-function M.log_error(msg)
-    if slurm and slurm.log_error then slurm.log_error("%s", msg) end
-end
-function M.log_info(msg)
-    if slurm and slurm.log_info then slurm.log_info("%s", msg) end
-end
-local function log_user(msg)
-    if slurm and slurm.log_user then slurm.log_user("%s", msg) end
+-- A decision in progress: the log record and how to end it.
+local function new_ctx(job_desc, part_list, conf)
+    local SUCCESS, ERROR = (slurm and slurm.SUCCESS) or 0, (slurm and slurm.ERROR) or -1
+    local nodes = given(job_desc.min_nodes)
+    return { job = job_desc, conf = conf or default_conf(), SUCCESS = SUCCESS, ERROR = ERROR, rec = {
+        time = os.date("!%Y-%m-%dT%H:%M:%SZ"), user = job_desc.user_name, uid = job_desc.user_id,
+        job_name = job_desc.name, source = "slurmctld", nodes = nodes,
+        time_limit_minutes = time_limit_minutes(job_desc, part_list) } }
 end
 
--- Update the job's environment variables that carry the GPU count, if set.
-local function fix_environment(job_desc, old, new, per_job)
-    local env = job_desc.environment
-    if env == nil then return end
+local function finish(ctx, decision, reason, rc)
+    local r, conf = ctx.rec, ctx.conf
+    r.decision, r.reason = decision, reason
+    write_log(conf, {
+        { "time", r.time }, { "source", r.source }, { "decision", decision }, { "reason", reason },
+        { "action", conf.action }, { "require", conf.require }, { "user", r.user }, { "uid", r.uid },
+        { "job_name", r.job_name }, { "spec", r.spec }, { "spec_sha256", r.spec_sha256 },
+        { "model", r.model }, { "gpu", r.gpu }, { "gpu_mem_bytes", r.gpu_mem }, { "gpus", r.gpus },
+        { "nodes", r.nodes }, { "data_parallel", r.gpus }, { "request", r.request },
+        { "plugin_data_parallel", r.plugin_dp }, { "plugin_request", r.plugin_request },
+        { "peak_bytes", r.peak }, { "usable_bytes", r.usable },
+        { "margin", { raw = M.json_object({ { "percent", { raw = M.json_double(conf.margin.percent) } },
+            { "bytes", conf.margin.bytes }, { "reserve_bytes", conf.reserve },
+            { "text", M.margin_text(conf) } }) } },
+        { "time_limit_minutes", r.time_limit_minutes }, { "requested_tres", r.requested_tres },
+        { "new_tres", r.new_tres }, { "new_gpu", r.new_gpu }, { "new_gpus", r.new_gpus },
+        { "new_peak_bytes", r.new_peak }, { "new_usable_bytes", r.new_usable },
+    })
+    M.log_info(string.format("mmguard: job %s uid %s: %s: %s", tostring(r.job_name), tostring(r.uid),
+        decision, reason))
+    return rc
+end
+
+-- Cannot decide: on_error.
+local function fail(ctx, reason)
+    M.log_error("mmguard: " .. reason)
+    if ctx.conf.on_error == "allow" then
+        return finish(ctx, "error", reason .. " (on_error=allow: job accepted)", ctx.SUCCESS)
+    end
+    log_user("mmguard: job rejected: " .. reason ..
+        " (on_error=reject; contact your administrator or resubmit without --mm-model)")
+    return finish(ctx, "error", reason .. " (on_error=reject)", ctx.ERROR)
+end
+
+-- A broken mmguard.conf refuses --mm-model jobs whatever it says about
+-- on_error (that line may be the broken one), as the plugin does.
+local function broken_conf(ctx, err)
+    M.log_error("mmguard: configuration error: " .. err)
+    log_user("mmguard: job rejected: mmguard configuration error: " .. err ..
+        " (contact your administrator or resubmit without --mm-model)")
+    return finish(ctx, "error", "configuration error: " .. err, ctx.ERROR)
+end
+
+-- require= for a job without --mm-model (the plugin published nothing).
+function M.no_model(job_desc, part_list)
+    local SUCCESS, ERROR = (slurm and slurm.SUCCESS) or 0, (slurm and slurm.ERROR) or -1
+    if not asks_for_gpus(job_desc) then return SUCCESS end
+    local conf, err = M.load_conf(M.conf_path())
+    if not conf then
+        M.log_error("mmguard: configuration error (require= not applied): " .. err)
+        return SUCCESS
+    end
+    if conf.require == "off" then return SUCCESS end
+    local ctx = new_ctx(job_desc, part_list, conf)
+    ctx.rec.requested_tres = job_desc.tres_per_node or job_desc.tres_per_job or job_desc.tres_per_task
+    local why = "GPU job without --mm-model (require=" .. conf.require ..
+        "): add --mm-model=SPEC so that its peak GPU memory is checked"
+    if conf.require == "warn" then
+        log_user("mmguard: WARNING: " .. why)
+        return finish(ctx, "warn", why, SUCCESS)
+    end
+    log_user("mmguard: job rejected: " .. why)
+    return finish(ctx, "reject", why, ERROR)
+end
+
+-- Core of the script: returns rc (slurm.SUCCESS/ERROR).
+function M.submit(job_desc, part_list, submit_uid)
+    local text = spank_record(job_desc)
+    if not text then return M.no_model(job_desc, part_list) end
+    local conf, err = M.load_conf(M.conf_path())
+    local ctx = new_ctx(job_desc, part_list, conf)
+    if not conf then return broken_conf(ctx, err) end
+    local ok, rc = pcall(M.decide, ctx, text)
+    if ok then return rc end
+    return fail(ctx, "internal error: " .. tostring(rc))
+end
+
+local function gpu_text(t, n)    -- "gpu:h100:2"
+    if t then return string.format("gpu:%s:%s", t, istr(n)) end
+    return "gpu:" .. istr(n)
+end
+
+-- "2 GPUs (gres:gpu:h100:2 on 1 node)"
+local function describe(req, tres)
+    local shape = ""
+    if req.kind == "node" then
+        shape = req.nodes_max > req.nodes_min and string.format(" on %s-%s nodes", istr(req.nodes_min), istr(req.nodes_max))
+            or string.format(" on %s node%s", istr(req.nodes_min), req.nodes_min == 1 and "" or "s")
+    elseif req.kind == "task" then
+        shape = " x " .. istr(req.tasks) .. " tasks"
+    end
+    return string.format("%s GPU%s (%s%s)", istr(req.gpus), req.gpus == 1 and "" or "s", tres, shape)
+end
+
+-- The peak for the request; a node range starting at one GPU also at the next
+-- total (for N >= 2 the peak never grows with N), as the plugin does.
+local function judged_peak(m, req)
+    local peak, at = M.peak_for_dp(m, req.gpus), req.gpus
+    if req.kind == "node" and req.nodes_max > req.nodes_min and req.gpus == 1 then
+        local n2 = M.request_total(req, req.nodes_min + 1)
+        local p2 = M.peak_for_dp(m, n2)
+        if p2 > peak then peak, at = p2, n2 end
+    end
+    return peak, at
+end
+
+-- The smallest per-node count of `gtype` (with more than `from`) that fits.
+local function first_fit(m, req, from, usable, maxn)
+    for g = from, maxn do
+        local p = M.peak_for_dp(m, g * req.nodes_min)
+        if p <= usable then return g, p end
+    end
+end
+
+function M.decide(ctx, text)
+    local job, conf, r = ctx.job, ctx.conf, ctx.rec
+    local m, err = M.parse_record(text)
+    if not m then return fail(ctx, err) end
+    r.spec, r.spec_sha256, r.model = m.spec, m.sha256, m.model
+    r.plugin_dp, r.plugin_request = m.dp, m.request
+    if not m.has_model then
+        return fail(ctx, "the submit-time check failed: " .. tostring(m.error or "no prediction published"))
+    end
+    local req, status, why = M.eval_request(job)
+    if not req and status == "none" then
+        return fail(ctx, "the job asks for no GPU (no --gres=gpu, --gpus, --gpus-per-node or --gpus-per-task), so there is nothing to check the spec against")
+    elseif not req then
+        return fail(ctx, "cannot tell how many GPUs the job gets: " .. why)
+    end
+    local tres = req.kind == "node" and job.tres_per_node or req.kind == "job" and job.tres_per_job or job.tres_per_task
+    r.requested_tres, r.request, r.nodes = tres, M.request_code(req), req.nodes_min
+    local gtype = req.type or conf.default_gpu
+    local mem = conf.gpus[gtype]
+    r.gpu, r.gpus = gtype, req.gpus
+    if not mem then return fail(ctx, "GPU type '" .. gtype .. "' (the job's request) is not in the site's GPU table (add gpu." .. gtype .. "=SIZE to mmguard.conf)") end
+    local usable = M.usable_bytes(mem, conf)
+    local peak, at = judged_peak(m, req)
+    r.gpu_mem, r.usable, r.peak = mem, usable, peak
+    local what = string.format("predicted peak %s per GPU %s %s (%s usable of %s) with %s%s",
+        M.format_bytes(peak), peak <= usable and "fits" or "does not fit", gtype,
+        M.format_bytes(usable), M.format_bytes(mem), describe(req, tres),
+        at ~= req.gpus and ("; highest with " .. istr(at) .. " GPUs") or "")
+    if peak <= usable then return finish(ctx, "accept", what, ctx.SUCCESS) end
+    if conf.action == "warn" then
+        log_user("mmguard: WARNING: " .. what .. "; the job may run out of GPU memory")
+        return finish(ctx, "warn", what, ctx.SUCCESS)
+    end
+    if conf.action == "reject" or req.kind == "task" then
+        local hint = ""
+        local g = req.kind == "node" and first_fit(m, req, req.count + 1, usable, conf.max_gpus_per_node)
+        if g then hint = string.format("; to fit: ask for %s GPUs per node (%s)", istr(g), gpu_text(req.type, g)) end
+        if m.dp == req.gpus and m.mmb and m.mmb > 0 then
+            hint = hint .. "; to fit: training.micro_batch_size=" .. istr(m.mmb)
+        end
+        log_user("mmguard: job rejected: " .. what .. hint)
+        return finish(ctx, "reject", what, ctx.ERROR)
+    end
+    return M.resize(ctx, m, req, tres, what)
+end
+
+-- After a resize: the job's environment variables that carry the GPU count,
+-- and the published record (its steps' MMGUARD_* describe the new request;
+-- the largest micro-batch, computed for the old one, is dropped).
+local function fix_environment(job, old_text, new, per_job, m)
+    local env = job.environment
+    if type(env) ~= "table" then return end
     local function reform(v, count, type_)
         -- "2" | "h100:2" | "gpu:2" | "gpu:h100:2" -> same shape, new count/type
         local f = split(v, ":")
@@ -597,219 +1023,79 @@ local function fix_environment(job_desc, old, new, per_job)
     for _, name in ipairs(names) do
         local v = env[name]
         if type(v) == "string" and v ~= "" and not v:find(",") then
-            env[name] = reform(v, count, new.typed and new.type or nil)
+            env[name] = reform(v, istr(count), new.typed and new.type or nil)
         end
     end
-    env["MMGUARD_ADMISSION"] = string.format("resized %s -> %s", old, new.text)
+    local admission = string.format("resized %s -> %s", old_text, new.text)
+    env["MMGUARD_ADMISSION"] = admission
+    if type(env["SLURM_SPANK_MMGUARD"]) == "string" then
+        m.dp, m.peak, m.alloc = new.total, new.peak, M.alloc_for_dp(m, new.total)
+        m.gpu, m.gpu_mem, m.usable, m.mmb, m.admission = new.type, new.mem, new.usable, nil, admission
+        m.request = new.code
+        env["SLURM_SPANK_MMGUARD"] = M.format_record(m)
+    end
 end
 
--- Core of the script: returns rc (slurm.SUCCESS/ERROR).
-function M.submit(job_desc, part_list, submit_uid)
-    local SUCCESS = (slurm and slurm.SUCCESS) or 0
-    local ERROR = (slurm and slurm.ERROR) or -1
-
-    local vars, any = spank_env(job_desc)
-    if not any then return SUCCESS end
-
-    local conf, conf_errs = M.load_conf(M.conf_path())
-    local nodes = job_desc.min_nodes
-    if not nodes or nodes == NO_VAL or nodes == INFINITE or nodes < 1 then nodes = 1 end
-    if not is_int(nodes) then nodes = 1 end
-
-    local rec = {
-        time = os.date("!%Y-%m-%dT%H:%M:%SZ"),
-        user = job_desc.user_name,
-        uid = job_desc.user_id,
-        job_name = job_desc.name,
-        spec = vars.MMGUARD_SPEC,
-        spec_sha256 = vars.MMGUARD_SPEC_SHA256,
-        model = vars.MMGUARD_MODEL,
-        source = "slurmctld",
-        margin = { raw = M.json_object({ { "percent", { raw = M.json_double(conf.margin.percent) } },
-            { "bytes", conf.margin.bytes }, { "reserve_bytes", conf.reserve },
-            { "text", M.margin_text(conf) } }) },
-        action = conf.action,
-        requested_tres = nil,
-        nodes = nodes,
-        time_limit_minutes = time_limit_minutes(job_desc, part_list),
-    }
-    local function finish(decision, reason, rc)
-        rec.decision, rec.reason = decision, reason
-        write_log(conf, {
-            { "time", rec.time }, { "source", rec.source }, { "decision", rec.decision },
-            { "reason", rec.reason }, { "action", rec.action }, { "user", rec.user }, { "uid", rec.uid },
-            { "job_name", rec.job_name }, { "spec", rec.spec }, { "spec_sha256", rec.spec_sha256 },
-            { "model", rec.model }, { "gpu", rec.gpu }, { "gpu_mem_bytes", rec.gpu_mem },
-            { "gpus", rec.gpus }, { "nodes", rec.nodes }, { "data_parallel", rec.gpus },
-            { "peak_bytes", rec.peak }, { "usable_bytes", rec.usable }, { "margin", rec.margin },
-            { "time_limit_minutes", rec.time_limit_minutes },
-            { "requested_tres", rec.requested_tres }, { "new_tres", rec.new_tres },
-            { "new_gpu", rec.new_gpu }, { "new_gpus", rec.new_gpus },
-            { "new_peak_bytes", rec.new_peak }, { "new_usable_bytes", rec.new_usable },
-        })
-        M.log_info(string.format("mmguard: job %s uid %s: %s: %s",
-            tostring(rec.job_name), tostring(rec.uid), decision, reason))
-        return rc
+-- The first choice that fits: more GPUs per node of the same type, then each
+-- larger resize_types entry from the current count up.
+local function resize_choice(m, req, r, conf)
+    local per_node = req.kind == "job" and ceil_div(req.count, req.nodes_min) or req.count
+    local g, p = first_fit(m, req, per_node + 1, r.usable, conf.max_gpus_per_node)
+    if g then
+        return { type = r.gpu, typed = req.type ~= nil, count = g, peak = p, usable = r.usable, mem = r.gpu_mem }
     end
-    local function fail(reason)
-        M.log_error("mmguard: " .. reason)
-        if conf.on_error == "allow" then
-            return finish("error", reason .. " (on_error=allow: job accepted)", SUCCESS)
+    for _, t in ipairs(conf.resize_types) do
+        local tm = conf.gpus[t]
+        if t ~= r.gpu and tm and tm > r.gpu_mem then
+            local tu = M.usable_bytes(tm, conf)
+            g, p = first_fit(m, req, per_node, tu, conf.max_gpus_per_node)
+            if g then return { type = t, typed = true, count = g, peak = p, usable = tu, mem = tm } end
         end
-        log_user("mmguard: job rejected: " .. reason ..
-            " (on_error=reject; contact your administrator or resubmit without --mm-model)")
-        return finish("error", reason .. " (on_error=reject)", ERROR)
     end
-
-    if #conf_errs > 0 then return fail("configuration: " .. table.concat(conf_errs, "; ")) end
-
-    local ok, rc = pcall(M.decide, job_desc, vars, conf, nodes, rec, finish, fail, SUCCESS, ERROR)
-    if ok then return rc end
-    return fail("internal error: " .. tostring(rc))
 end
 
--- The comparison and the action; errors raised here are turned into on_error.
-function M.decide(job_desc, vars, conf, nodes, rec, finish, fail, SUCCESS, ERROR)
-
-    if vars.MMGUARD_DECISION == "error" and not vars.MMGUARD_PEAK_MODEL then
-        return fail("the submit-time check failed: " .. tostring(vars.MMGUARD_ERROR or "no prediction published"))
-    end
-    local model, merr = M.parse_peak_model(vars.MMGUARD_PEAK_MODEL)
-    if not model then return fail(merr) end
-    -- allocated peak at N = 1, published beside the model (docs/plugin.md)
-    if vars.MMGUARD_ALLOC_DP1_BYTES ~= nil and not model.dp1 then
-        model.dp1 = parse_uint(vars.MMGUARD_ALLOC_DP1_BYTES)
-        if not model.dp1 then
-            return fail("MMGUARD_ALLOC_DP1_BYTES: bad value '" .. vars.MMGUARD_ALLOC_DP1_BYTES .. "'")
-        end
-    end
-
-    -- the real GPU request
-    local tpn_s, tpj_s = job_desc.tres_per_node, job_desc.tres_per_job
-    local tpn, e1 = M.parse_tres(tpn_s)
-    if not tpn then return fail(e1) end
-    local tpj, e2 = M.parse_tres(tpj_s)
-    if not tpj then return fail(e2) end
-    local g_node, n_node = gpu_entry(tpn)
-    local g_job, n_job = gpu_entry(tpj)
-    if n_node > 1 or n_job > 1 then return fail("more than one GPU entry in the request") end
-    for _, f in ipairs({ "tres_per_task", "tres_per_socket" }) do
-        local v = job_desc[f]
-        if v and v:find("gpu") then
-            return fail("GPU request per " .. f:sub(10) .. " (" .. v .. ") is not supported by mmguard")
-        end
-    end
-    local per_job = false
-    local entry, per_node_count, total
-    if g_node then
-        entry, per_node_count = g_node, g_node.count
-        total = per_node_count * nodes
-        rec.requested_tres = tpn_s
-    elseif g_job then
-        per_job, entry = true, g_job
-        total = g_job.count
-        per_node_count = ceil_div(total, nodes)
-        rec.requested_tres = tpj_s
-    else
-        -- Nothing to compare at slurmctld: the job will get no GPU.  Accept it
-        -- unchanged (resizing a CPU job into a GPU job is not ours to decide).
-        local reason = "the job has --mm-model but requests no GPU (--gres=gpu:N or --gpus); not checked at admission"
-        log_user("mmguard: WARNING: " .. reason)
-        return finish("warn", reason, SUCCESS)
-    end
-    if total < 1 then return fail("the job requests 0 GPUs") end
-
-    local gtype = entry.type or conf.default_gpu
-    local mem = conf.gpus[gtype]
-    rec.gpu, rec.gpus = gtype, total
-    if not mem then return fail("unknown GPU type '" .. gtype .. "' (add gpu." .. gtype .. "=SIZE to mmguard.conf)") end
-    local usable = M.usable_bytes(mem, conf)
-    local ok, peak = pcall(M.peak_for_dp, model, total)
-    if not ok then return fail("MMGUARD_PEAK_MODEL: " .. tostring(peak)) end
-    rec.gpu_mem, rec.usable, rec.peak = mem, usable, peak
-
-    local req_text = short_gpu(entry.type, per_job and total or per_node_count)
-    if peak <= usable then
-        return finish("accept", string.format("predicted %s/GPU fits %s usable on %s (N=%s)",
-            M.format_bytes(peak), M.format_bytes(usable), gtype, istr(total)), SUCCESS)
-    end
-
-    local why = string.format("predicted peak %s/GPU at %s-way data parallel exceeds %s usable on %s (%s, margin %g%%%s, reserve %s)",
-        M.format_bytes(peak), istr(total), M.format_bytes(usable), gtype, M.format_bytes(mem),
-        conf.margin.percent, conf.margin.bytes > 0 and (" + " .. M.format_bytes(conf.margin.bytes)) or "",
-        M.format_bytes(conf.reserve))
-
-    if conf.action == "warn" then
-        log_user("mmguard: WARNING: " .. why .. "; the job may run out of GPU memory")
-        return finish("warn", why, SUCCESS)
-    end
-
-    if conf.action == "reject" then
-        local hint = ""
-        if vars.MMGUARD_MAX_MICRO_BATCH and vars.MMGUARD_MAX_MICRO_BATCH ~= "" and vars.MMGUARD_MAX_MICRO_BATCH ~= "0" then
-            hint = "; largest micro-batch that fits: " .. vars.MMGUARD_MAX_MICRO_BATCH
-        end
-        log_user("mmguard: job rejected: " .. why .. hint)
-        return finish("reject", why, ERROR)
-    end
-
-    -- action=resize: same type with more GPUs per node first, then larger GPU types.
-    local choice
-    for g = per_node_count + 1, conf.max_gpus_per_node do
-        local p = M.peak_for_dp(model, g * nodes)
-        if p <= usable then choice = { type = gtype, typed = entry.type ~= nil, count = g, peak = p, usable = usable, mem = mem }; break end
-    end
-    if not choice then
-        for _, t in ipairs(conf.resize_types) do
-            local tm = conf.gpus[t]
-            if t ~= gtype and tm and tm > mem then
-                local tu = M.usable_bytes(tm, conf)
-                for g = per_node_count, conf.max_gpus_per_node do
-                    local p = M.peak_for_dp(model, g * nodes)
-                    if p <= tu then choice = { type = t, typed = true, count = g, peak = p, usable = tu, mem = tm }; break end
-                end
-            end
-            if choice then break end
-        end
-    end
+function M.resize(ctx, m, req, tres, why)
+    local job, conf, r = ctx.job, ctx.conf, ctx.rec
+    local per_job, nodes = req.kind == "job", req.nodes_min
+    local choice = resize_choice(m, req, r, conf)
     if not choice then
         local reason = why .. string.format("; no resize fits (up to %s GPUs/node of %s%s)", istr(conf.max_gpus_per_node),
-            gtype, (#conf.resize_types > 0) and (" or " .. table.concat(conf.resize_types, ",")) or "")
+            r.gpu, (#conf.resize_types > 0) and (" or " .. table.concat(conf.resize_types, ",")) or "")
         log_user("mmguard: job rejected: " .. reason)
-        return finish("reject", reason, ERROR)
+        return finish(ctx, "reject", reason, ctx.ERROR)
     end
-
-    -- apply
     local new_total = choice.count * nodes
-    local new_entry = { gpu = true, prefix = entry.prefix, type = choice.typed and choice.type or nil,
-        count = per_job and new_total or choice.count }
-    for i, e in ipairs(per_job and tpj or tpn) do
-        if e.gpu then (per_job and tpj or tpn)[i] = new_entry end
+    local list = M.parse_tres(tres)
+    local old_per_node = per_job and ceil_div(req.count, nodes) or req.count
+    for i, e in ipairs(list) do
+        if e.gpu then
+            list[i] = { gpu = true, prefix = e.prefix, type = choice.typed and choice.type or nil,
+                        count = per_job and new_total or choice.count }
+        end
     end
-    local new_tres = M.format_tres(per_job and tpj or tpn)
-    if per_job then job_desc.tres_per_job = new_tres else job_desc.tres_per_node = new_tres end
+    local new_tres = M.format_tres(list)
+    if per_job then job.tres_per_job = new_tres else job.tres_per_node = new_tres end
     -- one rank per GPU: keep task counts that matched the old GPU count in step
-    local old_total = total
-    if job_desc.ntasks_per_node == per_node_count and per_node_count ~= choice.count then
-        job_desc.ntasks_per_node = choice.count
+    if job.ntasks_per_node == old_per_node and old_per_node ~= choice.count then
+        job.ntasks_per_node = choice.count
     end
-    if job_desc.num_tasks == old_total and old_total ~= new_total then
-        job_desc.num_tasks = new_total
-    end
-    local new_text = short_gpu(new_entry.type, new_entry.count)
-    fix_environment(job_desc, req_text, { text = new_text, count = choice.count, total = new_total,
-        type = choice.type, typed = choice.typed }, per_job)
-    local note = string.format("mmguard: resized %s -> %s, predicted %s/GPU", req_text, new_text,
+    if job.num_tasks == req.gpus and req.gpus ~= new_total then job.num_tasks = new_total end
+    local old_text = gpu_text(req.type, req.count)
+    local new_text = gpu_text(choice.typed and choice.type or nil, per_job and new_total or choice.count)
+    choice.total, choice.text = new_total, new_text
+    choice.code = M.request_code({ kind = req.kind, type = choice.typed and choice.type or nil,
+        count = per_job and new_total or choice.count, nodes_min = req.nodes_min, nodes_max = req.nodes_max })
+    fix_environment(job, old_text, choice, per_job, m)
+    local note = string.format("mmguard: resized %s -> %s, predicted %s/GPU", old_text, new_text,
         M.format_bytes(choice.peak))
-    local prev = job_desc.admin_comment
-    if prev and prev ~= "" then job_desc.admin_comment = prev .. "; " .. note
-    else job_desc.admin_comment = note end
+    local prev = job.admin_comment
+    job.admin_comment = (prev and prev ~= "") and (prev .. "; " .. note) or note
     log_user(string.format("mmguard: %s: predicted %s/GPU with %s does not fit %s usable; job resized to %s (%s/GPU of %s usable)",
-        tostring(job_desc.name or "job"), M.format_bytes(peak), req_text, M.format_bytes(usable),
+        tostring(job.name or "job"), M.format_bytes(r.peak), old_text, M.format_bytes(r.usable),
         new_text, M.format_bytes(choice.peak), M.format_bytes(choice.usable)))
-    rec.new_tres, rec.new_gpu, rec.new_gpus = new_tres, choice.type, new_total
-    rec.new_peak, rec.new_usable = choice.peak, choice.usable
-    return finish("resize", why .. "; " .. note, SUCCESS)
+    r.new_tres, r.new_gpu, r.new_gpus = new_tres, choice.type, new_total
+    r.new_peak, r.new_usable = choice.peak, choice.usable
+    return finish(ctx, "resize", why .. "; " .. note, ctx.SUCCESS)
 end
 
 -- Slurm entry points ---------------------------------------------------------
@@ -821,7 +1107,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     local msg = "internal error: " .. tostring(rc)
     M.log_error("mmguard: " .. msg)
     local conf = M.load_conf(M.conf_path())
-    if conf.on_error == "allow" then return slurm.SUCCESS end
+    if conf and conf.on_error == "allow" then return slurm.SUCCESS end
     if slurm.log_user then slurm.log_user("%s", "mmguard: job rejected: " .. msg) end
     return slurm.ERROR
 end
@@ -835,5 +1121,5 @@ end
 mmguard_jobsubmit = M
 
 if slurm and slurm.log_info then
-    slurm.log_info("%s", "mmguard: job_submit.lua loaded")
+    slurm.log_info("%s", "mmguard: job_submit.lua loaded (mmguard.conf: " .. M.conf_path() .. ")")
 end

@@ -20,7 +20,7 @@
 FUZZ_CC       ?= clang
 FUZZ_SECONDS  ?= 60
 FUZZ_CHECK_SECONDS ?= 10
-FUZZ_HARNESSES := spec_yaml spec_json set config size alloc
+FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_CFLAGS    = $(CSTD) -O1 -g $(WARN) $(FUZZ_SAN) $(PKG_CFLAGS) -Ipredictor -Ispank_plugin $(CFLAGS)
 FUZZ_DIR      := $(BUILD)/fuzz
@@ -49,6 +49,20 @@ $(FUZZ_DIR)/obj/config.o: spank_plugin/config.c spank_plugin/config.h $(HDRS)
 
 $(FUZZ_DIR)/fuzz_config: tests/fuzz/fuzz_config.c tests/fuzz/fuzz_common.h $(FUZZ_DIR)/obj/config.o $(FUZZ_LIB_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_DIR)/obj/config.o $(FUZZ_LIB_OBJS) $(PKG_LIBS) -lm -o $@
+
+# the plugin's Slurm-free readers: the GPU request and the MMGUARD record
+FUZZ_REQ_SRCS := spank_plugin/request.c spank_plugin/walk.c spank_plugin/optable.c \
+                 spank_plugin/script.c spank_plugin/reqtext.c spank_plugin/jobinfo.c
+FUZZ_REQ_OBJS := $(patsubst spank_plugin/%.c,$(FUZZ_DIR)/plugin/%.o,$(FUZZ_REQ_SRCS))
+$(FUZZ_DIR)/plugin/%.o: spank_plugin/%.c $(wildcard spank_plugin/*.h) $(HDRS)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_DIR)/fuzz_request: tests/fuzz/fuzz_request.c tests/fuzz/fuzz_common.h $(FUZZ_REQ_OBJS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_REQ_OBJS) -o $@
+
+$(FUZZ_DIR)/fuzz_record: tests/fuzz/fuzz_record.c tests/fuzz/fuzz_common.h $(FUZZ_DIR)/plugin/record.o $(FUZZ_LIB_OBJS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_DIR)/plugin/record.o $(FUZZ_LIB_OBJS) $(PKG_LIBS) -lm -o $@
 
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_LIB_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB_OBJS) $(PKG_LIBS) -lm -o $@

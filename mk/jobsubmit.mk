@@ -1,7 +1,7 @@
 # mk/jobsubmit.mk - contrib/job_submit.lua (admission check and resize at
 # slurmctld) and its tests.  Included by the top Makefile.
 #
-#   make check-jobsubmit        Lua unit tests (no Slurm) + Lua-vs-C arithmetic
+#   make check-jobsubmit        Lua unit tests (no Slurm) + Lua-vs-C peak(N)
 #                               + the real-Slurm test (root, tests/slurm/cluster.sh)
 #   make check-jobsubmit-lua    only the tests that need no Slurm and no root
 #   make install-jobsubmit      job_submit.lua as an example under share/mmguard
@@ -31,16 +31,23 @@ check-jobsubmit-lua: $(JOBSUBMIT_LUA) tests/jobsubmit/test_job_submit.lua
 	  python3 tests/jobsubmit/json_lines.py $(BUILD)/jobsubmit-unit.jsonl || exit 1; \
 	done; [ $$found = 1 ] || { echo "no Lua interpreter ($(LUA_VERSIONS))"; exit 1; }
 
-# The Lua peak(N) arithmetic against `mmguard predict --set training.data_parallel=N`.
-check-jobsubmit-peak: $(BUILD)/mmguard $(JOBSUBMIT_LUA)
+# The Lua peak(N) of the published record against the C library's
+# mm_peak_for_dp() of the same record, N = 1..4096, for every shipped spec.
+PEAK_TOOL := $(BUILD)/peak_tool
+$(PEAK_TOOL): tests/jobsubmit/peak_tool.c spank_plugin/record.c spank_plugin/record.h $(BUILD)/libmmguard.a $(HDRS)
+	$(CC) $(CFLAGS_ALL) -Ispank_plugin tests/jobsubmit/peak_tool.c spank_plugin/record.c $(BUILD)/libmmguard.a $(PKG_LIBS) -lm -o $@
+
+PEAK_SPECS = $(filter-out %invalid.yaml,$(wildcard tests/jobsubmit/specs/*.yaml tests/slurm/specs/*.yaml contrib/models/*.yaml))
+check-jobsubmit-peak: $(PEAK_TOOL) $(JOBSUBMIT_LUA)
+	$(PEAK_TOOL) spec $(PEAK_SPECS) > $(BUILD)/peak_cases.txt
 	@for lua in $(LUA_VERSIONS); do \
 	  command -v $$lua >/dev/null 2>&1 || continue; echo "== $$lua"; \
-	  MMGUARD=$(BUILD)/mmguard LUA=$$lua sh tests/jobsubmit/test_peak_vs_cli.sh || exit 1; \
+	  $$lua tests/jobsubmit/peak_check.lua $(JOBSUBMIT_LUA) $(BUILD)/peak_cases.txt || exit 1; \
 	done
 
 # Real single-node Slurm with JobSubmitPlugins=lua and the SPANK plugin; needs root.
-check-jobsubmit-slurm: $(BUILD)/mmguard $(SLURM_PLUGIN_SO) $(JOBSUBMIT_LUA)
-	PLUGIN=$(abspath $(SLURM_PLUGIN_SO)) MMGUARD=$(abspath $(BUILD)/mmguard) \
+check-jobsubmit-slurm: $(BUILD)/mmguard $(SLURM_PLUGIN_SO) $(JOBSUBMIT_LUA) $(PEAK_TOOL)
+	PLUGIN=$(abspath $(SLURM_PLUGIN_SO)) MMGUARD=$(abspath $(BUILD)/mmguard) PEAK_TOOL=$(abspath $(PEAK_TOOL)) \
 	  JOB_SUBMIT_LUA=$(abspath $(JOBSUBMIT_LUA)) sh tests/slurm/test_jobsubmit.sh
 
 install-jobsubmit:

@@ -1,15 +1,17 @@
 #!/bin/sh
 # demo.sh - mmguard end to end on a throw-away single-node Slurm (needs root):
 # start munged/slurmctld/slurmd with the mmguard SPANK plugin, submit the
-# shipped LLaVA specs through the real sbatch (one accepted, one rejected with
-# its explanation), show the decision log, stop the cluster.
+# shipped LLaVA specs through the real sbatch with their GPU requests (accepted
+# when the GPUs asked for hold the predicted peak, rejected with the
+# explanation and ways to fit when not), show the decision log, stop the
+# cluster.
 # `make demo` installs the packages and builds the plugin first.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 PLUGIN=${PLUGIN:-$root/build/spank_mmguard.so}
 cli=${MMGUARD_CLI:-$(dirname "$PLUGIN")/mmguard}
 unset MMGUARD_CLI # jobs inherit this environment: keep it free of our settings
-FITS=$root/contrib/models/llava-1.5-7b-finetune.yaml     # ZeRO-3 on 8 GPUs
+FITS=$root/contrib/models/llava-1.5-7b-finetune.yaml     # ZeRO-3, written for 8 GPUs
 TOO_BIG=$root/contrib/models/llava-1.5-13b-finetune.yaml # ZeRO-3: needs 8 H100s, not 4
 
 dir=$(mktemp -d /tmp/mmguard-demo.XXXXXX)
@@ -51,25 +53,31 @@ wait_job() {
     done
 }
 
-say "1. LLaVA-1.5-7B full fine-tune on 8 H100s: accepted"
-show "sbatch --mm-model=contrib/models/$(basename "$FITS") --gres=gpu:h100:8 -o job.out train.sh"
-out=$(sbatch --mm-model="$FITS" --gres=gpu:h100:8 -o "$dir/job.out" "$dir/train.sh")
+say "1. LLaVA-1.5-7B full fine-tune on 8 H100s (#SBATCH --gres=gpu:h100:8 in train.sh): accepted"
+show "sbatch --mm-model=contrib/models/$(basename "$FITS") -o job.out train.sh"
+out=$(sbatch --mm-model="$FITS" -o "$dir/job.out" "$dir/train.sh")
 echo "$out"
 id=${out##* }
 wait_job "$id"
 cat "$dir/job.out"
 
-say "2. LLaVA-1.5-13B full fine-tune on only 4 H100s: rejected at submit time"
-show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") --mm-gpus=4 --gres=gpu:h100:4 train.sh"
+say "2. the same spec on the 1 GPU the command line asks for: rejected, with ways to fit"
+show "sbatch --mm-model=contrib/models/$(basename "$FITS") --gres=gpu:h100:1 train.sh"
 rc=0
-sbatch --mm-model="$TOO_BIG" --mm-gpus=4 --gres=gpu:h100:4 "$dir/train.sh" || rc=$?
+sbatch --mm-model="$FITS" --gres=gpu:h100:1 "$dir/train.sh" || rc=$?
 echo "(sbatch exit status $rc; no job was queued)"
 
-say "3. the same 13B fine-tune on 4 H200s: accepted"
-show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") --mm-gpu=h200 --mm-gpus=4 --gres=gpu:h200:4 -o job2.out train.sh"
-sbatch --mm-model="$TOO_BIG" --mm-gpu=h200 --mm-gpus=4 --gres=gpu:h200:4 -o "$dir/job2.out" "$dir/train.sh"
+say "3. LLaVA-1.5-13B full fine-tune on 4 H100s: rejected at submit time"
+show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") --gres=gpu:h100:4 train.sh"
+rc=0
+sbatch --mm-model="$TOO_BIG" --gres=gpu:h100:4 "$dir/train.sh" || rc=$?
+echo "(sbatch exit status $rc; no job was queued)"
 
-say "4. the decision log ($dir/decisions.jsonl), one JSON object per decision"
+say "4. the same 13B fine-tune on 4 H200s: accepted"
+show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") --gres=gpu:h200:4 -o job2.out train.sh"
+sbatch --mm-model="$TOO_BIG" --gres=gpu:h200:4 -o "$dir/job2.out" "$dir/train.sh"
+
+say "5. the decision log ($dir/decisions.jsonl), one JSON object per decision"
 if command -v python3 >/dev/null 2>&1; then
     python3 -c '
 import json, sys

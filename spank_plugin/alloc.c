@@ -16,11 +16,13 @@ static int job_control_set(void *ctx, const char *name, const char *value)
 }
 
 /* A job submitted from inside another mmguard job inherits the outer job's
- * SLURM_SPANK_MMGUARD_* variables; drop them so they cannot describe this job. */
+ * SLURM_SPANK_MMGUARD (and, from older plugins, SLURM_SPANK_MMGUARD_*); drop
+ * them so that they cannot describe this job. */
 static void drop_inherited(void)
 {
     for (size_t i = 0; environ && environ[i];) {
-        if (!strncmp(environ[i], "SLURM_SPANK_MMGUARD_", 20)) {
+        if (!strncmp(environ[i], "SLURM_SPANK_MMGUARD", 19) &&
+            (environ[i][19] == '=' || environ[i][19] == '_')) {
             char name[128];
             const char *eq = strchr(environ[i], '=');
             size_t n = eq ? (size_t)(eq - environ[i]) : strlen(environ[i]);
@@ -35,7 +37,7 @@ static void drop_inherited(void)
     }
 }
 
-static const char *allocator_name(void)
+static mmg_tool allocator_tool(void)
 {
     char comm[32] = "";
     FILE *f = fopen("/proc/self/comm", "re");
@@ -44,7 +46,7 @@ static const char *allocator_name(void)
             comm[0] = '\0';
         fclose(f);
     }
-    return !strncmp(comm, "salloc", 6) ? "salloc" : "sbatch";
+    return !strncmp(comm, "salloc", 6) ? MMG_TOOL_SALLOC : MMG_TOOL_SBATCH;
 }
 
 int mmg_alloc_post_opt(spank_t sp, int ac, char **av)
@@ -55,5 +57,5 @@ int mmg_alloc_post_opt(spank_t sp, int ac, char **av)
             slurm_info(MMG_PREFIX "--mm-gpu/--mm-gpus given without --mm-model: ignored");
         return 0;
     }
-    return mmg_check_submit(allocator_name(), job_control_set, sp, ac, av);
+    return mmg_check_submit(allocator_tool(), job_control_set, sp, ac, av);
 }

@@ -1,5 +1,6 @@
 /* config.c - strict parser of the mmguard plugin configuration (see config.h). */
 #include "config.h"
+#include "parse_u32.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -44,6 +45,8 @@ void mmg_config_defaults(struct mmg_config *c)
     memset(c, 0, sizeof(*c));
     c->action = MMG_ACTION_REJECT;
     c->on_error = MMG_ONERR_REJECT;
+    c->require = MMG_REQUIRE_OFF;
+    c->margin_den = 1;
     c->max_gpus_per_node = 8;
     snprintf(c->default_gpu, sizeof(c->default_gpu), "h100");
     for (size_t i = 0; i < sizeof(builtin_gpus) / sizeof(builtin_gpus[0]); i++) {
@@ -133,78 +136,141 @@ static int set_resize_types(struct mmg_config *c, const char *value, const char 
         }
     }
     memcpy(c->resize_types, value, strlen(value) + 1);
+    lower(c->resize_types);
     return 0;
 }
 
-static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+/* One of the names (index = enum value), else -1. */
+static int choice(const char *value, const char *const *names)
 {
-    char *end = NULL;
-    unsigned long long v;
-    if (!*s || !isdigit((unsigned char)*s))
-        return -1;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(value, names[i]))
+            return i;
+    return -1;
 }
 
-int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
-                   const char *where, char *err, size_t errlen)
+static const char *const action_names[] = { "reject", "warn", "resize", NULL };
+static const char *const onerr_names[] = { "reject", "allow", NULL };
+static const char *const require_names[] = { "off", "warn", "reject", NULL };
+
+/* A size as mm_parse_size reads it, at most MMG_CONF_MAX_SIZE (job_submit.lua
+ * counts in doubles, exact below 2^53). */
+static int set_size(uint64_t *dst, const char *key, const char *value, const char *where,
+                    char *err, size_t errlen)
 {
     mm_error e;
+    uint64_t b;
     memset(&e, 0, sizeof(e));
+    if (mm_parse_size(value, &b, &e) != 0)
+        return fail(err, errlen, "%s: %s: invalid size '%s': %s", where, key, value, e.msg);
+    if (b > MMG_CONF_MAX_SIZE)
+        return fail(err, errlen, "%s: %s: invalid size '%s': larger than 8 PiB", where, key, value);
+    *dst = b;
+    return 0;
+}
 
-    if (!strcmp(key, "action")) {
-        if (!strcmp(value, "reject")) c->action = MMG_ACTION_REJECT;
-        else if (!strcmp(value, "warn")) c->action = MMG_ACTION_WARN;
-        else if (!strcmp(value, "resize")) c->action = MMG_ACTION_RESIZE;
-        else return fail(err, errlen, "%s: action: invalid value '%s' (reject|warn|resize)",
-                         where, value);
-        return 0;
-    }
-    if (!strcmp(key, "margin")) {
-        mm_margin m;
-        if (mm_parse_margin(value, &m, &e) != 0)
-            return fail(err, errlen, "%s: margin: invalid value '%s': %s", where, value, e.msg);
-        if (!(m.percent >= 0.0 && m.percent < 100.0))
-            return fail(err, errlen, "%s: margin: '%s' must be below 100%%", where, value);
-        c->margin = m;
-        return 0;
-    }
-    if (!strcmp(key, "reserve")) {
-        uint64_t b;
-        if (mm_parse_size(value, &b, &e) != 0)
-            return fail(err, errlen, "%s: reserve: invalid size '%s': %s", where, value, e.msg);
-        c->reserve = b;
-        return 0;
-    }
-    if (!strncmp(key, "gpu.", 4)) {
-        const char *name = key + 4;
-        uint64_t b;
-        struct mmg_gpu *g = NULL;
-        if (!valid_gpu_name(name))
-            return fail(err, errlen, "%s: %s: invalid GPU type name '%s'", where, key, name);
-        if (mm_parse_size(value, &b, &e) != 0)
-            return fail(err, errlen, "%s: %s: invalid size '%s': %s", where, key, value, e.msg);
-        if (b == 0)
-            return fail(err, errlen, "%s: %s: GPU memory must be > 0", where, key);
-        for (size_t i = 0; i < c->n_gpus; i++)
-            if (strcasecmp(c->gpus[i].name, name) == 0)
-                g = &c->gpus[i];
-        if (!g) {
-            if (c->n_gpus >= MMG_MAX_GPU_TYPES)
-                return fail(err, errlen, "%s: %s: more than %d GPU types", where, key,
-                            MMG_MAX_GPU_TYPES);
-            g = &c->gpus[c->n_gpus++];
-            snprintf(g->name, sizeof(g->name), "%s", name);
-            lower(g->name);
+/* "7.5%": digits, at most one '.', at most 6 decimals, below 100; kept as the
+ * exact fraction num/den so that usable memory is computed exactly (as
+ * job_submit.lua does). */
+static int percent(const char *v, uint64_t *num, uint64_t *den)
+{
+    size_t len = strlen(v), int_digits = 0, decimals = 0;
+    int dot = 0;
+    *num = 0;
+    *den = 1;
+    if (len < 2 || v[len - 1] != '%' || !isdigit((unsigned char)v[0]))
+        return -1;
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (v[i] == '.' && !dot) {
+            dot = 1;
+            continue;
         }
-        g->bytes = b;
-        g->builtin = 0;
-        return 0;
+        if (!isdigit((unsigned char)v[i]) || (dot && ++decimals > 6))
+            return -1;
+        if (!dot && (*num || v[i] != '0') && ++int_digits > 2)
+            return -1; /* 100 or more */
+        *num = *num * 10 + (uint64_t)(v[i] - '0');
+        *den *= dot ? 10 : 1;
     }
+    return 0;
+}
+
+static int set_margin(struct mmg_config *c, const char *value, const char *where, char *err,
+                      size_t errlen)
+{
+    mm_margin m = { 0, 0 };
+    mm_error e;
+    memset(&e, 0, sizeof(e));
+    if (value[0] && value[strlen(value) - 1] == '%') {
+        uint64_t num, den;
+        if (percent(value, &num, &den) != 0 || mm_parse_margin(value, &m, &e) != 0)
+            return fail(err, errlen, "%s: margin: invalid value '%s': a percentage below 100 "
+                        "with at most 6 decimals (10%%, 7.5%%)", where, value);
+        c->margin_num = num;
+        c->margin_den = den;
+    } else {
+        if (mm_parse_size(value, &m.bytes, &e) != 0)
+            return fail(err, errlen, "%s: margin: invalid value '%s': %s", where, value, e.msg);
+        if (m.bytes > MMG_CONF_MAX_SIZE)
+            return fail(err, errlen, "%s: margin: invalid value '%s': larger than 8 PiB", where,
+                        value);
+        c->margin_num = 0;
+        c->margin_den = 1;
+    }
+    c->margin = m;
+    return 0;
+}
+
+static int set_gpu(struct mmg_config *c, const char *key, const char *value, const char *where,
+                   char *err, size_t errlen)
+{
+    const char *name = key + 4;
+    uint64_t b;
+    struct mmg_gpu *g;
+    if (!valid_gpu_name(name))
+        return fail(err, errlen, "%s: %s: invalid GPU type name '%s'", where, key, name);
+    if (set_size(&b, key, value, where, err, errlen) != 0)
+        return -1;
+    if (b == 0)
+        return fail(err, errlen, "%s: %s: GPU memory must be > 0", where, key);
+    g = (struct mmg_gpu *)mmg_config_gpu(c, name);
+    if (!g) {
+        if (c->n_gpus >= MMG_MAX_GPU_TYPES)
+            return fail(err, errlen, "%s: %s: more than %d GPU types", where, key,
+                        MMG_MAX_GPU_TYPES);
+        g = &c->gpus[c->n_gpus++];
+        snprintf(g->name, sizeof(g->name), "%s", name);
+        lower(g->name);
+    }
+    g->bytes = b;
+    g->builtin = 0;
+    return 0;
+}
+
+/* action, on_error, require: one word of a fixed list. */
+static int set_choice(struct mmg_config *c, const char *key, const char *value,
+                      const char *where, char *err, size_t errlen)
+{
+    int v;
+    if (!strcmp(key, "action")) {
+        if ((v = choice(value, action_names)) >= 0)
+            c->action = (mmg_action)v;
+    } else if (!strcmp(key, "on_error")) {
+        if ((v = choice(value, onerr_names)) >= 0)
+            c->on_error = (mmg_on_error)v;
+    } else if ((v = choice(value, require_names)) >= 0) {
+        c->require = (mmg_require)v;
+    }
+    if (v >= 0)
+        return 0;
+    return fail(err, errlen, "%s: %s: invalid value '%s' (%s)", where, key, value,
+                !strcmp(key, "action") ? "reject|warn|resize"
+                : !strcmp(key, "on_error") ? "reject|allow" : "off|warn|reject");
+}
+
+static int set_other(struct mmg_config *c, const char *key, const char *value, const char *where,
+                     char *err, size_t errlen)
+{
     if (!strcmp(key, "default_gpu")) {
         if (!valid_gpu_name(value))
             return fail(err, errlen, "%s: default_gpu: invalid GPU type '%s'", where, value);
@@ -212,10 +278,6 @@ int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
         lower(c->default_gpu);
         return 0;
     }
-    if (!strcmp(key, "log"))
-        return set_path(c->log_path, sizeof(c->log_path), key, value, where, err, errlen);
-    if (!strcmp(key, "ctld_log"))
-        return set_path(c->ctld_log, sizeof(c->ctld_log), key, value, where, err, errlen);
     if (!strcmp(key, "syslog")) {
         int b = parse_bool(value);
         if (b < 0)
@@ -223,21 +285,31 @@ int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
         c->syslog = b;
         return 0;
     }
-    if (!strcmp(key, "on_error")) {
-        if (!strcmp(value, "reject")) c->on_error = MMG_ONERR_REJECT;
-        else if (!strcmp(value, "allow")) c->on_error = MMG_ONERR_ALLOW;
-        else return fail(err, errlen, "%s: on_error: invalid value '%s' (reject|allow)",
-                         where, value);
-        return 0;
-    }
-    if (!strcmp(key, "max_gpus_per_node")) {
-        if (parse_u32(value, 1, 1024, &c->max_gpus_per_node) != 0)
-            return fail(err, errlen, "%s: max_gpus_per_node: '%s' is not an integer in 1..1024",
-                        where, value);
-        return 0;
-    }
+    if (mmg_parse_u32(value, 1, 1024, &c->max_gpus_per_node) != 0)
+        return fail(err, errlen, "%s: max_gpus_per_node: '%s' is not an integer in 1..1024",
+                    where, value);
+    return 0;
+}
+
+int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
+                   const char *where, char *err, size_t errlen)
+{
+    if (!strcmp(key, "action") || !strcmp(key, "on_error") || !strcmp(key, "require"))
+        return set_choice(c, key, value, where, err, errlen);
+    if (!strcmp(key, "margin"))
+        return set_margin(c, value, where, err, errlen);
+    if (!strcmp(key, "reserve"))
+        return set_size(&c->reserve, key, value, where, err, errlen);
+    if (!strncmp(key, "gpu.", 4))
+        return set_gpu(c, key, value, where, err, errlen);
+    if (!strcmp(key, "log"))
+        return set_path(c->log_path, sizeof(c->log_path), key, value, where, err, errlen);
+    if (!strcmp(key, "ctld_log"))
+        return set_path(c->ctld_log, sizeof(c->ctld_log), key, value, where, err, errlen);
     if (!strcmp(key, "resize_types"))
         return set_resize_types(c, value, where, err, errlen);
+    if (!strcmp(key, "default_gpu") || !strcmp(key, "syslog") || !strcmp(key, "max_gpus_per_node"))
+        return set_other(c, key, value, where, err, errlen);
     if (!strcmp(key, "config"))
         return fail(err, errlen, "%s: config: only allowed on the plugstack.conf line", where);
     return fail(err, errlen, "%s: unknown key '%s'", where, key);
@@ -383,13 +455,19 @@ int mmg_config_parse_args(struct mmg_config *c, int ac, char **av, char *err, si
     return mmg_config_finish(c, err, errlen);
 }
 
+/* gpu_mem - ceil(gpu_mem * percent / 100) - margin bytes - reserve, exactly
+ * (percent = margin_num / margin_den, as written). */
 uint64_t mmg_config_usable(const struct mmg_config *c, uint64_t gpu_mem)
 {
-    mm_margin m = c->margin;
-    if (m.bytes > UINT64_MAX - c->reserve)
+    unsigned __int128 prod = (unsigned __int128)gpu_mem * c->margin_num;
+    unsigned __int128 den = (unsigned __int128)c->margin_den * 100u;
+    uint64_t cut = (uint64_t)(prod / den + (prod % den != 0)), left;
+    if (cut >= gpu_mem)
         return 0;
-    m.bytes += c->reserve;
-    return mm_usable_bytes(gpu_mem, &m);
+    left = gpu_mem - cut;
+    if (c->margin.bytes >= left || c->reserve >= left - c->margin.bytes)
+        return 0;
+    return left - c->margin.bytes - c->reserve;
 }
 
 void mmg_config_margin_str(const struct mmg_config *c, char *buf, size_t n)

@@ -25,6 +25,11 @@
 
 typedef enum { MMG_ACTION_REJECT = 0, MMG_ACTION_WARN, MMG_ACTION_RESIZE } mmg_action;
 typedef enum { MMG_ONERR_REJECT = 0, MMG_ONERR_ALLOW } mmg_on_error;
+/* GPU jobs without --mm-model (job_submit.lua): off | warn | reject */
+typedef enum { MMG_REQUIRE_OFF = 0, MMG_REQUIRE_WARN, MMG_REQUIRE_REJECT } mmg_require;
+
+/* Largest size accepted (2^53 - 1): job_submit.lua counts bytes in doubles. */
+#define MMG_CONF_MAX_SIZE ((1ull << 53) - 1)
 
 struct mmg_gpu {
     char name[MMG_GPU_NAME_MAX];
@@ -35,6 +40,7 @@ struct mmg_gpu {
 struct mmg_config {
     mmg_action action;
     mm_margin margin;               /* margin= (percent or bytes) */
+    uint64_t margin_num, margin_den;/* the percentage exactly: num/den percent */
     uint64_t reserve;               /* reserve= bytes, added to margin.bytes */
     struct mmg_gpu gpus[MMG_MAX_GPU_TYPES];
     size_t n_gpus;
@@ -42,6 +48,7 @@ struct mmg_config {
     char log_path[MMG_PATH_MAX];    /* "" = no decision log */
     int syslog;
     mmg_on_error on_error;
+    mmg_require require;            /* job_submit.lua only, validated here */
     /* job_submit.lua only, validated here */
     uint32_t max_gpus_per_node;
     char resize_types[256];
@@ -74,7 +81,8 @@ int mmg_config_finish(const struct mmg_config *c, char *err, size_t errlen);
 /* Table lookup, case-insensitive; NULL if unknown. */
 const struct mmg_gpu *mmg_config_gpu(const struct mmg_config *c, const char *name);
 
-/* gpu_mem minus margin percent, margin bytes and reserve (0 if eaten). */
+/* gpu_mem - ceil(gpu_mem * percent / 100) - margin bytes - reserve, computed
+ * exactly (as job_submit.lua does); 0 if eaten. */
 uint64_t mmg_config_usable(const struct mmg_config *c, uint64_t gpu_mem);
 
 /* "10%+2147483648": margin percent, then margin bytes + reserve. */

@@ -71,10 +71,11 @@ static struct spank_option options[] = {
       "mmguard: predict the job's peak GPU memory from this model spec (YAML/JSON) "
       "and reject/warn if it does not fit", 1, OPT_MODEL, opt_cb },
     { "mm-gpu", "TYPE",
-      "mmguard: GPU type the job runs on (default: the site's default_gpu)", 1, OPT_GPU, opt_cb },
+      "mmguard: judge on this GPU type instead of the one the job asks for (rarely needed)",
+      1, OPT_GPU, opt_cb },
     { "mm-gpus", "N",
-      "mmguard: GPUs the job trains on (data-parallel degree; default: the spec's "
-      "training.data_parallel)", 1, OPT_GPUS, opt_cb },
+      "mmguard: judge on N GPUs (data-parallel degree) instead of the GPUs the job asks for "
+      "(rarely needed)", 1, OPT_GPUS, opt_cb },
     SPANK_OPTIONS_TABLE_END
 };
 

@@ -2,11 +2,19 @@
  *
  * dispatch.c  every slurm_spank_* entry point, switching on spank_context()
  * options.c   --mm-model / --mm-gpu / --mm-gpus registration and callbacks
- * check.c     the submit-time check: config, spec, prediction, decision, text
- * publish.c   MMGUARD_* values: spank_job_control_setenv, decision log, syslog
+ * gather.c    the job's GPU request from the process: command line, #SBATCH
+ *             lines, environment, or (srun steps) the allocation
+ * check.c     the submit-time decision: config, request, spec, prediction
+ * decision.c  its name and the lines the user reads
+ * explain.c   what the user reads: breakdown and suggestions in their terms
+ * submit.c    run, print, publish, log (what sbatch/salloc/srun do)
+ * publish.c   the MMGUARD record (record.c) for job_submit.lua and the job
+ * log.c       the JSON-lines decision log and syslog
  * alloc.c     sbatch / salloc (allocator context)
  * local.c     srun (local context)
- * remote.c    slurmstepd (remote context): export MMGUARD_* to the tasks
+ * remote.c    slurmstepd (remote context): MMGUARD_* for the tasks
+ * Slurm-free, unit-tested and fuzzed: config.c, request.c, walk.c,
+ * optable.c, script.c, reqtext.c, jobinfo.c, record.c.
  */
 #ifndef MMG_PLUGIN_H
 #define MMG_PLUGIN_H
@@ -16,16 +24,18 @@
 
 #include "config.h"
 #include "mmguard.h"
+#include "record.h"
+#include "request.h"
 
 #define MMG_PREFIX "mmguard: "
 #define MMG_MAX_LINES 24
-#define MMG_LINE_MAX 512
+#define MMG_LINE_MAX 640
 
 /* ---- options ------------------------------------------------------------- */
 struct mmg_opts {
     char *model;     /* --mm-model, NULL if not given */
-    char *gpu;       /* --mm-gpu */
-    uint32_t gpus;   /* --mm-gpus, 0 = spec's training.data_parallel */
+    char *gpu;       /* --mm-gpu: overrides the request's GPU type */
+    uint32_t gpus;   /* --mm-gpus: overrides the request's GPU count, 0 = not given */
     unsigned model_calls; /* how often the --mm-model callback ran */
 };
 extern struct mmg_opts mmg_opts;
@@ -37,7 +47,19 @@ void mmg_options_free(void);
  * already-checked job, or a nested submission that did not ask for a check. */
 int mmg_model_inherited(void);
 
-/* ---- the check ------------------------------------------------------------- */
+/* ---- the request (gather.c) ------------------------------------------------ */
+struct mmg_request {
+    struct mmg_reqin in;        /* options as the tool ended with them */
+    struct mmg_gpureq gpus;     /* evaluated */
+    mmg_req_status status;
+    char why[512];              /* status != OK: what the user reads */
+    char text[512];             /* "2 GPUs (--gres=gpu:h100:2 on 1 node)" */
+};
+/* Rebuild the request of this sbatch/salloc/srun.  Never fails: problems end
+ * in status/why. */
+void mmg_gather_request(mmg_tool tool, struct mmg_request *req);
+
+/* ---- the check --------------------------------------------------------------- */
 typedef enum {
     MMG_ACCEPT = 0, MMG_WARN, MMG_REJECT, MMG_ERROR
 } mmg_decision;
@@ -50,44 +72,51 @@ struct mmg_check {
     char spec_arg[MMG_PATH_MAX];  /* --mm-model as given */
     char spec_path[MMG_PATH_MAX]; /* resolved (realpath) when possible */
     mm_spec *spec;
+    uint32_t spec_dp;             /* the spec's own training.data_parallel */
+    struct mmg_request req;
+    int have_req;                 /* the request was gathered */
     int have_pred, have_fit;
     mm_prediction pred;
     mm_fit_result fit;
     const struct mmg_gpu *gpu;
-    uint32_t dp;
+    uint32_t dp;                  /* GPUs judged = data-parallel degree */
+    uint32_t worst_dp;            /* where the peak of a node range is highest */
     uint64_t peak, alloc_peak, usable;
-    size_t dom_term;              /* index of the dominant term at dp */
     mmg_decision decision;
     int blocks;                   /* 1: init_post_opt must return -1 */
-    char reason[768];
+    char reason[1024];
     char lines[MMG_MAX_LINES][MMG_LINE_MAX]; /* user-facing explanation */
     size_t n_lines;
 };
 
 /* Run the whole check for mmg_opts (model must be set).  Never fails: every
  * problem becomes decision MMG_ERROR with the on_error policy in `blocks`. */
-void mmg_check_run(struct mmg_check *chk, const char *source, int ac, char **av);
+void mmg_check_run(struct mmg_check *chk, mmg_tool tool, int ac, char **av);
 void mmg_check_free(struct mmg_check *chk);
-/* Print the explanation with slurm_error (blocking) or slurm_info. */
-void mmg_check_print(const struct mmg_check *chk);
+/* Add one line of explanation (at most MMG_MAX_LINES). */
+void mmg_check_line(struct mmg_check *chk, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
-/* ---- publishing ------------------------------------------------------------ */
+/* ---- explanation (explain.c) ------------------------------------------------- */
+/* A misfit: where the memory goes and what would fit, in the user's terms. */
+void mmg_explain_misfit(struct mmg_check *chk);
+
+/* ---- publishing and logging ---------------------------------------------------- */
 typedef int (*mmg_setenv_f)(void *ctx, const char *name, const char *value);
-/* Calls set(ctx, "MMGUARD_...", value) for every published variable. */
+/* The one MMGUARD variable: set(ctx, "MMGUARD", text). */
+#define MMG_VAR "MMGUARD"
 void mmg_publish(const struct mmg_check *chk, mmg_setenv_f set, void *ctx);
+void mmg_record_from_check(const struct mmg_check *chk, struct mmg_record *r);
 /* Append one JSON line to cfg.log_path (and syslog when enabled). */
 void mmg_log_decision(const struct mmg_check *chk);
 /* The JSON text of the decision record (malloc'd), NULL on OOM. */
 char *mmg_decision_json(const struct mmg_check *chk);
 
-/* Names of the variables a step exports to its tasks (NULL-terminated). */
-extern const char *const mmg_task_vars[];
-
 /* What sbatch/salloc and srun do with --mm-model: run, print, publish with
  * `set`, log.  Returns what init_post_opt returns (-1 blocks the job). */
-int mmg_check_submit(const char *source, mmg_setenv_f set, void *ctx, int ac, char **av);
+int mmg_check_submit(mmg_tool tool, mmg_setenv_f set, void *ctx, int ac, char **av);
 
-/* ---- contexts -------------------------------------------------------------- */
+/* ---- contexts ------------------------------------------------------------------ */
 int mmg_alloc_post_opt(spank_t sp, int ac, char **av);
 int mmg_local_post_opt(spank_t sp, int ac, char **av);
 int mmg_remote_user_init(spank_t sp, int ac, char **av);

@@ -1,298 +1,64 @@
-/* publish.c - hand the decision on: MMGUARD_* job-control variables (read by
- * job_submit.lua at slurmctld and, through SLURM_SPANK_*, by the job's steps),
- * the JSON-lines decision log and syslog. */
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <pwd.h>
+/* publish.c - hand the decision on as the one MMGUARD variable (record.h):
+ * job_submit.lua reads it at slurmctld (job_desc.spank_job_env), the job's
+ * steps find it as SLURM_SPANK_MMGUARD and slurmstepd turns it into the
+ * task-side MMGUARD_* variables (remote.c). */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <syslog.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <json-c/json.h>
 
 #include "plugin.h"
 
-const char *const mmg_task_vars[] = {
-    "MMGUARD_DECISION", "MMGUARD_PEAK_BYTES", "MMGUARD_ALLOC_PEAK_BYTES",
-    "MMGUARD_MAX_MICRO_BATCH", "MMGUARD_GPU", "MMGUARD_GPU_MEM", "MMGUARD_USABLE_BYTES",
-    "MMGUARD_DATA_PARALLEL", "MMGUARD_MODEL", "MMGUARD_SPEC", "MMGUARD_SPEC_SHA256", NULL
-};
+/* "h100:2x1": type (or "gpu"), GPUs per node/job/task, and the shape. */
+static void request_code(const struct mmg_check *chk, char *out, size_t n)
+{
+    const struct mmg_gpureq *g = &chk->req.gpus;
+    const char *t = g->type[0] ? g->type : "gpu";
+    if (!chk->have_req || chk->req.status != MMG_REQ_OK)
+        out[0] = '\0';
+    else if (g->kind == MMG_PER_JOB)
+        snprintf(out, n, "%s:%u/job", t, g->count);
+    else if (g->kind == MMG_PER_TASK)
+        snprintf(out, n, "%s:%ux%u/task", t, g->count, g->tasks);
+    else
+        snprintf(out, n, "%s:%ux%u-%u/node", t, g->count, g->nodes_min, g->nodes_max);
+}
 
-#define SETU64(name, v) do { snprintf(buf, sizeof(buf), "%" PRIu64, (uint64_t)(v)); \
-                             set(ctx, name, buf); } while (0)
+void mmg_record_from_check(const struct mmg_check *chk, struct mmg_record *r)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->decision, sizeof(r->decision), "%s", mmg_decision_name(chk->decision));
+    snprintf(r->spec, sizeof(r->spec), "%s", chk->spec_path);
+    if (chk->decision == MMG_ERROR)
+        snprintf(r->error, sizeof(r->error), "%s", chk->reason);
+    if (chk->gpu) {
+        snprintf(r->gpu, sizeof(r->gpu), "%s", chk->gpu->name);
+        r->gpu_mem = chk->gpu->bytes;
+    }
+    if (chk->spec) {
+        snprintf(r->sha256, sizeof(r->sha256), "%s", mm_spec_digest(chk->spec));
+        snprintf(r->model, sizeof(r->model), "%s", mm_spec_name(chk->spec));
+    }
+    request_code(chk, r->request, sizeof(r->request));
+    if (!chk->have_pred)
+        return;
+    r->usable = chk->usable;
+    r->dp = chk->dp;
+    r->peak = chk->peak;
+    r->alloc = chk->alloc_peak;
+    r->has_mmb = chk->have_fit;
+    r->mmb = chk->fit.max_micro_batch;
+    mmg_record_set_model(r, &chk->pred);
+}
 
 void mmg_publish(const struct mmg_check *chk, mmg_setenv_f set, void *ctx)
 {
-    char buf[1024];
-    size_t used;
-
-    set(ctx, "MMGUARD_VERSION", "1");
-    set(ctx, "MMGUARD_DECISION", mmg_decision_name(chk->decision));
-    set(ctx, "MMGUARD_SPEC", chk->spec_path);
-    if (chk->cfg_ok) {
-        set(ctx, "MMGUARD_ACTION", mmg_action_name(chk->cfg.action));
-        mmg_config_margin_str(&chk->cfg, buf, sizeof(buf));
-        set(ctx, "MMGUARD_MARGIN", buf);
+    struct mmg_record r;
+    char text[MMG_RECORD_MAX + 1];
+    mmg_record_from_check(chk, &r);
+    if (mmg_record_format(&r, text, sizeof(text)) != 0) {
+        /* a spec path or message too long for the record: drop the prose */
+        r.error[0] = '\0';
+        if (mmg_record_format(&r, text, sizeof(text)) != 0)
+            return;
     }
-    if (chk->decision == MMG_ERROR)
-        set(ctx, "MMGUARD_ERROR", chk->reason);
-    if (chk->gpu) {
-        set(ctx, "MMGUARD_GPU", chk->gpu->name);
-        SETU64("MMGUARD_GPU_MEM", chk->gpu->bytes);
-    }
-    if (chk->spec) {
-        set(ctx, "MMGUARD_SPEC_SHA256", mm_spec_digest(chk->spec));
-        set(ctx, "MMGUARD_MODEL", mm_spec_name(chk->spec));
-    }
-    if (!chk->have_pred)
-        return;
-    SETU64("MMGUARD_USABLE_BYTES", chk->usable);
-    SETU64("MMGUARD_DATA_PARALLEL", chk->dp);
-    SETU64("MMGUARD_PEAK_BYTES", chk->peak);
-    SETU64("MMGUARD_ALLOC_PEAK_BYTES", chk->alloc_peak);
-    /* allocated(1): the terms below describe N >= 2 only (see mmguard.h) */
-    SETU64("MMGUARD_ALLOC_DP1_BYTES", chk->pred.allocated_dp1);
-    SETU64("MMGUARD_PEAK_FIXED_BYTES", chk->pred.terms[chk->dom_term].fixed);
-    SETU64("MMGUARD_PEAK_SHARDED_BYTES", chk->pred.terms[chk->dom_term].sharded);
-    if (chk->have_fit)
-        SETU64("MMGUARD_MAX_MICRO_BATCH", chk->fit.max_micro_batch);
-    used = (size_t)snprintf(buf, sizeof(buf),
-                            "v1 ctx=%" PRIu64 " nccl=%" PRIu64 " afix=%" PRIu64 " afrac=%.17g terms=",
-                            chk->pred.overheads.cuda_context, chk->pred.overheads.nccl,
-                            chk->pred.overheads.alloc_fixed, chk->pred.overheads.alloc_frac);
-    for (size_t k = 0; k < chk->pred.n_terms && k < MM_MAX_TERMS && used < sizeof(buf); k++)
-        used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s%" PRIu64 ":%" PRIu64,
-                                 k ? "," : "", chk->pred.terms[k].fixed,
-                                 chk->pred.terms[k].sharded);
-    set(ctx, "MMGUARD_PEAK_MODEL", buf);
-}
-
-/* ---- decision log ---------------------------------------------------------- */
-
-static json_object *u64(uint64_t v)
-{
-    return json_object_new_int64(v > INT64_MAX ? INT64_MAX : (int64_t)v);
-}
-
-static json_object *factors_json(const mm_factors *f)
-{
-    json_object *o = json_object_new_object();
-    uint64_t v[MM_NFACTORS];
-    mm_factor_values(f, v);
-    for (int i = 0; i < MM_NFACTORS; i++)
-        json_object_object_add(o, mm_factor_names[i], u64(v[i]));
-    return o;
-}
-
-static json_object *str_or_null(const char *s)
-{
-    return s ? json_object_new_string(s) : NULL;
-}
-
-/* The job name if the command line or environment names one. */
-static const char *job_name(const char *source, char *buf, size_t n)
-{
-    const char *env = !strcmp(source, "sbatch") ? "SBATCH_JOB_NAME"
-                    : !strcmp(source, "salloc") ? "SALLOC_JOB_NAME" : "SLURM_JOB_NAME";
-    char cmd[4096];
-    ssize_t len = 0;
-    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        len = read(fd, cmd, sizeof(cmd) - 1);
-        close(fd);
-    }
-    if (len > 0) {
-        const char *prev = NULL;
-        cmd[len] = '\0';
-        for (const char *a = cmd; a < cmd + len; a += strlen(a) + 1) {
-            if (prev && (!strcmp(prev, "-J") || !strcmp(prev, "--job-name"))) {
-                snprintf(buf, n, "%s", a);
-                return buf;
-            }
-            if (!strncmp(a, "--job-name=", 11)) {
-                snprintf(buf, n, "%s", a + 11);
-                return buf;
-            }
-            if (!strncmp(a, "-J", 2) && a[2]) {
-                snprintf(buf, n, "%s", a + 2);
-                return buf;
-            }
-            prev = a;
-        }
-    }
-    return getenv(env);
-}
-
-char *mmg_decision_json(const struct mmg_check *chk)
-{
-    json_object *o = json_object_new_object();
-    char tbuf[32], name[256], margin[64], *out;
-    struct tm tm;
-    time_t now = time(NULL);
-    uid_t uid = getuid();
-    struct passwd pw, *pwp = NULL;
-    char pwbuf[1024];
-
-    if (!o)
-        return NULL;
-    gmtime_r(&now, &tm);
-    strftime(tbuf, sizeof(tbuf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    json_object_object_add(o, "time", json_object_new_string(tbuf));
-    if (getpwuid_r(uid, &pw, pwbuf, sizeof(pwbuf), &pwp) != 0)
-        pwp = NULL;
-    json_object_object_add(o, "user", str_or_null(pwp ? pw.pw_name : NULL));
-    json_object_object_add(o, "uid", json_object_new_int64((int64_t)uid));
-    json_object_object_add(o, "job_name", str_or_null(job_name(chk->source, name, sizeof(name))));
-    json_object_object_add(o, "source", json_object_new_string(chk->source));
-    json_object_object_add(o, "decision", json_object_new_string(mmg_decision_name(chk->decision)));
-    json_object_object_add(o, "reason", json_object_new_string(chk->reason));
-    json_object_object_add(o, "spec", json_object_new_string(chk->spec_path));
-    json_object_object_add(o, "spec_sha256", str_or_null(chk->spec ? mm_spec_digest(chk->spec) : NULL));
-    json_object_object_add(o, "model", str_or_null(chk->spec ? mm_spec_name(chk->spec) : NULL));
-    if (chk->cfg_ok) {
-        json_object *m = json_object_new_object();
-        json_object_object_add(o, "action", json_object_new_string(mmg_action_name(chk->cfg.action)));
-        json_object_object_add(m, "percent", json_object_new_double(chk->cfg.margin.percent));
-        json_object_object_add(m, "bytes", u64(chk->cfg.margin.bytes));
-        json_object_object_add(m, "reserve_bytes", u64(chk->cfg.reserve));
-        mmg_config_margin_str(&chk->cfg, margin, sizeof(margin));
-        json_object_object_add(m, "text", json_object_new_string(margin));
-        json_object_object_add(o, "margin", m);
-    }
-    if (chk->gpu) {
-        json_object_object_add(o, "gpu", json_object_new_string(chk->gpu->name));
-        json_object_object_add(o, "gpu_mem_bytes", u64(chk->gpu->bytes));
-    } else {
-        /* unknown --mm-gpu or no config: what was asked for */
-        json_object_object_add(o, "gpu", str_or_null(mmg_opts.gpu));
-    }
-    if (chk->have_pred) {
-        const mm_prediction *p = &chk->pred;
-        json_object *mods = json_object_new_array();
-        json_object_object_add(o, "usable_bytes", u64(chk->usable));
-        json_object_object_add(o, "data_parallel", json_object_new_int64(chk->dp));
-        /* GPUs the job trains on (what `mmguard report` multiplies by time) */
-        json_object_object_add(o, "gpus", json_object_new_int64(chk->dp));
-        json_object_object_add(o, "micro_batch_size", json_object_new_int64(p->micro_batch_size));
-        json_object_object_add(o, "peak_bytes", u64(chk->peak));
-        json_object_object_add(o, "allocated_peak_bytes", u64(chk->alloc_peak));
-        json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
-        json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));
-        json_object_object_add(o, "factors", factors_json(&p->factors));
-        for (size_t i = 0; i < p->n_modules && p->modules; i++) {
-            json_object *m = json_object_new_object();
-            json_object_object_add(m, "name", json_object_new_string(p->modules[i].name));
-            json_object_object_add(m, "type", json_object_new_string(p->modules[i].type));
-            json_object_object_add(m, "factors", factors_json(&p->modules[i].factors));
-            json_object_array_add(mods, m);
-        }
-        json_object_object_add(o, "modules", mods);
-        if (chk->have_fit)
-            json_object_object_add(o, "max_micro_batch", json_object_new_int64(chk->fit.max_micro_batch));
-    }
-    out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-    json_object_put(o);
-    return out;
-}
-
-/* Append one record (line + newline) to fd, opened O_APPEND.  Writers take an
- * exclusive flock() for at most ~1 s (a user holding the lock cannot stall
- * every sbatch) so that a short write -- disk or quota full -- can be undone:
- * the log keeps only complete lines.  0 ok, else an errno value. */
-static int append_record(int fd, const char *rec, size_t len)
-{
-    struct stat st;
-    off_t start = -1;
-    size_t done = 0;
-    int locked = 0, err = 0;
-
-    for (int i = 0; i < 100; i++) {
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-            locked = 1;
-            break;
-        }
-        if (errno != EWOULDBLOCK && errno != EINTR)
-            break; /* no locking here (e.g. some network file systems) */
-        (void)nanosleep(&(struct timespec){ .tv_sec = 0, .tv_nsec = 10 * 1000 * 1000 }, NULL);
-    }
-    if (locked && fstat(fd, &st) == 0)
-        start = st.st_size;
-    while (done < len) {
-        ssize_t n = write(fd, rec + done, len - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            err = n < 0 ? errno : ENOSPC;
-            break;
-        }
-        done += (size_t)n;
-        /* only continue a partial record while no other writer can interleave */
-        if (done < len && !locked) {
-            err = ENOSPC;
-            break;
-        }
-    }
-    /* drop our partial line */
-    if (err && done > 0 && start >= 0 && ftruncate(fd, start) != 0)
-        slurm_debug(MMG_PREFIX "cannot remove a partial log record: %s", strerror(errno));
-    if (locked)
-        (void)flock(fd, LOCK_UN);
-    return err;
-}
-
-void mmg_log_decision(const struct mmg_check *chk)
-{
-    static int reported;
-    char *json;
-    size_t len;
-
-    if (!chk->cfg_ok || (!chk->cfg.log_path[0] && !chk->cfg.syslog))
-        return;
-    json = mmg_decision_json(chk);
-    if (!json) {
-        if (!reported++)
-            slurm_error(MMG_PREFIX "log: out of memory building the decision record "
-                        "(decision %s stands)", mmg_decision_name(chk->decision));
-        return;
-    }
-    if (chk->cfg.syslog) {
-        openlog("mmguard", LOG_PID, LOG_USER);
-        syslog(chk->decision == MMG_ACCEPT ? LOG_INFO : LOG_NOTICE, "%s", json);
-        closelog();
-    }
-    if (chk->cfg.log_path[0]) {
-        int fd, saved = 0;
-        len = strlen(json);
-        json[len] = '\n'; /* overwrite the NUL: the record is line + newline */
-        /* O_NOFOLLOW: never write through a symlink planted in the log's place;
-         * O_NONBLOCK: never hang on a FIFO (refused below) */
-        fd = open(chk->cfg.log_path,
-                  O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
-                  0644);
-        if (fd >= 0) {
-            struct stat st;
-            if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-                saved = EINVAL;
-            else
-                saved = append_record(fd, json, len + 1);
-            close(fd);
-        } else {
-            saved = errno;
-        }
-        if (saved && !reported++)
-            slurm_error(MMG_PREFIX "log=%s: cannot append the decision record: %s "
-                        "(decision %s stands)", chk->cfg.log_path,
-                        saved == EINVAL ? "not a regular file"
-                        : saved == ELOOP ? "it is a symbolic link (not followed)"
-                        : strerror(saved),
-                        mmg_decision_name(chk->decision));
-    }
-    free(json);
+    set(ctx, MMG_VAR, text);
 }

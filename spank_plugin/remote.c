@@ -2,67 +2,91 @@
  * prediction to the job's tasks as MMGUARD_* variables.
  *
  * Nothing user-named is opened here.  The values were computed by sbatch /
- * salloc / srun at submit time and published with spank_job_control_setenv();
- * Slurm 22.05 carries them into the job's environment as SLURM_SPANK_<NAME>
- * (sbatch/salloc set those in their own environment, which the job inherits;
- * srun reads them back into its job-control env).  We copy the validated
- * values to their plain MMGUARD_* names.  Never fails. */
-#include <ctype.h>
+ * salloc / srun at submit time and published as the one MMGUARD variable
+ * (record.h); Slurm 22.05 carries it into the job's environment as
+ * SLURM_SPANK_MMGUARD (sbatch/salloc set it in their own environment, which
+ * the job inherits; srun sets it in its own) and hands it to prolog/epilog as
+ * SPANK_MMGUARD.  The text is parsed strictly (it comes from the user) and the
+ * task variables are derived from it.  Never fails. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "plugin.h"
 
-static int numeric(const char *name)
+/* The variables a task sees, in this order. */
+static const char *const task_vars[] = {
+    "MMGUARD_DECISION", "MMGUARD_PEAK_BYTES", "MMGUARD_ALLOC_PEAK_BYTES",
+    "MMGUARD_MAX_MICRO_BATCH", "MMGUARD_GPU", "MMGUARD_GPU_MEM", "MMGUARD_USABLE_BYTES",
+    "MMGUARD_DATA_PARALLEL", "MMGUARD_MODEL", "MMGUARD_SPEC", "MMGUARD_SPEC_SHA256", NULL
+};
+
+static void u64s(char *buf, size_t n, uint64_t v, int present)
 {
-    return strstr(name, "_BYTES") || strstr(name, "_MEM") || strstr(name, "_BATCH") ||
-           strstr(name, "_PARALLEL");
+    if (present)
+        snprintf(buf, n, "%" PRIu64, v);
+    else
+        buf[0] = '\0';
 }
 
-static int valid_value(const char *name, const char *v)
+/* Value of task_vars[i] from the record; "" = not set. */
+static void task_value(const struct mmg_record *r, size_t i, char *buf, size_t n)
 {
-    size_t n = strlen(v);
-    if (n == 0 || n >= MMG_PATH_MAX)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)v[i];
-        if (numeric(name) ? !isdigit(ch) : (iscntrl(ch) || ch > 126))
-            return 0;
+    switch (i) {
+    case 0: snprintf(buf, n, "%s", r->decision); break;
+    case 1: u64s(buf, n, r->peak, r->peak != 0); break;
+    case 2: u64s(buf, n, r->alloc, r->alloc != 0); break;
+    case 3: u64s(buf, n, r->mmb, r->has_mmb); break;
+    case 4: snprintf(buf, n, "%s", r->gpu); break;
+    case 5: u64s(buf, n, r->gpu_mem, r->gpu_mem != 0); break;
+    case 6: u64s(buf, n, r->usable, r->usable != 0); break;
+    case 7: u64s(buf, n, r->dp, r->dp != 0); break;
+    case 8: snprintf(buf, n, "%s", r->model); break;
+    case 9: snprintf(buf, n, "%s", r->spec); break;
+    default: snprintf(buf, n, "%s", r->sha256); break;
     }
-    return !numeric(name) || n <= 20;
+}
+
+static int read_record(spank_t sp, struct mmg_record *r)
+{
+    static char text[MMG_RECORD_MAX + 2];
+    char err[256];
+    if (spank_getenv(sp, "SLURM_SPANK_" MMG_VAR, text, sizeof(text)) != ESPANK_SUCCESS &&
+        spank_getenv(sp, "SPANK_" MMG_VAR, text, sizeof(text)) != ESPANK_SUCCESS)
+        return 0;
+    if (mmg_record_parse(text, r, err, sizeof(err)) != 0) {
+        slurm_debug(MMG_PREFIX "ignoring a malformed SLURM_SPANK_" MMG_VAR ": %s", err);
+        return -1;
+    }
+    return 1;
 }
 
 int mmg_remote_user_init(spank_t sp, int ac, char **av)
 {
-    char probe[64];
+    struct mmg_record *r = calloc(1, sizeof(*r));
+    char val[1100];
+    int got;
     (void)ac;
     (void)av;
-    /* No submit-time decision for this job: MMGUARD_* inherited through the
-     * submitting environment (e.g. a job submitted from inside an mmguard job)
-     * would describe another job; remove them. */
-    if (spank_getenv(sp, "SLURM_SPANK_MMGUARD_DECISION", probe, sizeof(probe)) != ESPANK_SUCCESS &&
-        spank_getenv(sp, "SPANK_MMGUARD_DECISION", probe, sizeof(probe)) != ESPANK_SUCCESS) {
-        for (size_t i = 0; mmg_task_vars[i]; i++)
-            (void)spank_unsetenv(sp, mmg_task_vars[i]);
+    if (!r)
         return 0;
-    }
-    for (size_t i = 0; mmg_task_vars[i]; i++) {
-        const char *name = mmg_task_vars[i];
-        char src[96], val[MMG_PATH_MAX + 8];
-        snprintf(src, sizeof(src), "SLURM_SPANK_%s", name);
-        if (spank_getenv(sp, src, val, sizeof(val)) != ESPANK_SUCCESS) {
-            snprintf(src, sizeof(src), "SPANK_%s", name);
-            if (spank_getenv(sp, src, val, sizeof(val)) != ESPANK_SUCCESS)
-                continue;
-        }
-        if (!valid_value(name, val)) {
-            slurm_debug(MMG_PREFIX "ignoring malformed %s", src);
+    got = read_record(sp, r);
+    for (size_t i = 0; task_vars[i]; i++) {
+        /* No submit-time decision for this job: MMGUARD_* inherited through
+         * the submitting environment (e.g. a job submitted from inside an
+         * mmguard job) would describe another job; remove them. */
+        if (got <= 0) {
+            (void)spank_unsetenv(sp, task_vars[i]);
             continue;
         }
-        if (spank_setenv(sp, name, val, 1) != ESPANK_SUCCESS)
-            slurm_debug(MMG_PREFIX "cannot set %s for the tasks", name);
+        task_value(r, i, val, sizeof(val));
+        if (!val[0])
+            (void)spank_unsetenv(sp, task_vars[i]);
+        else if (spank_setenv(sp, task_vars[i], val, 1) != ESPANK_SUCCESS)
+            slurm_debug(MMG_PREFIX "cannot set %s for the tasks", task_vars[i]);
     }
+    free(r);
     return 0;
 }
 

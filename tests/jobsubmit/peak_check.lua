@@ -1,23 +1,28 @@
 --[[
-peak_check.lua JOB_SUBMIT_LUA CASES - the Lua peak(N) of contrib/job_submit.lua
-against the C library.  CASES: one case a line, "EXPECTED<TAB>N<TAB>MODEL",
-EXPECTED being `mmguard predict --json --set training.data_parallel=N`'s
-peak_bytes and MODEL the MMGUARD_PEAK_MODEL string of the same spec.
-Prints "N passed, N failed"; exit 1 on any mismatch.
+peak_check.lua JOB_SUBMIT_LUA [FILE] - job_submit.lua's peak(N) of a published
+MMGUARD record against the C library's mm_peak_for_dp() of the same record.
+Input (FILE or stdin, from tests/jobsubmit/peak_tool): "v=2 ..." record lines,
+each followed by "N<TAB>PEAK" lines.  Prints "N passed, N failed"; exit 1 on
+any difference.
 --]]
 slurm = { SUCCESS = 0, ERROR = -1, log_info = function() end, log_error = function() end }
 dofile(arg[1])
 local M = mmguard_jobsubmit
-local pass, fail = 0, 0
-for line in io.lines(arg[2]) do
-    local want, n, model = line:match("^(%d+)\t(%d+)\t(.+)$")
-    local m, err = M.parse_peak_model(model)
-    if not m then
-        fail = fail + 1; print("FAIL parse: " .. tostring(err) .. ": " .. model)
-    else
-        local got = M.peak_for_dp(m, tonumber(n))
-        if M.istr(got) == want then pass = pass + 1
-        else fail = fail + 1; print(string.format("FAIL N=%s: lua %s, C %s (%s)", n, M.istr(got), want, model)) end
+local pass, fail, model, text = 0, 0, nil, nil
+for line in (arg[2] and io.lines(arg[2]) or io.lines()) do
+    if line:sub(1, 3) == "v=2" then
+        local err
+        model, err = M.parse_record(line)
+        text = line
+        if not model then fail = fail + 1; print("FAIL parse: " .. tostring(err) .. ": " .. line) end
+    elseif model then
+        local n, want = line:match("^(%d+)\t(%d+)$")
+        local got = M.istr(M.peak_for_dp(model, tonumber(n)))
+        if got == want then pass = pass + 1
+        else
+            fail = fail + 1
+            if fail <= 20 then print(string.format("FAIL N=%s: lua %s, C %s (%s)", n, got, want, text)) end
+        end
     end
 end
 print(string.format("%d passed, %d failed", pass, fail))

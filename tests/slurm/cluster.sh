@@ -5,15 +5,19 @@
 #   sh tests/slurm/cluster.sh start|stop|status|restart
 #
 # Environment:
-#   CLUSTER_DIR     where everything lives (default /tmp/mmguard-slurm-$USER);
-#                   state is wiped on every start.  After start, source
-#                   $CLUSTER_DIR/env.sh to use sbatch/srun/salloc/squeue.
+#   CLUSTER_DIR     where everything lives; state is wiped on every start.
+#                   `start` without it makes a new /tmp/mmguard-slurm.XXXXXX
+#                   (so that clusters of parallel runs never collide) and
+#                   prints it; stop/status/restart need it.  After start,
+#                   source $CLUSTER_DIR/env.sh to use sbatch/srun/salloc.
 #   PLUGIN          spank_mmguard.so to load (default build/spank_mmguard.so);
 #                   PLUGIN=none gives an empty plugstack.conf
 #   PLUGIN_ARGS     extra key=value arguments for the plugstack line
 #   PLUGIN_REQUIRED required (default) | optional
-#   MMGUARD_CONF    mmguard.conf to use: copied to $CLUSTER_DIR/etc/mmguard.conf,
-#                   passed as config=... and exported to slurmctld (job_submit.lua)
+#   MMGUARD_CONF    mmguard.conf to use: copied to $CLUSTER_DIR/etc/mmguard.conf
+#                   (next to slurm.conf, where job_submit.lua finds it) and
+#                   passed to the plugin as config=...
+#   CTLD_MMGUARD_CONF  exported to slurmctld as MMGUARD_CONF (the override)
 #   JOB_SUBMIT_LUA  job_submit.lua: copied next to slurm.conf, JobSubmitPlugins=lua
 #   GRES            GPU GRES of the node (default h100:8), e.g. h100:8,h200:4;
 #                   each GPU is a symlink to /dev/null (gres.conf File=)
@@ -23,7 +27,13 @@ set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-dir=${CLUSTER_DIR:-/tmp/mmguard-slurm-$(id -un)}
+if [ -z "${CLUSTER_DIR:-}" ]; then
+    case "${1:-}" in
+    start) CLUSTER_DIR=$(mktemp -d /tmp/mmguard-slurm.XXXXXX) ;;
+    *) echo "cluster: set CLUSTER_DIR to the directory of the cluster" >&2; exit 2 ;;
+    esac
+fi
+dir=$CLUSTER_DIR
 plugin=${PLUGIN:-$root/build/spank_mmguard.so}
 gres=${GRES:-h100:8}
 
@@ -211,7 +221,8 @@ do_start() {
 
     export SLURM_CONF="$dir/etc/slurm.conf"
     (
-        [ -n "${MMGUARD_CONF:-}" ] && export MMGUARD_CONF="$dir/etc/mmguard.conf"
+        unset MMGUARD_CONF
+        [ -n "${CTLD_MMGUARD_CONF:-}" ] && export MMGUARD_CONF="$CTLD_MMGUARD_CONF"
         setsid slurmctld -D -i >"$dir/log/slurmctld.out" 2>&1 </dev/null &
         echo $! >"$dir/run/slurmctld.pid"
     )
@@ -225,7 +236,7 @@ do_start() {
         tail -20 "$dir/log/slurmd.log" >&2 || true
         die "slurmd did not register"
     fi
-    log "up in $dir (source $dir/env.sh)"
+    log "up in $dir (source $dir/env.sh; CLUSTER_DIR=$dir to stop it)"
 }
 
 case "${1:-}" in

@@ -79,7 +79,7 @@ echo "# $MARKER" >>"$ROOTSPEC"
 chmod 0600 "$ROOTSPEC"
 cat >"$work/job.sh" <<'SH'
 #!/bin/sh
-env | grep -E '^(SLURM_SPANK_|SPANK_)?MMGUARD_' | sed 's/^/batch: /' | sort
+env | grep -E '^(SLURM_SPANK_|SPANK_)?MMGUARD[_=]' | sed 's/^/batch: /' | sort
 srun -n1 sh -c 'env | grep "^MMGUARD_" | sed "s/^/step: /" | sort'
 SH
 chmod 0755 "$work/job.sh"
@@ -96,14 +96,14 @@ set -- $GOOD_CONF
 log_case() {
     _lc=$1; _as=$2; _path=$3; _re=$4
     conf "action=reject" "on_error=reject" "log=$_path"
-    if [ "$_as" = user ]; then as_user sbatch --hold -o /dev/null --mm-model="$SMALL" --wrap true
-    else run sbatch --hold -o /dev/null --mm-model="$SMALL" --wrap true; fi
+    if [ "$_as" = user ]; then as_user sbatch --hold -o /dev/null --mm-model="$SMALL" --gres=gpu:h100:1 --wrap true
+    else run sbatch --hold -o /dev/null --mm-model="$SMALL" --gres=gpu:h100:1 --wrap true; fi
     expect "log $_lc: accept still accepts (rc 0, job id), failure reported once" \
         sh -c "[ $rc -eq 0 ] && [ -n '$(jobid)' ] && grep -q 'fits h100' '$work/err' &&
                [ \$(grep -c 'cannot append the decision record' '$work/err') -eq 1 ] &&
                grep -Eq 'mmguard: log=$_path: cannot append the decision record: $_re \\(decision accept stands\\)' '$work/err'"
-    if [ "$_as" = user ]; then as_user sbatch --hold -o /dev/null --mm-model="$BIG" --wrap true
-    else run sbatch --hold -o /dev/null --mm-model="$BIG" --wrap true; fi
+    if [ "$_as" = user ]; then as_user sbatch --hold -o /dev/null --mm-model="$BIG" --gres=gpu:h100:1 --wrap true
+    else run sbatch --hold -o /dev/null --mm-model="$BIG" --gres=gpu:h100:1 --wrap true; fi
     expect "log $_lc: reject still rejects (rc 1, explanation), failure reported once" \
         sh -c "[ $rc -eq 1 ] && ! grep -q Submitted '$work/out' && grep -q 'job rejected' '$work/err' &&
                grep -q 'to fit:' '$work/err' &&
@@ -152,7 +152,7 @@ if mount -t tmpfs -o size=64k,mode=0755 tmpfs "$work/tiny" 2>"$work/err"; then
     nfail=0; nok=0
     for i in 1 2 3 4 5 6; do
         case $i in 1|3|5) spec=$SMALL ;; *) spec=$BIG ;; esac
-        run sbatch --hold -o /dev/null --mm-model="$spec" --wrap true
+        run sbatch --hold -o /dev/null --mm-model="$spec" --gres=gpu:h100:1 --wrap true
         if grep -q 'cannot append the decision record: No space left on device' "$work/err"; then
             nfail=$((nfail + 1)); else nok=$((nok + 1)); fi
     done
@@ -207,8 +207,8 @@ for policy in reject allow; do
         dir) spec=$work/spec-dir.yaml; re="spec-dir.yaml: (not a regular file|Is a directory)" ;;
         esac
         o=$work/uout/$kind-$policy.out
-        if [ $kind = unreadable ]; then as_user sbatch -o "$o" --mm-model="$spec" "$work/job.sh"
-        else run sbatch -o "$o" --mm-model="$spec" "$work/job.sh"; fi
+        if [ $kind = unreadable ]; then as_user sbatch -o "$o" --mm-model="$spec" --gres=gpu:h100:1 "$work/job.sh"
+        else run sbatch -o "$o" --mm-model="$spec" --gres=gpu:h100:1 "$work/job.sh"; fi
         if [ $policy = reject ]; then
             expect "spec $kind, on_error=reject: no hang, exit 1, clear error" \
                 sh -c "[ $rc -eq 1 ] && grep -Eq 'error: mmguard: --mm-model=$spec: invalid spec: .*$re' '$work/err' &&
@@ -233,22 +233,22 @@ conf "$@"
 #     (root) only copies validated strings -- it never opens a file (remote.c).
 o=$work/uout/forged.out
 as_user env SLURM_SPANK__SLURM_SPANK_OPTION_mmguard_mm_model="$ROOTSPEC" \
-    SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC" SLURM_SPANK_MMGUARD_DECISION=accept \
-    SPANK_MMGUARD_SPEC="$ROOTSPEC" sbatch -o "$o" "$work/job.sh"
+    SLURM_SPANK_MMGUARD="v=2 decision=accept spec=$ROOTSPEC" SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC" \
+    SPANK_MMGUARD="v=2 decision=accept spec=$ROOTSPEC" sbatch -o "$o" --gres=gpu:h100:1 "$work/job.sh"
 expect "forged option env without a job: the user's sbatch checks it and cannot read it (rc 1)" \
     sh -c "[ $rc -eq 1 ] && grep -q 'cannot open: Permission denied' '$work/err'"
 as_user env SLURM_JOB_ID=1 SLURM_SPANK__SLURM_SPANK_OPTION_mmguard_mm_model="$ROOTSPEC" \
-    SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC" SLURM_SPANK_MMGUARD_DECISION=accept \
-    SPANK_MMGUARD_SPEC="$ROOTSPEC" SPANK_MMGUARD_MODEL="$ROOTSPEC" sbatch -o "$o" "$work/job.sh"
+    SLURM_SPANK_MMGUARD="v=2 decision=accept spec=$ROOTSPEC" SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC" \
+    SPANK_MMGUARD="v=2 model=$ROOTSPEC" sbatch -o "$o" "$work/job.sh"
 id=$(jobid); st=$(wait_job "$id")
-expect "forged option env as if inside a job: submitted unchecked ($st), no forged SLURM_SPANK_MMGUARD_* reaches it" \
-    sh -c "[ $rc -eq 0 ] && [ '$st' = COMPLETED ] && ! grep -q 'SLURM_SPANK_MMGUARD_' '$o'"
-as_user env SLURM_SPANK_MMGUARD_DECISION=accept SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC" \
-    SPANK_MMGUARD_DECISION=accept SPANK_MMGUARD_SPEC="$ROOTSPEC" \
+expect "forged option env as if inside a job: submitted unchecked ($st), no forged SLURM_SPANK_MMGUARD reaches it" \
+    sh -c "[ $rc -eq 0 ] && [ '$st' = COMPLETED ] && ! grep -q 'SLURM_SPANK_MMGUARD' '$o'"
+as_user env SLURM_SPANK_MMGUARD="v=2 decision=accept spec=$ROOTSPEC" \
+    SPANK_MMGUARD="v=2 decision=accept spec=$ROOTSPEC" \
     srun -n1 -o "$work/uout/forged-srun.out" sh -c 'env | grep MMGUARD_; true'
-expect "forged SLURM_SPANK_MMGUARD_* on srun: step runs (rc $rc)" test "$rc" -eq 0
-as_user sbatch -o "$work/uout/forged-direct.out" --mm-model="$SMALL" \
-    --export=ALL,SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC",SPANK_MMGUARD_MODEL="$ROOTSPEC" "$work/job.sh"
+expect "forged SLURM_SPANK_MMGUARD on srun: step runs (rc $rc)" test "$rc" -eq 0
+as_user sbatch -o "$work/uout/forged-direct.out" --mm-model="$SMALL" --gres=gpu:h100:1 \
+    --export=ALL,SLURM_SPANK_MMGUARD="v=2 spec=$ROOTSPEC",SPANK_MMGUARD="v=2 model=$ROOTSPEC" "$work/job.sh"
 id=$(jobid); st=$(wait_job "$id")
 expect "--export of forged values with a real --mm-model: job ran ($st) with its own checked spec" \
     sh -c "[ '$st' = COMPLETED ] && grep -qx 'step: MMGUARD_SPEC=$SMALL' '$work/uout/forged-direct.out'"
@@ -264,7 +264,7 @@ ctld=$(cat "$CLUSTER_DIR/run/slurmctld.pid")
 kill -TERM "$ctld" 2>/dev/null
 i=0; while kill -0 "$ctld" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 kill -0 "$ctld" 2>/dev/null && kill -KILL "$ctld"
-(timeout 30 sbatch --hold -o /dev/null --mm-model="$SMALL" --wrap true >"$work/down.out" 2>"$work/down.err"
+(timeout 30 sbatch --hold -o /dev/null --mm-model="$SMALL" --gres=gpu:h100:1 --wrap true >"$work/down.out" 2>"$work/down.err"
  echo $? >"$work/down.rc") &
 down=$!
 (
@@ -280,9 +280,9 @@ expect "slurmctld restarted (was $ctld, now $(cat "$CLUSTER_DIR/run/slurmctld.pi
 run sbatch -o "$work/post.out" --mm-model="$SMALL" --gres=gpu:h100:1 "$work/job.sh"
 post=$(jobid)
 expect "after the restart: accept still accepts" sh -c "[ $rc -eq 0 ] && [ -n '$post' ]"
-run sbatch -o /dev/null --mm-model="$BIG" --wrap true
+run sbatch -o /dev/null --mm-model="$BIG" --gres=gpu:h100:1 --wrap true
 expect "after the restart: reject still rejects" sh -c "[ $rc -eq 1 ] && grep -q 'job rejected' '$work/err'"
-run sbatch -o /dev/null --mm-model="$SPECS/invalid.yaml" --wrap true
+run sbatch -o /dev/null --mm-model="$SPECS/invalid.yaml" --gres=gpu:h100:1 --wrap true
 expect "after the restart: invalid spec still refused" sh -c "[ $rc -eq 1 ] && grep -q 'invalid spec' '$work/err'"
 timeout 10 scontrol release "$pre" >/dev/null 2>&1
 st1=$(wait_job "$pre"); st2=$(wait_job "$post")
@@ -318,7 +318,7 @@ misconfig() {
     . "$CLUSTER_DIR/env.sh"
     cp "$CLUSTER_DIR/log/slurmd.log" "$work/out" 2>/dev/null
     expect "misconfig $_mc: slurmd logs it" has "$CLUSTER_DIR/log/slurmd.log" "mmguard: configuration error.*$_re"
-    run sbatch -o /dev/null --mm-model="$SMALL" --wrap true
+    run sbatch -o /dev/null --mm-model="$SMALL" --gres=gpu:h100:1 --wrap true
     _r=1; [ $rc -eq 1 ] && has "$work/err" "error: mmguard: plugin configuration error: .*$_re" && _r=0
     expect "misconfig $_mc: sbatch --mm-model refused (rc $rc) naming it" test $_r -eq 0
     run sbatch -o "$work/plain.out" "$work/plain.sh"

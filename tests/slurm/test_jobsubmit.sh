@@ -3,6 +3,7 @@
 # (tests/slurm/cluster.sh with JobSubmitPlugins=lua and the mmguard SPANK plugin).
 # Run by `make check-jobsubmit-slurm` (as root).
 #   PLUGIN=spank_mmguard.so  MMGUARD=mmguard CLI  JOB_SUBMIT_LUA=job_submit.lua
+#   PEAK_TOOL=build/peak_tool
 #   KEEP=1 keeps the work directory.
 # Prints "N passed, N failed" last; exit status 1 when anything failed.
 set -u
@@ -12,6 +13,7 @@ root=$(cd "$here/../.." && pwd)
 PLUGIN=${PLUGIN:-$root/build/spank_mmguard.so}
 MMGUARD=${MMGUARD:-$root/build/mmguard}
 JOB_SUBMIT_LUA=${JOB_SUBMIT_LUA:-$root/contrib/job_submit.lua}
+PEAK_TOOL=${PEAK_TOOL:-$root/build/peak_tool}
 SPECS=$root/tests/jobsubmit/specs
 FITS=$SPECS/fits-h100x1.yaml       # fits one H100
 RESIZE=$SPECS/resize-h100.yaml     # needs 3-4 H100s (ZeRO-3 shards over N)
@@ -23,7 +25,8 @@ SHOW="out err show"
 LOG=$work/plugin.jsonl
 CTLD=$work/ctld.jsonl
 
-start() { # start CONF_LINES...: fresh cluster with this mmguard.conf
+start() { # start CONF_LINES...: fresh cluster with this mmguard.conf (next to
+    # slurm.conf, where job_submit.lua finds it by default)
     printf '%s\n' "$@" "log=$LOG" "ctld_log=$CTLD" >"$work/mmguard.conf"
     if ! MMGUARD_CONF=$work/mmguard.conf PLUGIN=$PLUGIN JOB_SUBMIT_LUA=$JOB_SUBMIT_LUA \
         GRES=h100:4,h200:4 sh "$here/cluster.sh" start 2>"$work/cluster.err"; then
@@ -41,7 +44,7 @@ last_ctld() {
 }
 ctld_lines() { if [ -f "$CTLD" ]; then wc -l <"$CTLD" | tr -d ' '; else echo 0; fi; }
 
-for f in "$PLUGIN" "$MMGUARD" "$JOB_SUBMIT_LUA" "$RESIZE" "$SWITCH" "$FITS"; do
+for f in "$PLUGIN" "$MMGUARD" "$JOB_SUBMIT_LUA" "$RESIZE" "$SWITCH" "$FITS" "$PEAK_TOOL"; do
     [ -f "$f" ] || { echo "Bail out! $f missing (build first)"; exit 1; }
 done
 echo "# plugin $PLUGIN, job_submit.lua $JOB_SUBMIT_LUA"
@@ -51,7 +54,8 @@ cd "$work" || exit 1
 cat >"$work/job.sh" <<'SH'
 #!/bin/sh
 n=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
-echo "gpus=$n CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES SLURM_GPUS_ON_NODE=${SLURM_GPUS_ON_NODE:-} SLURM_GPUS_PER_NODE=${SLURM_GPUS_PER_NODE:-} MMGUARD_ADMISSION=${MMGUARD_ADMISSION:-}"
+echo "gpus=$n CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES SLURM_GPUS_ON_NODE=${SLURM_GPUS_ON_NODE:-} SLURM_GPUS_PER_NODE=${SLURM_GPUS_PER_NODE:-} MMGUARD_ADMISSION=${MMGUARD_ADMISSION:-} MMGUARD_DATA_PARALLEL=${MMGUARD_DATA_PARALLEL:-}"
+srun -n1 sh -c 'echo "step: MMGUARD_DATA_PARALLEL=$MMGUARD_DATA_PARALLEL"'
 SH
 
 # ---- action=resize: more GPUs of the same type --------------------------------
@@ -62,6 +66,8 @@ id=$(jobid)
 cp "$work/err" "$work/resize.err"
 expect "resize: job submitted (rc 0, id)" test "$rc" -eq 0 -a -n "$id"
 expect "resize: user is told about the resize" has "$work/err" 'mmguard: .*job resized to gpu:h100:[34]'
+expect "resize: the plugin in sbatch already said it does not fit 2 GPUs" \
+    has "$work/err" 'mmguard: --mm-model=.*: warning: predicted peak .* does not fit h100 .* with 2 GPUs \(--gres=gpu:h100:2 on 1 node\)'
 show "$id"
 new=$(sed -n 's/.*TresPerNode=gres:gpu:h100:\([0-9]*\).*/\1/p' "$work/show")
 expect "resize: TresPerNode raised to gres:gpu:h100:3 or :4 (got '$new')" sh -c "[ '$new' = 3 ] || [ '$new' = 4 ]"
@@ -70,6 +76,8 @@ expect "resize: AdminComment records old -> new and the prediction" \
 st=$(wait_job "$id")
 expect "resize: job ran ($st)" test "$st" = COMPLETED
 expect "resize: CUDA_VISIBLE_DEVICES inside the job shows $new GPUs" has "$work/resize.out" "^gpus=$new "
+expect "resize: the job and its steps see MMGUARD_DATA_PARALLEL=$new (the record follows the resize)" \
+    sh -c "grep -q 'MMGUARD_DATA_PARALLEL=$new\$' '$work/resize.out' && grep -q '^step: MMGUARD_DATA_PARALLEL=$new\$' '$work/resize.out'"
 expect "resize: ctld log says resize with old and new tres" \
     sh -c "[ '$(last_ctld decision)' = resize ] && [ '$(last_ctld requested_tres)' = gres:gpu:h100:2 ] && [ '$(last_ctld new_tres)' = gres:gpu:h100:$new ]"
 cp "$work/show" "$work/resize.show"
@@ -89,17 +97,13 @@ expect "type switch: AdminComment gpu:h100:2 -> gpu:h200:$tsw" has "$work/show" 
 st=$(wait_job "$id")
 expect "type switch: job ran on $tsw GPUs ($st)" sh -c "[ '$st' = COMPLETED ] && grep -q '^gpus=$tsw ' '$work/switch.out'"
 
-# ---- the values the plugin really publishes: Lua peak(N) == mmguard predict at N ----
-run salloc --mm-model="$RESIZE" --gres=gpu:h100:4 sh -c 'echo "$SLURM_SPANK_MMGUARD_PEAK_MODEL dp1=$SLURM_SPANK_MMGUARD_ALLOC_DP1_BYTES"'
-: >"$work/cases"
-for n in 1 2 3 4 6 8 16; do
-    peak=$("$MMGUARD" predict "$RESIZE" --json --set "training.data_parallel=$n" |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_bytes"])')
-    printf '%s\t%s\t%s\n' "$peak" "$n" "$(cat "$work/out")" >>"$work/cases"
-done
+# ---- the values the plugin really publishes: Lua peak(N) == C mm_peak_for_dp(N) ----
+run salloc --mm-model="$RESIZE" --gres=gpu:h100:4 sh -c 'echo "$SLURM_SPANK_MMGUARD"'
+rec=$(grep '^v=2 ' "$work/out")
 lua=$(command -v lua5.1 || command -v lua5.3 || command -v lua)
-expect "published MMGUARD_PEAK_MODEL + MMGUARD_ALLOC_DP1_BYTES: Lua peak(N) equals mmguard predict for N=1..16" \
-    sh -c "[ $rc -eq 0 ] && grep -q '^v1 ' '$work/out' && '$lua' '$root/tests/jobsubmit/peak_check.lua' '$JOB_SUBMIT_LUA' '$work/cases' >'$work/err' 2>&1"
+"$PEAK_TOOL" record "$rec" >"$work/cases" 2>"$work/err"
+expect "published MMGUARD record: job_submit.lua's peak(N) equals mm_peak_for_dp(N) for N=1..4096" \
+    sh -c "[ $rc -eq 0 ] && grep -q ' slack=[1-9]' '$work/cases' && '$lua' '$root/tests/jobsubmit/peak_check.lua' '$JOB_SUBMIT_LUA' '$work/cases' >'$work/err' 2>&1"
 
 # ---- fitting job and job without --mm-model: untouched --------------------------
 run sbatch --mm-model="$FITS" --gres=gpu:h100:1 -o /dev/null "$work/job.sh"
@@ -123,15 +127,15 @@ expect "per-node maximum: nothing queued, ctld log says reject" \
     sh -c "[ \$(squeue -h | wc -l) -eq $njobs ] && [ '$(last_ctld decision)' = reject ]"
 
 # ---- action=reject at slurmctld ---------------------------------------------------
-# The plugin in sbatch checks the spec's own data_parallel (4: fits); only slurmctld
-# sees that the job asks for 2 GPUs, and rejects it.
+# The plugin judges the request it rebuilds in sbatch; --mm-gpus=4 makes it
+# judge 4 GPUs (the user's word), but slurmctld judges the 2 the job asks for.
 start "action=reject" "margin=5%" "reserve=1GiB" "on_error=reject"
-run sbatch --mm-model="$RESIZE" --gres=gpu:h100:2 -t 30 -o /dev/null "$work/job.sh"
+run sbatch --mm-model="$RESIZE" --mm-gpus=4 --gres=gpu:h100:2 -t 30 -o /dev/null "$work/job.sh"
 expect "reject: sbatch exit 1" test "$rc" -eq 1
-expect "reject: the message names the peak, the data-parallel degree and the usable memory" \
-    has "$work/err" 'mmguard: job rejected: predicted peak [0-9.]+ GiB/GPU at 2-way data parallel exceeds [0-9.]+ GiB usable on h100'
-expect "reject: ctld log line with gpus and time limit" \
-    sh -c "[ '$(last_ctld decision)' = reject ] && [ '$(last_ctld gpus)' = 2 ] && [ '$(last_ctld time_limit_minutes)' = 30 ] && [ '$(last_ctld source)' = slurmctld ]"
+expect "reject: the message names the peak, the GPU count and the usable memory" \
+    has "$work/err" 'mmguard: job rejected: predicted peak [0-9.]+ GiB per GPU does not fit h100 \([0-9.]+ GiB usable of [0-9.]+ GiB\) with 2 GPUs \(gres:gpu:h100:2 on 1 node\); to fit: ask for 3 GPUs per node'
+expect "reject: ctld log line with gpus, time limit and the plugin's own N" \
+    sh -c "[ '$(last_ctld decision)' = reject ] && [ '$(last_ctld gpus)' = 2 ] && [ '$(last_ctld time_limit_minutes)' = 30 ] && [ '$(last_ctld source)' = slurmctld ] && [ '$(last_ctld plugin_data_parallel)' = 4 ]"
 run sbatch --mm-model="$RESIZE" --gres=gpu:h100:4 -t 90 -o /dev/null "$work/job.sh"
 expect "reject mode: the same spec on 4 GPUs is accepted" sh -c "[ $rc -eq 0 ] && [ '$(last_ctld decision)' = accept ]"
 
@@ -173,6 +177,39 @@ printf '{"decision":"accept"}\nnot json\n' >"$work/bad.jsonl"
 run "$MMGUARD" report "$CTLD" "$work/bad.jsonl"
 expect "report: a malformed line is listed as FILE:LINE, exit 0" \
     sh -c "[ $rc -eq 0 ] && grep -q 'bad.jsonl:2: invalid JSON' '$work/out'"
+
+# ---- require= for GPU jobs without --mm-model ---------------------------------------
+start "action=reject" "require=reject"
+run sbatch --gres=gpu:h100:1 -o /dev/null --wrap true
+expect "require=reject: a GPU job without --mm-model is refused, saying why" \
+    sh -c "[ $rc -eq 1 ] && grep -q 'mmguard: job rejected: GPU job without --mm-model (require=reject)' '$work/err' && [ '$(last_ctld decision)' = reject ]"
+run sbatch -o /dev/null --wrap true
+expect "require=reject: a job without GPUs is untouched" test "$rc" -eq 0
+start "action=reject" "require=warn"
+run sbatch --gpus=1 -o /dev/null --wrap true
+expect "require=warn: accepted with a warning" \
+    sh -c "[ $rc -eq 0 ] && grep -q 'mmguard: WARNING: GPU job without --mm-model (require=warn)' '$work/err'"
+
+# ---- where job_submit.lua finds mmguard.conf ----------------------------------------
+# next to slurm.conf by default (every cluster above); MMGUARD_CONF in
+# slurmctld's environment overrides it
+printf '%s\n' "action=warn" "require=reject" "ctld_log=$CTLD" >"$work/other.conf"
+CTLD_MMGUARD_CONF=$work/other.conf start "action=reject" "require=off"
+run sbatch --gres=gpu:h100:1 -o /dev/null --wrap true
+expect "MMGUARD_CONF of slurmctld overrides mmguard.conf next to slurm.conf" \
+    sh -c "[ $rc -eq 1 ] && grep -q 'require=reject' '$work/err'"
+grep -q "mmguard: job_submit.lua loaded (mmguard.conf: $work/other.conf)" "$CLUSTER_DIR/log/slurmctld.log"
+expect "slurmctld's log names the mmguard.conf in use" test $? -eq 0
+
+# ---- ctld_log: never through a symlink ------------------------------------------------
+mkdir -p "$work/ctlddir" && echo keep >"$work/ctlddir/target"
+ln -s "$work/ctlddir/target" "$work/ctlddir/link"
+start "action=reject"
+sed -i "s|^ctld_log=.*|ctld_log=$work/ctlddir/link|" "$CLUSTER_DIR/etc/mmguard.conf"
+run sbatch --mm-model="$FITS" --gres=gpu:h100:1 -o /dev/null "$work/job.sh"
+expect "ctld_log a symlink: the decision stands, the target is unchanged, slurmctld says why" \
+    sh -c "[ $rc -eq 0 ] && [ \"\$(cat '$work/ctlddir/target')\" = keep ] &&
+           grep -q 'ctld_log=$work/ctlddir/link: cannot append the decision record: it is a symbolic link' '$CLUSTER_DIR/log/slurmctld.log'"
 
 if [ "${SHOW:-0}" = 1 ] || [ -n "${TRANSCRIPT:-}" ]; then
     {

@@ -51,10 +51,10 @@ kind=\$1; i=\$2
 case \$kind in
 plain) set -- ;;
 small) set -- --mm-model=$SMALL --gres=gpu:h100:1 ;;
-big)   set -- --mm-model=$BIG ;;
-bad)   set -- --mm-model=$BAD ;;
-ft7)   set -- --mm-model=$FT7 --mm-gpus=8 ;;
-ft13x4) set -- --mm-model=$FT13 --mm-gpus=4 ;;
+big)   set -- --mm-model=$BIG --gres=gpu:h100:1 ;;
+bad)   set -- --mm-model=$BAD --gres=gpu:h100:1 ;;
+ft7)   set -- --mm-model=$FT7 --gres=gpu:h100:8 ;;
+ft13x4) set -- --mm-model=$FT13 --gres=gpu:h100:4 ;;
 esac
 timeout 60 sbatch --hold -J "load-\$kind-\$i" -o /dev/null "\$@" --wrap true \
     >"$work/r/\$i.out" 2>"$work/r/\$i.err"

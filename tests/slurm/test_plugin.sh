@@ -83,7 +83,7 @@ run sbatch -o "$work/directive.out" "$work/job_directive.sh"
 id=$(jobid); st=$(wait_job "$id")
 expect "#SBATCH --mm-model is honoured" sh -c "[ '$st' = COMPLETED ] && grep -qx 'MMGUARD_SPEC=$SMALL' '$work/directive.out'"
 
-run sbatch --export=NONE --mm-model="$SMALL" -o "$work/exportnone.out" "$work/job.sh"
+run sbatch --export=NONE --mm-model="$SMALL" --gres=gpu:h100:1 -o "$work/exportnone.out" "$work/job.sh"
 id=$(jobid); st=$(wait_job "$id")
 expect "--export=NONE job still sees MMGUARD_PEAK_BYTES (via SLURM_SPANK_*)" has "$work/exportnone.out" '^batch: .*MMGUARD_PEAK_BYTES=[0-9]+'
 
@@ -97,23 +97,35 @@ expect "rejection lists the top factors and modules" \
 expect "rejection suggests a micro-batch size that fits" has "$work/err" 'mmguard: to fit: training.micro_batch_size=[0-9]+ \(largest that fits'
 expect "rejected job was not submitted" sh -c "hasnt() { ! grep -q \"\$2\" \"\$1\"; }; hasnt '$work/out' Submitted && [ \$(squeue -h | wc -l) -eq $njobs ]"
 
-run sbatch --mm-model="$BAD" -o /dev/null "$work/job.sh"
+run sbatch --mm-model="$BAD" --gres=gpu:h100:1 -o /dev/null "$work/job.sh"
 expect "invalid spec: exit 1 with the library's file:line message" \
     sh -c "[ $rc -eq 1 ] && grep -Eq '^sbatch: error: mmguard: --mm-model=.*invalid.yaml: invalid spec: .*invalid.yaml:[0-9]+' '$work/err'"
 expect "invalid spec: on_error=reject is stated" has "$work/err" 'mmguard: on_error=reject: job not submitted'
 
-run sbatch --mm-model="$SMALL" --mm-gpu=v100 -o /dev/null "$work/job.sh"
+run sbatch --mm-model="$SMALL" --gres=gpu:h100:1 --mm-gpu=v100 -o /dev/null "$work/job.sh"
 expect "--mm-gpu=unknown type: rejected naming the flag and the known types" \
-    sh -c "[ $rc -eq 1 ] && grep -q 'mmguard: --mm-gpu=v100: unknown GPU type (known: h100, h200' '$work/err'"
+    sh -c "[ $rc -eq 1 ] && grep -q \"mmguard: GPU type 'v100' (--mm-gpu) is not in the site's GPU table (known: h100, h200\" '$work/err'"
 
-run sbatch --mm-model="$SMALL" --mm-gpus=zero -o /dev/null "$work/job.sh"
+run sbatch --mm-model="$SMALL" --gres=gpu:h100:1 --mm-gpus=zero -o /dev/null "$work/job.sh"
 expect "--mm-gpus=zero: refused by the option callback" sh -c "[ $rc -ne 0 ] && grep -q \"mmguard: --mm-gpus: 'zero' is not an integer\" '$work/err'"
 
 n_before=$(log_lines)
 run sbatch -o "$work/plain.out" "$work/job.sh"
 id=$(jobid); st=$(wait_job "$id")
+# plain_untouched RC STATE OUT ERR: the job was submitted and ran, printed its
+# step line, and neither it nor sbatch shows anything of mmguard
+plain_untouched() {
+    [ "$1" -eq 0 ] && [ "$2" = COMPLETED ] && grep -q '^step:' "$3" && ! grep -q MMGUARD_ "$3" &&
+        ! grep -q mmguard "$4"
+}
 expect "no --mm-model: job untouched (runs, no MMGUARD_* vars, no message)" \
-    sh -c "[ $rc -eq 0 ] && [ '$st' = COMPLETED ] && ! grep -q MMGUARD_ '$work/small.out.none' 2>/dev/null; ! grep -q 'MMGUARD_' '$work/plain.out' && ! grep -q mmguard '$work/err'"
+    plain_untouched "$rc" "$st" "$work/plain.out" "$work/err"
+# the check itself can fail: a job that did not run, or one with MMGUARD_*
+# (it used to be "...; ! grep ..." whose status ignored the job's state)
+refute "the plain-job check fails for a job that did not complete" \
+    plain_untouched 0 FAILED "$work/plain.out" "$work/err"
+refute "the plain-job check fails for a job that shows MMGUARD_*" \
+    plain_untouched 0 COMPLETED "$work/small.out" "$work/err"
 expect "no --mm-model: no decision logged" test "$(log_lines)" -eq "$n_before"
 
 # nested submission: the inner job must not inherit the outer job's values
@@ -121,22 +133,22 @@ cat >"$work/nested.sh" <<SH
 #!/bin/sh
 sbatch --wait -o "$work/inner.out" --wrap 'env | grep MMGUARD_ | sort; echo inner-done' >/dev/null
 SH
-run sbatch -o "$work/outer.out" --mm-model="$SMALL" "$work/nested.sh"
+run sbatch -o "$work/outer.out" --mm-model="$SMALL" --gres=gpu:h100:1 "$work/nested.sh"
 id=$(jobid); wait_job "$id" >/dev/null
 expect "job submitted from an mmguard job without --mm-model gets no stale MMGUARD_*" \
     sh -c "grep -q inner-done '$work/inner.out' && ! grep -q MMGUARD_ '$work/inner.out'"
 
 # salloc and srun
-run salloc --mm-model="$SMALL" --gres=gpu:h100:1 sh -c 'env | grep "^SLURM_SPANK_MMGUARD_PEAK_BYTES="'
-expect "salloc: fitting spec gets an allocation, values in SLURM_SPANK_MMGUARD_*" \
-    sh -c "[ $rc -eq 0 ] && grep -Eq '^SLURM_SPANK_MMGUARD_PEAK_BYTES=[0-9]+' '$work/out'"
-run salloc --mm-model="$BIG" sh -c 'echo allocated'
+run salloc --mm-model="$SMALL" --gres=gpu:h100:1 sh -c 'env | grep "^SLURM_SPANK_MMGUARD"'
+expect "salloc: fitting spec gets an allocation, the one record in SLURM_SPANK_MMGUARD" \
+    sh -c "[ $rc -eq 0 ] && grep -Eq '^SLURM_SPANK_MMGUARD=v=2 decision=accept .* peak=[0-9]+ ' '$work/out' && [ \$(wc -l <'$work/out') -eq 1 ]"
+run salloc --mm-model="$BIG" --gres=gpu:h100:1 sh -c 'echo allocated'
 expect "salloc: oversized spec is refused with the explanation" \
     sh -c "[ $rc -ne 0 ] && grep -q '^salloc: error: mmguard: --mm-model=.*does not fit h100' '$work/err' && ! grep -q allocated '$work/out'"
-run srun --mm-model="$SMALL" -n1 sh -c 'env | grep "^MMGUARD_" | sort'
+run srun --mm-model="$SMALL" --gres=gpu:h100:1 -n1 sh -c 'env | grep "^MMGUARD_" | sort'
 expect "srun: fitting spec runs and the task sees MMGUARD_PEAK_BYTES" \
     sh -c "[ $rc -eq 0 ] && grep -Eq '^MMGUARD_PEAK_BYTES=[0-9]+' '$work/out'"
-run srun --mm-model="$BIG" -n1 echo ran
+run srun --mm-model="$BIG" --gres=gpu:h100:1 -n1 echo ran
 expect "srun: oversized spec is refused with the explanation" \
     sh -c "[ $rc -ne 0 ] && grep -q '^srun: error: mmguard: --mm-model=.*does not fit' '$work/err' && ! grep -q ran '$work/out'"
 
@@ -169,12 +181,12 @@ expect "log records the spec digest that the job sees" \
 
 # ---- action=warn, on_error=allow ------------------------------------------------
 start "action=warn" "log=$LOG" "on_error=allow"
-run sbatch --mm-model="$BIG" -o /dev/null --wrap true
+run sbatch --mm-model="$BIG" --gres=gpu:h100:1 -o /dev/null --wrap true
 id=$(jobid)
 expect "warn mode: oversized spec is submitted" test "$rc" -eq 0 -a -n "$id"
 expect "warn mode: the explanation is shown as a warning" \
     sh -c "grep -q '^sbatch: mmguard: --mm-model=.*: warning: predicted peak' '$work/err' && grep -q '^sbatch: mmguard: to fit:' '$work/err' && ! grep -q 'error:' '$work/err'"
-run sbatch --mm-model="$BAD" -o /dev/null --wrap true
+run sbatch --mm-model="$BAD" --gres=gpu:h100:1 -o /dev/null --wrap true
 expect "on_error=allow: invalid spec is submitted with the file:line message" \
     sh -c "[ $rc -eq 0 ] && grep -Eq 'mmguard: --mm-model=.*invalid.yaml: invalid spec: .*invalid.yaml:[0-9]+' '$work/err' && grep -q 'on_error=allow' '$work/err'"
 expect "warn/allow decisions logged as warn, error" \
@@ -191,7 +203,7 @@ expect "config error: slurmd logs it at start-up and keeps running" \
     sh -c "grep -q \"mmguard: configuration error.*unknown key 'bogus_key'\" '$CLUSTER_DIR/log/slurmd.log' && sh '$here/cluster.sh' status >/dev/null"
 
 start "action=reject" "log=$work/no/such/dir/decisions.jsonl"
-run sbatch --mm-model="$SMALL" -o /dev/null --wrap true
+run sbatch --mm-model="$SMALL" --gres=gpu:h100:1 -o /dev/null --wrap true
 expect "unwritable log: the decision stands and the failure is reported once" \
     sh -c "[ $rc -eq 0 ] && [ \$(grep -c 'cannot append the decision record' '$work/err') -eq 1 ]"
 

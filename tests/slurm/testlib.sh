@@ -3,6 +3,7 @@
 # commands, and a cleanup that always stops the cluster.  Source it after
 # setting `here`, then call tl_start.
 #   tl_start NAME   work dir /tmp/mmguard-NAME.XXXXXX (0755), CLUSTER_DIR, traps
+#   expect / refute NAME CMD...   "ok" when CMD succeeds / fails
 #   SHOW            files under $work a failure prints (default "out err")
 #   RUN_TIMEOUT     bound of run() in seconds (default 60)
 #   tl_cleanup_hook a function the script may define (unmount, userdel, ...)
@@ -35,6 +36,8 @@ not_ok() {
 }
 # expect NAME COND...: COND is a command; passes when it succeeds
 expect() { _name=$1; shift; if "$@"; then ok "$_name"; else not_ok "$_name"; fi; }
+# refute NAME COND...: passes when COND fails (a check shown able to fail)
+refute() { _name=$1; shift; if "$@"; then not_ok "$_name"; else ok "$_name"; fi; }
 has() { grep -Eq -- "$2" "$1"; }
 hasnt() { ! grep -Eq -- "$2" "$1"; }
 # run CMD...: stdout -> $work/out, stderr -> $work/err, status -> $rc (bounded)

@@ -1,0 +1,212 @@
+/* explain.c - what a user reads when the job does not fit: where the memory
+ * goes at the peak (factors, modules) and concrete ways to fit, written in the
+ * user's own terms: spec keys they can change, and their GPU request rewritten
+ * ("ask for 6 GPUs (--gres=gpu:h100:6) with training.zero_stage=3"). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "plugin.h"
+
+static uint64_t module_total(const mm_module_result *m)
+{
+    uint64_t v[MM_NFACTORS], s = 0;
+    mm_factor_values(&m->factors, v);
+    for (int i = 0; i < MM_NFACTORS; i++)
+        s = (s > UINT64_MAX - v[i]) ? UINT64_MAX : s + v[i];
+    return s;
+}
+
+static void explain_factors(struct mmg_check *chk)
+{
+    const mm_prediction *p = &chk->pred;
+    uint64_t v[MM_NFACTORS];
+    int idx[MM_NFACTORS] = { 0, 1, 2, 3, 4, 5 };
+    char buf[MMG_LINE_MAX], b[32];
+    size_t used = 0;
+
+    mm_factor_values(&p->factors, v);
+    /* the overhead (the last factor) at N (device-level) is peak - allocated */
+    v[MM_NFACTORS - 1] = chk->peak > chk->alloc_peak ? chk->peak - chk->alloc_peak
+                                                      : v[MM_NFACTORS - 1];
+    for (int i = 0; i < MM_NFACTORS; i++)
+        for (int j = i + 1; j < MM_NFACTORS; j++)
+            if (v[idx[j]] > v[idx[i]]) {
+                int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+            }
+    buf[0] = '\0';
+    for (int i = 0; i < 3 && v[idx[i]] > 0 && used < sizeof(buf); i++) {
+        mm_format_bytes(v[idx[i]], b, sizeof(b));
+        used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s%s %s (%.0f%%)", i ? ", " : "",
+                                 mm_factor_names[idx[i]], b,
+                                 chk->peak ? 100.0 * (double)v[idx[i]] / (double)chk->peak : 0.0);
+    }
+    mmg_check_line(chk, "top factors: %s (peak in %s: %s)", buf, mm_phase_name(p->peak_phase),
+                   p->peak_event);
+}
+
+static void explain_modules(struct mmg_check *chk)
+{
+    const mm_prediction *p = &chk->pred;
+    size_t order[MM_MAX_MODULES], n = p->n_modules < MM_MAX_MODULES ? p->n_modules : MM_MAX_MODULES;
+    char buf[MMG_LINE_MAX], b[32];
+    size_t used = 0;
+
+    if (n == 0 || !p->modules)
+        return;
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++)
+            if (module_total(&p->modules[order[j]]) > module_total(&p->modules[order[i]])) {
+                size_t t = order[i]; order[i] = order[j]; order[j] = t;
+            }
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && i < 4 && used < sizeof(buf); i++) {
+        const mm_module_result *m = &p->modules[order[i]];
+        mm_format_bytes(module_total(m), b, sizeof(b));
+        used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s%s %s", i ? ", " : "",
+                                 m->name, b);
+    }
+    mmg_check_line(chk, "top modules: %s", buf);
+}
+
+/* The request the suggestions rewrite: the job's own, or (when --mm-gpus
+ * replaced an unknown request) a plain per-node --gres request. */
+static void suggest_base(const struct mmg_check *chk, struct mmg_reqin *in, struct mmg_gpureq *g)
+{
+    if (chk->have_req && chk->req.status == MMG_REQ_OK) {
+        *in = chk->req.in;
+        *g = chk->req.gpus;
+        return;
+    }
+    mmg_reqin_init(in, MMG_TOOL_SBATCH);
+    memset(g, 0, sizeof(*g));
+    g->kind = MMG_PER_NODE;
+    g->nodes_min = g->nodes_max = 1;
+    g->count = g->gpus_min = chk->dp;
+    snprintf(g->type, sizeof(g->type), "%s", chk->gpu->name);
+}
+
+/* Does the spec fit `usable` at n GPUs, predicted at n (mm_fit's count comes
+ * from the peak model of one prediction, whose allocator slack is carried to
+ * every n, and can be far too high)?  -1 when it cannot tell. */
+static int fits_at(const struct mmg_check *chk, uint32_t n)
+{
+    char assign[64];
+    mm_error e;
+    mm_prediction p;
+    mm_spec *s = mm_spec_clone(chk->spec);
+    int rc = -1;
+    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, n);
+    if (s && mm_spec_set(s, assign, &e) == 0 && mm_predict(s, &p, &e) == 0) {
+        rc = mm_peak_for_dp(&p, n) <= chk->usable;
+        mm_prediction_free(&p);
+    }
+    if (s)
+        mm_spec_free(s);
+    return rc;
+}
+
+/* The smallest n in (dp, hi] that fits by direct prediction (the peak does not
+ * grow with n), hi when none is found to fit below it. */
+static uint32_t smallest_fitting(const struct mmg_check *chk, uint32_t hi)
+{
+    uint32_t lo = chk->dp; /* does not fit */
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        int f = fits_at(chk, mid);
+        if (f < 0)
+            break;
+        if (f)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return hi;
+}
+
+/* More GPUs of the same type (with a ZeRO stage that shards over them). */
+static void suggest_gpus(struct mmg_check *chk, const struct mmg_reqin *in,
+                         const struct mmg_gpureq *g)
+{
+    const mm_fit_result *f = &chk->fit;
+    char spelled[MMG_LINE_MAX / 2], with[160] = "";
+    uint32_t total, want;
+    int zero = mm_spec_zero_stage(chk->spec);
+
+    if (f->min_data_parallel <= chk->dp)
+        return;
+    /* the same ZeRO stage and checkpointing as the spec: check the count */
+    want = f->min_data_parallel_zero == zero && !f->min_data_parallel_ckpt
+               ? smallest_fitting(chk, f->min_data_parallel)
+               : f->min_data_parallel;
+    total = mmg_request_spell(in, g, want, "", chk->cfg.max_gpus_per_node, spelled,
+                              sizeof(spelled));
+    if (!total)
+        return;
+    if (f->min_data_parallel_zero > zero)
+        snprintf(with, sizeof(with), " with training.zero_stage=%d", f->min_data_parallel_zero);
+    if (f->min_data_parallel_ckpt)
+        snprintf(with + strlen(with), sizeof(with) - strlen(with), "%s"
+                 "training.gradient_checkpointing=true", with[0] ? " and " : " with ");
+    mmg_check_line(chk, "to fit: ask for %" PRIu32 " GPUs (%s)%s%s", total, spelled, with,
+                   mmg_opts.gpus ? " and --mm-gpus to match" : "");
+}
+
+/* The smallest GPU type of the site's table that holds the peak. */
+static void suggest_type(struct mmg_check *chk, const struct mmg_reqin *in,
+                         const struct mmg_gpureq *g)
+{
+    const struct mmg_gpu *best = NULL;
+    char b[32], spelled[MMG_LINE_MAX / 2];
+    for (size_t i = 0; i < chk->cfg.n_gpus; i++) {
+        const struct mmg_gpu *t = &chk->cfg.gpus[i];
+        if (t == chk->gpu || mmg_config_usable(&chk->cfg, t->bytes) < chk->peak)
+            continue;
+        if (!best || t->bytes < best->bytes)
+            best = t;
+    }
+    if (!best || !mmg_request_spell(in, g, g->gpus_min, best->name, chk->cfg.max_gpus_per_node,
+                                    spelled, sizeof(spelled)))
+        return;
+    mm_format_bytes(mmg_config_usable(&chk->cfg, best->bytes), b, sizeof(b));
+    mmg_check_line(chk, "to fit: a larger GPU: %s (%s usable)%s%s", spelled, b,
+                   mmg_opts.gpu ? " and --mm-gpu=" : "", mmg_opts.gpu ? best->name : "");
+}
+
+static void suggest_spec(struct mmg_check *chk)
+{
+    const mm_fit_result *f = &chk->fit;
+    uint32_t mb = mm_spec_micro_batch(chk->spec);
+    if (f->max_micro_batch > 0 && f->max_micro_batch < mb)
+        mmg_check_line(chk, "to fit: training.micro_batch_size=%" PRIu32 " (largest that fits; "
+                       "raise gradient_accumulation_steps to keep the global batch)",
+                       f->max_micro_batch);
+    else if (f->max_micro_batch == 0)
+        mmg_check_line(chk, "to fit: no micro_batch_size fits as configured, not even 1");
+    if (f->checkpointing_helps)
+        mmg_check_line(chk, "to fit: training.gradient_checkpointing=true (then micro_batch_size "
+                       "up to %" PRIu32 " fits)", f->max_micro_batch_ckpt);
+    if (f->min_zero_stage > mm_spec_zero_stage(chk->spec))
+        mmg_check_line(chk, "to fit: training.zero_stage=%d on the same %" PRIu32 " GPUs",
+                       f->min_zero_stage, chk->dp);
+}
+
+void mmg_explain_misfit(struct mmg_check *chk)
+{
+    struct mmg_reqin in;
+    struct mmg_gpureq g;
+    mm_error e;
+
+    memset(&e, 0, sizeof(e));
+    chk->have_fit = mm_fit(chk->spec, chk->usable, &chk->fit, &e) == 0;
+    explain_factors(chk);
+    explain_modules(chk);
+    suggest_base(chk, &in, &g);
+    if (chk->have_fit) {
+        suggest_spec(chk);
+        suggest_gpus(chk, &in, &g);
+    }
+    suggest_type(chk, &in, &g);
+}

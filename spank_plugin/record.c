@@ -1,0 +1,303 @@
+/* record.c - writing and reading the MMGUARD variable (see record.h). */
+#include "record.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum kind { K_STR, K_U64, K_U32, K_DBL, K_TERMS };
+
+struct key {
+    const char *name;
+    enum kind kind;
+    size_t off, size;
+    int model;      /* part of the peak model (all or none) */
+};
+
+#define F(field) offsetof(struct mmg_record, field), sizeof(((struct mmg_record *)0)->field)
+static const struct key keys[] = {
+    { "decision", K_STR, F(decision), 0 },  { "spec", K_STR, F(spec), 0 },
+    { "sha256", K_STR, F(sha256), 0 },      { "model", K_STR, F(model), 0 },
+    { "gpu", K_STR, F(gpu), 0 },            { "gpu_mem", K_U64, F(gpu_mem), 0 },
+    { "usable", K_U64, F(usable), 0 },      { "dp", K_U32, F(dp), 0 },
+    { "request", K_STR, F(request), 0 },    { "peak", K_U64, F(peak), 0 },
+    { "alloc", K_U64, F(alloc), 0 },        { "mmb", K_U32, F(mmb), 0 },
+    { "error", K_STR, F(error), 0 },        { "admission", K_STR, F(admission), 0 },
+    { "ctx", K_U64, F(ctx), 1 },            { "nccl", K_U64, F(nccl), 1 },
+    { "afix", K_U64, F(afix), 1 },          { "afrac", K_DBL, F(afrac), 1 },
+    { "slack", K_U64, F(slack), 1 },        { "dp1", K_U64, F(dp1), 1 },
+    { "terms", K_TERMS, F(terms), 1 },
+};
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+#define NMODEL 7
+
+/* ---- writing ----------------------------------------------------------------- */
+
+struct out {
+    char *buf;
+    size_t n, used;
+};
+
+__attribute__((format(printf, 2, 3)))
+static void put(struct out *o, const char *fmt, ...)
+{
+    va_list ap;
+    int k;
+    va_start(ap, fmt);
+    k = vsnprintf(o->buf + (o->used < o->n ? o->used : o->n), o->used < o->n ? o->n - o->used : 0,
+                  fmt, ap);
+    va_end(ap);
+    o->used += k > 0 ? (size_t)k : 0;
+}
+
+static void put_str(struct out *o, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p > ' ' && *p < 0x7f && *p != '%')
+            put(o, "%c", *p);
+        else
+            put(o, "%%%02X", *p);
+    }
+}
+
+static void put_value(struct out *o, const struct mmg_record *r, const struct key *k)
+{
+    const char *base = (const char *)r + k->off;
+    switch (k->kind) {
+    case K_STR: put_str(o, base); break;
+    case K_U64: put(o, "%" PRIu64, *(const uint64_t *)(const void *)base); break;
+    case K_U32: put(o, "%" PRIu32, *(const uint32_t *)(const void *)base); break;
+    case K_DBL: put(o, "%.17g", *(const double *)(const void *)base); break;
+    case K_TERMS:
+        for (size_t i = 0; i < r->n_terms && i < MM_MAX_TERMS; i++)
+            put(o, "%s%" PRIu64 ":%" PRIu64, i ? "," : "", r->terms[i].fixed, r->terms[i].sharded);
+        break;
+    }
+}
+
+static int present(const struct mmg_record *r, const struct key *k)
+{
+    if (k->model)
+        return r->has_model;
+    if (!strcmp(k->name, "mmb"))
+        return r->has_mmb;
+    if (k->kind == K_STR)
+        return ((const char *)r + k->off)[0] != '\0';
+    if (k->kind == K_U32)
+        return *(const uint32_t *)(const void *)((const char *)r + k->off) != 0;
+    return *(const uint64_t *)(const void *)((const char *)r + k->off) != 0; /* 0: unknown */
+}
+
+int mmg_record_format(const struct mmg_record *r, char *buf, size_t n)
+{
+    struct out o = { buf, n, 0 };
+    if (n)
+        buf[0] = '\0';
+    put(&o, "v=%d", MMG_RECORD_VERSION);
+    for (size_t i = 0; i < NKEYS; i++) {
+        if (!present(r, &keys[i]))
+            continue;
+        put(&o, " %s=", keys[i].name);
+        put_value(&o, r, &keys[i]);
+    }
+    return o.used < n && o.used <= MMG_RECORD_MAX ? 0 : -1;
+}
+
+/* ---- reading ----------------------------------------------------------------- */
+
+static int hexval(int c)
+{
+    return isdigit(c) ? c - '0' : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+         : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+}
+
+/* Percent-decode [s, s+n) into dst (size dstlen); control bytes refused. */
+static int get_str(const char *s, size_t n, char *dst, size_t dstlen)
+{
+    size_t used = 0;
+    for (size_t i = 0; i < n; i++) {
+        int c = (unsigned char)s[i];
+        if (c == '%') {
+            int hi, lo;
+            if (i + 2 >= n)
+                return -1;
+            hi = hexval((unsigned char)s[i + 1]);
+            lo = hexval((unsigned char)s[i + 2]);
+            if (hi < 0 || lo < 0)
+                return -1;
+            c = hi * 16 + lo;
+            i += 2;
+        }
+        if (c < 0x20 || c == 0x7f || used + 1 >= dstlen)
+            return -1;
+        dst[used++] = (char)c;
+    }
+    dst[used] = '\0';
+    return 0;
+}
+
+/* Decimal digits only, at most 20, within max. */
+static int get_u64(const char *s, size_t n, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (n == 0 || n > 20)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i]) || v > (max - (uint64_t)(s[i] - '0')) / 10)
+            return -1;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* A %.17g double in [0, 10]: digits, '.', 'e', sign only. */
+static int get_dbl(const char *s, size_t n, double *out)
+{
+    char buf[40], *end = NULL;
+    double v;
+    if (n == 0 || n >= sizeof(buf) || strspn(s, "0123456789.eE+-") < n || !isdigit((unsigned char)s[0]))
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    errno = 0;
+    v = strtod(buf, &end);
+    if (errno || *end || !isfinite(v) || v < 0 || v > 10)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* "F:S,F:S,..." with 1..MM_MAX_TERMS terms. */
+static int get_terms(const char *s, size_t n, struct mmg_record *r)
+{
+    size_t i = 0;
+    r->n_terms = 0;
+    while (i < n) {
+        const char *c = memchr(s + i, ',', n - i), *end = c ? c : s + n;
+        const char *colon = memchr(s + i, ':', (size_t)(end - (s + i)));
+        mm_dp_term *t = &r->terms[r->n_terms];
+        if (r->n_terms >= MM_MAX_TERMS || !colon ||
+            get_u64(s + i, (size_t)(colon - (s + i)), UINT64_MAX, &t->fixed) != 0 ||
+            get_u64(colon + 1, (size_t)(end - colon - 1), UINT64_MAX, &t->sharded) != 0)
+            return -1;
+        r->n_terms++;
+        i = (size_t)(end - s) + (c != NULL);
+        if (c && i == n)
+            return -1; /* trailing comma */
+    }
+    return r->n_terms ? 0 : -1;
+}
+
+static int get_value(struct mmg_record *r, const struct key *k, const char *v, size_t n)
+{
+    char *base = (char *)r + k->off;
+    uint64_t u;
+    switch (k->kind) {
+    case K_STR: return get_str(v, n, base, k->size);
+    case K_U64: return get_u64(v, n, UINT64_MAX, (uint64_t *)(void *)base);
+    case K_U32:
+        if (get_u64(v, n, UINT32_MAX, &u) != 0)
+            return -1;
+        *(uint32_t *)(void *)base = (uint32_t)u;
+        return 0;
+    case K_DBL: return get_dbl(v, n, (double *)(void *)base);
+    default: return get_terms(v, n, r);
+    }
+}
+
+static const struct key *find_key(const char *name, size_t n)
+{
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strlen(keys[i].name) == n && !memcmp(keys[i].name, name, n))
+            return &keys[i];
+    return NULL;
+}
+
+__attribute__((format(printf, 3, 4)))
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int parse_token(struct mmg_record *r, const char *t, size_t n, unsigned *seen,
+                       char *err, size_t errlen)
+{
+    const char *eq = memchr(t, '=', n);
+    const struct key *k = eq ? find_key(t, (size_t)(eq - t)) : NULL;
+    size_t idx, shown = eq ? (size_t)(eq - t) : n;
+    if (!k)
+        return fail(err, errlen, "MMGUARD: unknown field '%.*s'", (int)(shown > 40 ? 40 : shown), t);
+    idx = (size_t)(k - keys);
+    if (*seen & (1u << idx))
+        return fail(err, errlen, "MMGUARD: duplicate field '%s'", k->name);
+    *seen |= 1u << idx;
+    if (get_value(r, k, eq + 1, n - (size_t)(eq + 1 - t)) != 0)
+        return fail(err, errlen, "MMGUARD: bad value of '%s'", k->name);
+    if (!strcmp(k->name, "mmb"))
+        r->has_mmb = 1;
+    return 0;
+}
+
+int mmg_record_parse(const char *text, struct mmg_record *r, char *err, size_t errlen)
+{
+    size_t len = strnlen(text, MMG_RECORD_MAX + 1), i;
+    unsigned seen = 0, model = 0;
+
+    memset(r, 0, sizeof(*r));
+    if (len > MMG_RECORD_MAX)
+        return fail(err, errlen, "MMGUARD: longer than %u bytes", MMG_RECORD_MAX);
+    if (strncmp(text, "v=2", 3) != 0 || (text[3] != ' ' && text[3] != '\0'))
+        return fail(err, errlen, "MMGUARD: unsupported version (want v=%d)", MMG_RECORD_VERSION);
+    for (i = 3; i < len;) {
+        const char *t = text + i + 1, *sp = memchr(t, ' ', len - i - 1);
+        size_t n = sp ? (size_t)(sp - t) : len - i - 1;
+        if (n == 0 || parse_token(r, t, n, &seen, err, errlen) != 0)
+            return n == 0 ? fail(err, errlen, "MMGUARD: empty field") : -1;
+        i += n + 1;
+    }
+    for (size_t k = 0; k < NKEYS; k++)
+        model += keys[k].model && (seen & (1u << k));
+    if (model != 0 && model != NMODEL)
+        return fail(err, errlen, "MMGUARD: incomplete peak model");
+    r->has_model = model == NMODEL;
+    return 0;
+}
+
+void mmg_record_set_model(struct mmg_record *r, const mm_prediction *p)
+{
+    r->has_model = 1;
+    r->ctx = p->overheads.cuda_context;
+    r->nccl = p->overheads.nccl;
+    r->afix = p->overheads.alloc_fixed;
+    r->afrac = p->overheads.alloc_frac;
+    r->slack = p->allocator_slack;
+    r->dp1 = p->allocated_dp1;
+    r->n_terms = p->n_terms < MM_MAX_TERMS ? p->n_terms : MM_MAX_TERMS;
+    memcpy(r->terms, p->terms, sizeof(r->terms));
+}
+
+uint64_t mmg_record_peak_for_dp(const struct mmg_record *r, uint32_t n)
+{
+    mm_prediction p;
+    memset(&p, 0, sizeof(p));
+    p.overheads.cuda_context = r->ctx;
+    p.overheads.nccl = r->nccl;
+    p.overheads.alloc_fixed = r->afix;
+    p.overheads.alloc_frac = r->afrac;
+    p.allocator_slack = r->slack;
+    p.allocated_dp1 = r->dp1;
+    p.n_terms = r->n_terms;
+    memcpy(p.terms, r->terms, sizeof(p.terms));
+    return mm_peak_for_dp(&p, n);
+}

@@ -1,0 +1,59 @@
+/* record.h - the one variable the plugin publishes for a checked job.
+ *
+ * Why this file exists: Slurm 22.05's sbatch spends ~280 k instructions per
+ * SPANK job-control variable (setenvfs callocs 256 KiB each), so every value
+ * goes into a single variable, MMGUARD, instead of one variable per value.
+ * job_submit.lua reads it from job_desc.spank_job_env; the job inherits it as
+ * SLURM_SPANK_MMGUARD, from which slurmstepd (remote.c) derives the task-side
+ * MMGUARD_* variables.  slurmstepd runs as root and the text comes from the
+ * user, so the parser is strict, bounded and fuzzed (tests/fuzz/fuzz_record.c).
+ *
+ * Text: "v=2 key=value key=value ...", keys below, strings percent-encoded
+ * (every byte outside '!'..'~' and '%' itself as %XX).  Unknown keys,
+ * duplicates, bad numbers and over-long text are errors.  The format is
+ * documented in docs/plugin.md; contrib/job_submit.lua has its own reader.
+ */
+#ifndef MMG_RECORD_H
+#define MMG_RECORD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mmguard.h"
+
+#define MMG_RECORD_MAX 8192   /* longest accepted text */
+#define MMG_RECORD_VERSION 2
+
+struct mmg_record {
+    char decision[8];         /* decision=  accept | warn | error */
+    char spec[1024];          /* spec=      absolute path of the spec */
+    char sha256[65];          /* sha256=    of the spec bytes */
+    char model[128];          /* model=     the spec's name */
+    char gpu[32];             /* gpu=       GPU type judged */
+    uint64_t gpu_mem;         /* gpu_mem=   its memory, bytes */
+    uint64_t usable;          /* usable=    memory minus margin and reserve */
+    uint32_t dp;              /* dp=        GPUs judged = data-parallel degree */
+    char request[160];        /* request=   the request as derived, e.g. "h100:2x1" */
+    uint64_t peak, alloc;     /* peak= alloc=  predicted device / allocated peak at dp */
+    int has_mmb;
+    uint32_t mmb;             /* mmb=       largest micro-batch that fits at dp */
+    char error[1024];         /* error=     decision error: the message */
+    char admission[160];      /* admission= set by job_submit.lua when it resized */
+    /* the per-GPU peak for any N (mm_peak_for_dp): */
+    int has_model;            /* all of ctx..terms present */
+    uint64_t ctx, nccl, afix, slack, dp1;
+    double afrac;
+    size_t n_terms;
+    mm_dp_term terms[MM_MAX_TERMS];
+};
+
+/* The text of r; -1 when it does not fit n bytes. */
+int mmg_record_format(const struct mmg_record *r, char *out, size_t n);
+/* Parse text; 0 ok, -1 with a message naming the key. */
+int mmg_record_parse(const char *text, struct mmg_record *r, char *err, size_t errlen);
+/* The peak model of a prediction (has_model, ctx .. terms). */
+void mmg_record_set_model(struct mmg_record *r, const mm_prediction *p);
+/* mm_peak_for_dp() from the published model (what job_submit.lua computes). */
+uint64_t mmg_record_peak_for_dp(const struct mmg_record *r, uint32_t n);
+
+#endif

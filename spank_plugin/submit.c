@@ -1,0 +1,37 @@
+/* submit.c - what sbatch, salloc and srun do with --mm-model: run the check,
+ * print the explanation, publish the decision, log it.  Its own file so that
+ * the decision (check.c) never depends on how it is handed on (publish.c,
+ * log.c). */
+#include <stdlib.h>
+
+#include "plugin.h"
+
+static void print(const struct mmg_check *chk)
+{
+    for (size_t i = 0; i < chk->n_lines; i++) {
+        if (chk->blocks)
+            slurm_error(MMG_PREFIX "%s", chk->lines[i]);
+        else
+            slurm_info(MMG_PREFIX "%s", chk->lines[i]);
+    }
+}
+
+int mmg_check_submit(mmg_tool tool, mmg_setenv_f set, void *ctx, int ac, char **av)
+{
+    struct mmg_check *chk = calloc(1, sizeof(*chk));
+    int rc;
+
+    if (!chk) {
+        slurm_error(MMG_PREFIX "--mm-model: out of memory");
+        return -1;
+    }
+    mmg_check_run(chk, tool, ac, av);
+    print(chk);
+    if (!chk->blocks)
+        mmg_publish(chk, set, ctx);
+    mmg_log_decision(chk);
+    rc = chk->blocks ? -1 : 0;
+    mmg_check_free(chk);
+    free(chk);
+    return rc;
+}

@@ -1,0 +1,45 @@
+/* fuzz_record.c - libFuzzer: the MMGUARD variable reader (spank_plugin/
+ * record.c), which slurmstepd runs as root on text from the user.  Any input:
+ * no crash, hang or leak; an accepted record is written back and read again
+ * to the same values; its peak model evaluates for any N. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_common.h"
+#include "record.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct mmg_record r, back;
+    char text[MMG_RECORD_MAX + 1], err[256];
+    char *in;
+    if (size > MMG_RECORD_MAX + 64)
+        return 0;
+    in = malloc(size + 1);
+    if (!in)
+        FUZZ_FAIL("out of memory");
+    memcpy(in, data, size);
+    in[size] = '\0';
+    if (mmg_record_parse(in, &r, err, sizeof err) != 0) {
+        if (!memchr(err, '\0', sizeof err))
+            FUZZ_FAIL("unterminated error");
+        free(in);
+        return 0;
+    }
+    if (mmg_record_format(&r, text, sizeof text) == 0) {
+        if (mmg_record_parse(text, &back, err, sizeof err) != 0)
+            FUZZ_FAIL("a written record does not read back");
+        if (strcmp(back.spec, r.spec) || strcmp(back.error, r.error) || back.peak != r.peak ||
+            back.has_model != r.has_model || back.n_terms != r.n_terms)
+            FUZZ_FAIL("a record changed on its way back");
+    }
+    if (r.has_model) {
+        (void)mmg_record_peak_for_dp(&r, 1);
+        (void)mmg_record_peak_for_dp(&r, 2);
+        (void)mmg_record_peak_for_dp(&r, 65536);
+    }
+    free(in);
+    return 0;
+}

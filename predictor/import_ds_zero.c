@@ -151,6 +151,9 @@ static int zero_size(imp_job *j, hfc *z, const zkey *k, int stage, uint64_t hidd
         if (v && imp_is_auto(v) && k->autok >= 2)
             return hf_fail(z, key, "\"auto\" is filled by transformers only at ZeRO stage 3; "
                                    "DeepSpeed refuses it at stage %d", stage);
+        uint64_t unused;
+        if (v && !imp_is_auto(v) && imp_u64(z, key, 0, k->min, 1000000000000ull, &unused))
+            return -1; /* DeepSpeed validates it all the same */
         if (v)
             imp_note(j->s, "ignored %s: not used by ZeRO stage %d", w, stage);
         return 0;

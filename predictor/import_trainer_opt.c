@@ -102,17 +102,41 @@ static const imp_rule fsdp_rules[] = {
     {"auto_wrap_policy", 'i', "the spec wraps each transformer layer"},
 };
 
+/* transformers strips an "fsdp_" prefix from fsdp_config keys */
+static mm_node *unprefixed(const mm_node *c)
+{
+    mm_node *u = c && c->type == MM_NODE_MAP ? mm_node_clone(c) : NULL;
+    for (size_t i = 0; u && i < u->n; i++)
+        if (!strncmp(u->keys[i], "fsdp_", 5) && !mm_node_get(c, u->keys[i] + 5))
+            memmove(u->keys[i], u->keys[i] + 5, strlen(u->keys[i] + 5) + 1);
+    return u;
+}
+
+static int fsdp_read(imp_job *j, hfc *h, const mm_node *c, int shard, int offload);
+
 static int fsdp_config(imp_job *j, hfc *h, int shard, int offload)
 {
-    const mm_node *c = hf_node(h, "fsdp_config");
+    const mm_node *c0 = hf_node(h, "fsdp_config");
+    if (c0 && c0->type != MM_NODE_MAP)
+        return hf_fail(h, "fsdp_config", "expected a mapping (a path is not read: inline it)");
+    mm_node *c = unprefixed(c0);
+    if (c0 && !c) {
+        mm_err(h->err, "%s: out of memory", h->file);
+        return -1;
+    }
+    int rc = fsdp_read(j, h, c, shard, offload);
+    mm_node_free(c);
+    return rc;
+}
+
+static int fsdp_read(imp_job *j, hfc *h, const mm_node *c, int shard, int offload)
+{
     hfc f;
     hfc_init(&f, j->s, c, "fsdp_config", h->file, h->err);
     imp_section *fs = &j->s->fsdp;
     int64_t ver;
     int orig, fwd, lim, ckpt, reshard, off2;
     char bp[64], w[160];
-    if (c && c->type != MM_NODE_MAP)
-        return hf_fail(h, "fsdp_config", "expected a mapping (a path is not read: inline it)");
     if (hf_i64(&f, "version", 1, &ver) || imp_bool(&f, "use_orig_params", 1, &orig) ||
         imp_bool(&f, "forward_prefetch", 0, &fwd) || imp_bool(&f, "limit_all_gathers", 1, &lim) ||
         imp_bool(&f, "activation_checkpointing", 0, &ckpt) ||

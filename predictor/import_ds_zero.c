@@ -9,7 +9,6 @@
 
 #define ULL(x) ((unsigned long long)(x))
 
-static const char *const nvme_only = "used only when offloading to NVMe (refused)";
 static const char *const at_save = "gathers the 16-bit weights when the model is saved, after "
                                    "the step";
 static const imp_rule zero_rules[] = {
@@ -71,7 +70,7 @@ static int offload(imp_job *j, hfc *z, const char *key, int stage, int *pin)
     if (hf_str(&h, "device", "none", dev, sizeof dev) || imp_bool(&h, "pin_memory", 0, &p))
         return -1;
     if (!strcmp(dev, "nvme"))
-        return hf_fail(&h, "device", "NVMe offload is not modelled (%s)", nvme_only);
+        return hf_fail(&h, "device", "NVMe offload is not modelled");
     if (strcmp(dev, "cpu") && strcmp(dev, "none"))
         return hf_fail(&h, "device", "expected cpu or none, got '%s'", dev);
     if (!strcmp(key, "offload_param") && stage < 3 && !strcmp(dev, "cpu")) {

@@ -120,8 +120,9 @@ static int read_ds(imp_job *j, const opts *o, mm_error *e)
         return 0;
     if (imp_deepspeed(j, j->ds_path, e) == 0)
         return 0;
-    if (strstr(e->msg, "cannot open") == e->msg + strlen(j->ds_path) + 2 ||
-        !strncmp(e->msg, j->ds_path, strlen(j->ds_path))) {
+    size_t n = strlen(j->ds_path);
+    if (!strncmp(e->msg, j->ds_path, n) && (!strncmp(e->msg + n, ": cannot open", 13) ||
+                                            !strncmp(e->msg + n, ": not a regular file", 20))) {
         char m[sizeof e->msg];
         snprintf(m, sizeof m, "%s", e->msg);
         mm_err(e, "%s: %s (the path as given or beside the file naming it; --deepspeed FILE "

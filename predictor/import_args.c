@@ -164,11 +164,5 @@ int imp_args(imp_job *j, const char *args, mm_error *err)
 {
     if (args[0] != '@')
         return imp_args_buffer(j, args, strlen(args), "--args", err);
-    size_t len;
-    char *buf = imp_read_file(args + 1, &len, err);
-    if (!buf)
-        return -1;
-    int rc = imp_args_buffer(j, buf, len, args + 1, err);
-    free(buf);
-    return rc;
+    return imp_read_with(j, args + 1, imp_args_buffer, err);
 }

@@ -223,17 +223,12 @@ static uint64_t model_hidden(const imp_spec *s)
 
 int imp_deepspeed_buffer(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err)
 {
-    mm_node *root = mm_json_parse(buf, len, name, err);
+    mm_node *root = imp_parse_map(j, buf, len, name, 1, "a DeepSpeed config is a JSON object", err);
     if (!root)
         return -1;
-    imp_source(j->s, name, buf, len);
     hfc top;
     hfc_init(&top, j->s, root, "", name, err);
     int rc = -1;
-    if (root->type != MM_NODE_MAP) {
-        mm_err_at(err, name, root->line, root->col, "a DeepSpeed config is a JSON object");
-        goto out;
-    }
     if (ds_batch(j, &top) || ds_precision(j, &top) || ds_optimizer(j, &top))
         goto out;
     const mm_node *zo = hf_node(&top, "zero_optimization");
@@ -254,11 +249,5 @@ out:
 
 int imp_deepspeed(imp_job *j, const char *path, mm_error *err)
 {
-    size_t len;
-    char *buf = imp_read_file(path, &len, err);
-    if (!buf)
-        return -1;
-    int rc = imp_deepspeed_buffer(j, buf, len, path, err);
-    free(buf);
-    return rc;
+    return imp_read_with(j, path, imp_deepspeed_buffer, err);
 }

@@ -228,17 +228,12 @@ static int lf_stage(imp_job *j, hfc *h)
 int imp_llamafactory_buffer(imp_job *j, const char *buf, size_t len, const char *name,
                             mm_error *err)
 {
-    mm_node *root = mm_yaml_parse(buf, len, name, err);
+    mm_node *root = imp_parse_map(j, buf, len, name, 0, "a LLaMA-Factory config is a mapping", err);
     if (!root)
         return -1;
-    imp_source(j->s, name, buf, len);
     hfc h;
     hfc_init(&h, j->s, root, "", name, err);
     int rc = -1;
-    if (root->type != MM_NODE_MAP) {
-        mm_err_at(err, name, root->line, root->col, "a LLaMA-Factory config is a mapping");
-        goto out;
-    }
     j->lf = j->trainer = 1;
     snprintf(j->trainer_file, sizeof j->trainer_file, "%s", name);
     if (!mm_node_get(root, "model_name_or_path") && !j->have_model) {
@@ -258,11 +253,5 @@ out:
 
 int imp_llamafactory(imp_job *j, const char *path, mm_error *err)
 {
-    size_t len;
-    char *buf = imp_read_file(path, &len, err);
-    if (!buf)
-        return -1;
-    int rc = imp_llamafactory_buffer(j, buf, len, path, err);
-    free(buf);
-    return rc;
+    return imp_read_with(j, path, imp_llamafactory_buffer, err);
 }

@@ -21,6 +21,13 @@ int imp_rules_finish(hfc *h, const imp_rule *rules, size_t n, const char *what);
 /* only the keys of h that the rules name (LLaMA-Factory's own table before
  * the trainer's) */
 int imp_rules_apply(hfc *h, const imp_rule *rules, size_t n, const char *what);
+/* a document that must be a mapping; recorded as a source; NULL with err */
+mm_node *imp_parse_map(imp_job *j, const char *buf, size_t len, const char *name, int json,
+                       const char *what, mm_error *err);
+/* read path and hand it to a buffer reader */
+typedef int (*imp_buffer_fn)(imp_job *j, const char *buf, size_t len, const char *name,
+                             mm_error *err);
+int imp_read_with(imp_job *j, const char *path, imp_buffer_fn fn, mm_error *err);
 /* a JSON "auto" */
 int imp_is_auto(const mm_node *v);
 /* a number (int or float, "5e8" style); NaN-free; fails at key */

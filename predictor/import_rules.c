@@ -200,3 +200,29 @@ int imp_rules_finish(hfc *h, const imp_rule *rules, size_t n, const char *what)
         return hf_fail(h, "", "more than %zu keys", sizeof h->used);
     return 0;
 }
+
+mm_node *imp_parse_map(imp_job *j, const char *buf, size_t len, const char *name, int json,
+                       const char *what, mm_error *err)
+{
+    mm_node *root = json ? mm_json_parse(buf, len, name, err) : mm_yaml_parse(buf, len, name, err);
+    if (!root)
+        return NULL;
+    if (root->type != MM_NODE_MAP) {
+        mm_err_at(err, name, root->line, root->col, "%s", what);
+        mm_node_free(root);
+        return NULL;
+    }
+    imp_source(j->s, name, buf, len);
+    return root;
+}
+
+int imp_read_with(imp_job *j, const char *path, imp_buffer_fn fn, mm_error *err)
+{
+    size_t len;
+    char *buf = imp_read_file(path, &len, err);
+    if (!buf)
+        return -1;
+    int rc = fn(j, buf, len, path, err);
+    free(buf);
+    return rc;
+}

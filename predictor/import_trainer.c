@@ -198,18 +198,13 @@ int imp_trainer_model(imp_job *j, hfc *h)
 int imp_trainer_buffer(imp_job *j, const char *buf, size_t len, const char *name, int json,
                        mm_error *err)
 {
-    mm_node *root = json ? mm_json_parse(buf, len, name, err) : mm_yaml_parse(buf, len, name, err);
+    mm_node *root = imp_parse_map(j, buf, len, name, json, "trainer arguments are a mapping of "
+                                  "TrainingArguments keys", err);
     if (!root)
         return -1;
-    imp_source(j->s, name, buf, len);
     hfc h;
     hfc_init(&h, j->s, root, "", name, err);
     int rc = -1;
-    if (root->type != MM_NODE_MAP) {
-        mm_err_at(err, name, root->line, root->col, "trainer arguments are a mapping of "
-                                                    "TrainingArguments keys");
-        goto out;
-    }
     j->trainer = 1;
     snprintf(j->trainer_file, sizeof j->trainer_file, "%s", name);
     if (imp_trainer_model(j, &h) || imp_trainer_map(j, &h) || imp_trainer_finish(j, &h))
@@ -220,14 +215,19 @@ out:
     return rc;
 }
 
+static int trainer_json(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err)
+{
+    return imp_trainer_buffer(j, buf, len, name, 1, err);
+}
+
+static int trainer_yaml(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err)
+{
+    return imp_trainer_buffer(j, buf, len, name, 0, err);
+}
+
 int imp_trainer(imp_job *j, const char *path, mm_error *err)
 {
-    size_t len, n = strlen(path);
-    char *buf = imp_read_file(path, &len, err);
-    if (!buf)
-        return -1;
+    size_t n = strlen(path);
     int json = n > 5 && !strcmp(path + n - 5, ".json");
-    int rc = imp_trainer_buffer(j, buf, len, path, json, err);
-    free(buf);
-    return rc;
+    return imp_read_with(j, path, json ? trainer_json : trainer_yaml, err);
 }

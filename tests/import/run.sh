@@ -40,8 +40,9 @@ for k in ("peak_bytes", "allocated_peak_bytes"):
 }
 CAT="$T/cat"
 mkdir -p "$CAT"
+SA=$(cd "$S" && pwd)
 printf '# a test catalog\nQwen/Qwen2.5-VL-7B-Instruct %s\nQwen/Qwen2-VL-7B-Instruct %s\nliuhaotian/llava-v1.5-7b %s\n' \
-    "$PWD/$S/qwen2.5-vl-7b-instruct" "$PWD/$S/qwen2-vl-7b-instruct" \
+    "$SA/qwen2.5-vl-7b-instruct" "$SA/qwen2-vl-7b-instruct" \
     "$PWD/contrib/models/llava-1.5-7b-finetune.yaml" > "$CAT/catalog.txt"
 L=$S/llava-scripts
 F=$S/llamafactory

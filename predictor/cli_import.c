@@ -1,5 +1,9 @@
 /* cli_import.c - `mmguard import`: write a complete, commented spec from the
- * files a user already has (import*.c), check that it loads, print it. */
+ * files a user already has (import*.c): the model (--hf or the trainer's
+ * model_name_or_path, through the catalog for HF ids), the trainer
+ * arguments (--trainer, --args or --llamafactory), the DeepSpeed config
+ * (--deepspeed or the trainer's `deepspeed:`); check that it loads, print it.
+ * The data-parallel degree is never read from these files. */
 #include "cli_import.h"
 #include "import.h"
 #include "util.h"
@@ -10,39 +14,29 @@
 
 static void usage(FILE *f)
 {
-    fputs("usage: mmguard import --hf DIR|config.json [--name NAME] [--set SECTION.KEY=VALUE]...\n"
-          "                      [--allow-unknown] [-o SPEC.yaml]\n"
-          "  Write an mmguard spec from a Hugging Face config.json (and the\n"
-          "  preprocessor_config.json beside it).  Every value says where it came from;\n"
-          "  what was assumed and every input key ignored (and why) are listed on top.\n"
-          "  --set            override a value of the written spec: a module by name\n"
-          "                   (vision_tower, projector, language_model) or a section\n"
-          "                   (training, deepspeed, fsdp), e.g. --set training.seq_len=4096\n"
-          "  --allow-unknown  list unknown input keys instead of refusing them\n"
-          "  -o FILE          write there instead of standard output\n",
+    fputs("usage: mmguard import [--hf DIR|config.json|HF-ID] [--deepspeed ds_config.json]\n"
+          "                      [--trainer FILE | --args \"--flag value ...\"|@FILE |\n"
+          "                       --llamafactory train.yaml] [--catalog DIR] [--name NAME]\n"
+          "                      [--set SECTION.KEY=VALUE]... [--allow-unknown] [-o SPEC.yaml]\n"
+          "  Write an mmguard spec from the files of a training job.  Every value says\n"
+          "  where it came from; what was assumed and every input key ignored (and why)\n"
+          "  are listed on top.  Unknown or unsupported keys are errors (file:line).\n"
+          "  --hf            the model: a directory with config.json (and\n"
+          "                  preprocessor_config.json), a config.json, or an HF id of the\n"
+          "                  catalog; default: the trainer's model_name_or_path\n"
+          "  --deepspeed     a DeepSpeed config (\"auto\" resolved as transformers does)\n"
+          "  --trainer       HF TrainingArguments / TRL SFTConfig keys (JSON or YAML)\n"
+          "  --args          the same as command-line flags (LLaVA's finetune.sh);\n"
+          "                  @FILE reads them from FILE\n"
+          "  --llamafactory  a LLaMA-Factory training YAML\n"
+          "  --catalog DIR   where HF ids are looked up (DIR/catalog.txt: \"ID FILE\" lines);\n"
+          "                  default $MMGUARD_CATALOG, the installed catalog, contrib/models\n"
+          "  --set           override a value of the written spec: a module by name\n"
+          "                  (vision_tower, projector, language_model) or a section\n"
+          "                  (training, deepspeed, fsdp), e.g. --set training.seq_len=4096\n"
+          "  --allow-unknown list unknown input keys instead of refusing them\n"
+          "  -o FILE         write there instead of standard output\n",
           f);
-}
-
-/* training defaults when no trainer file says otherwise: stated as assumptions */
-static void training_defaults(imp_spec *s)
-{
-    imp_section *t = &s->training;
-    int vlm = 0;
-    for (size_t i = 0; i < s->nmod; i++)
-        vlm |= !strcmp(s->mod[i].type, "vision") && s->mod[i].n;
-    if (!imp_get(t, "micro_batch_size"))
-        imp_set(t, "micro_batch_size", "assumed (no trainer file)", "1");
-    if (!imp_get(t, "seq_len"))
-        imp_set(t, "seq_len", "assumed (no trainer file): the longest sample, images included",
-                "%s", vlm ? "4096" : "2048");
-    if (vlm && !imp_get(t, "images_per_sample"))
-        imp_set(t, "images_per_sample", "assumed: one image per sample", "1");
-    const char *ip = imp_get(imp_module(s, "vision"), "image_processor");
-    if (vlm && ip && strstr(ip, "dynamic") && !imp_get(t, "image_size"))
-        imp_set(t, "image_size", "assumed: LLaMA-Factory's image_max_pixels default (768 x 768)",
-                "[768, 768]");
-    if (!imp_get(t, "precision"))
-        imp_set(t, "precision", "assumed: bf16", "bf16");
 }
 
 static int apply_set(imp_spec *s, const char *kv)
@@ -56,7 +50,8 @@ static int apply_set(imp_spec *s, const char *kv)
     snprintf(sec, sizeof sec, "%.*s", (int)(dot - kv), kv);
     snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
     imp_section *t = !strcmp(sec, "training") ? &s->training : !strcmp(sec, "deepspeed")
-                         ? &s->deepspeed : !strcmp(sec, "fsdp") ? &s->fsdp : NULL;
+                         ? &s->deepspeed : !strcmp(sec, "fsdp") ? &s->fsdp
+                         : !strcmp(sec, "framework") ? &s->framework : NULL;
     for (size_t i = 0; !t && i < s->nmod; i++)
         if (!strcmp(s->mod[i].name, sec))
             t = &s->mod[i];
@@ -68,70 +63,142 @@ static int apply_set(imp_spec *s, const char *kv)
     return 0;
 }
 
-int mm_cli_import(int argc, char **argv)
+typedef struct opts {
+    const char *hf, *ds, *trainer, *args, *lf, *catalog, *out, *name, *sets[64];
+    int nsets, allow;
+} opts;
+
+/* 1 done (help), 0 go on, -1 bad usage */
+static int parse(int argc, char **argv, opts *o)
 {
-    const char *hf = NULL, *out = NULL, *name = NULL, *sets[64];
-    int nsets = 0, allow = 0;
+    memset(o, 0, sizeof *o);
+    struct { const char *flag; const char **dst; } v[] = {
+        {"--hf", &o->hf}, {"--deepspeed", &o->ds}, {"--trainer", &o->trainer}, {"--args", &o->args},
+        {"--llamafactory", &o->lf}, {"--catalog", &o->catalog}, {"-o", &o->out}, {"--name", &o->name}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--allow-unknown")) {
-            allow = 1;
-        } else if (i + 1 < argc && !strcmp(a, "--hf")) {
-            hf = argv[++i];
-        } else if (i + 1 < argc && !strcmp(a, "--name")) {
-            name = argv[++i];
-        } else if (i + 1 < argc && !strcmp(a, "-o")) {
-            out = argv[++i];
-        } else if (i + 1 < argc && !strcmp(a, "--set") && nsets < 64) {
-            sets[nsets++] = argv[++i];
-        } else {
-            fprintf(stderr, "mmguard import: unexpected argument '%s'\n", a);
-            usage(stderr);
-            return 2;
+        size_t k, nv = sizeof v / sizeof v[0];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            return usage(stdout), 1;
+        if (!strcmp(a, "--allow-unknown")) {
+            o->allow = 1;
+            continue;
         }
+        if (i + 1 < argc && !strcmp(a, "--set") && o->nsets < 64) {
+            o->sets[o->nsets++] = argv[++i];
+            continue;
+        }
+        for (k = 0; k < nv && (i + 1 >= argc || strcmp(a, v[k].flag) || *v[k].dst); k++)
+            ;
+        if (k == nv) {
+            fprintf(stderr, "mmguard import: unexpected argument '%s'%s\n", a,
+                    i + 1 < argc ? "" : " (missing its value, or given twice)");
+            return usage(stderr), -1;
+        }
+        *v[k].dst = argv[++i];
     }
-    if (!hf) {
-        fprintf(stderr, "mmguard import: give a model (--hf DIR|config.json)\n");
-        usage(stderr);
-        return 2;
+    if (!!o->trainer + !!o->args + !!o->lf > 1) {
+        fprintf(stderr, "mmguard import: give one of --trainer, --args, --llamafactory\n");
+        return -1;
     }
-    imp_spec *s = calloc(1, sizeof *s);
-    if (!s)
-        return 2;
-    imp_init(s);
-    s->allow_unknown = allow;
+    if (!o->hf && !o->trainer && !o->args && !o->lf) {
+        fprintf(stderr, "mmguard import: give a model (--hf) or a trainer file naming one\n");
+        return usage(stderr), -1;
+    }
+    return 0;
+}
+
+/* the DeepSpeed config: --deepspeed, else the trainer's `deepspeed:` */
+static int read_ds(imp_job *j, const opts *o, mm_error *e)
+{
+    if (o->ds) {
+        if (j->ds_path[0])
+            imp_note(j->s, "ignored %s: --deepspeed %s given instead", j->ds_where, o->ds);
+        return imp_deepspeed(j, o->ds, e);
+    }
+    if (!j->ds_path[0])
+        return 0;
+    if (imp_deepspeed(j, j->ds_path, e) == 0)
+        return 0;
+    size_t n = strlen(j->ds_path);
+    if (!strncmp(e->msg, j->ds_path, n) && (!strncmp(e->msg + n, ": cannot open", 13) ||
+                                            !strncmp(e->msg + n, ": not a regular file", 20))) {
+        char m[sizeof e->msg];
+        snprintf(m, sizeof m, "%s", e->msg);
+        mm_err(e, "%s: %s (the path as given or beside the file naming it; --deepspeed FILE "
+                  "gives it)", j->ds_where, m);
+    }
+    return -1;
+}
+
+static int read_inputs(imp_job *j, const opts *o, mm_error *e)
+{
+    if (o->catalog)
+        snprintf(j->catalog, sizeof j->catalog, "%s", o->catalog);
+    if (o->hf && imp_model(j, o->hf, "--hf", e))
+        return -1;
+    if ((o->trainer && imp_trainer(j, o->trainer, e)) || (o->args && imp_args(j, o->args, e)) ||
+        (o->lf && imp_llamafactory(j, o->lf, e)))
+        return -1;
+    if (!j->have_model) {
+        mm_err(e, "no model: give --hf, or model_name_or_path in %s", j->trainer_file);
+        return -1;
+    }
+    if (read_ds(j, o, e))
+        return -1;
+    imp_job_finish(j);
+    return 0;
+}
+
+static int write_spec(const imp_spec *s, const char *out)
+{
     mm_error e;
-    int rc = 2;
-    if (imp_hf(s, hf, &e)) {
-        fprintf(stderr, "mmguard import: %s\n", e.msg);
-        goto done;
-    }
-    mm_strlcpy(s->name, name ? name : "imported", sizeof s->name);
-    training_defaults(s);
-    for (int i = 0; i < nsets; i++)
-        if (apply_set(s, sets[i]))
-            goto done;
     char *yaml = imp_emit(s);
     mm_spec *spec = yaml ? mm_spec_load_buffer(yaml, strlen(yaml), out ? out : "<import>",
                                                MM_FMT_YAML, &e) : NULL;
     if (!spec) {
-        fprintf(stderr, "mmguard import: the written spec does not load: %s\n%s", e.msg,
-                yaml ? yaml : "");
+        fprintf(stderr, "mmguard import: the written spec does not load: %s\n%s",
+                yaml ? e.msg : "out of memory", yaml ? yaml : "");
         free(yaml);
-        goto done;
+        return 2;
     }
     mm_spec_free(spec);
     FILE *f = out ? fopen(out, "w") : stdout;
+    int rc = 0;
     if (!f || fputs(yaml, f) < 0 || (out && fclose(f))) {
         fprintf(stderr, "mmguard import: cannot write %s\n", out ? out : "standard output");
-    } else {
-        rc = 0;
+        rc = 2;
     }
     free(yaml);
+    return rc;
+}
+
+int mm_cli_import(int argc, char **argv)
+{
+    opts o;
+    int p = parse(argc, argv, &o);
+    if (p)
+        return p > 0 ? 0 : 2;
+    imp_spec *s = calloc(1, sizeof *s);
+    imp_job *j = calloc(1, sizeof *j);
+    int rc = 2;
+    mm_error e;
+    if (!s || !j)
+        goto done;
+    imp_init(s);
+    imp_job_init(j, s);
+    s->allow_unknown = o.allow;
+    if (read_inputs(j, &o, &e)) {
+        fprintf(stderr, "mmguard import: %s\n", e.msg);
+        goto done;
+    }
+    mm_strlcpy(s->name, o.name ? o.name : "imported", sizeof s->name);
+    for (int i = 0; i < o.nsets; i++)
+        if (apply_set(s, o.sets[i]))
+            goto done;
+    rc = write_spec(s, o.out);
 done:
+    free(j);
     free(s);
     return rc;
 }

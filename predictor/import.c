@@ -143,25 +143,25 @@ char *imp_read_file(const char *path, size_t *len, mm_error *err)
     return buf;
 }
 
-void imp_training_defaults(imp_spec *s)
+void imp_training_defaults(imp_spec *s, int dynamic_size)
 {
     imp_section *t = &s->training;
     int vlm = 0;
     for (size_t i = 0; i < s->nmod; i++)
         vlm |= !strcmp(s->mod[i].type, "vision") && s->mod[i].n;
     if (!imp_get(t, "micro_batch_size"))
-        imp_set(t, "micro_batch_size", "assumed (no trainer file)", "1");
+        imp_set(t, "micro_batch_size", "assumed (no trainer arguments)", "1");
     const char *ip = NULL;
     for (size_t i = 0; i < s->nmod; i++)
         if (!strcmp(s->mod[i].type, "vision"))
             ip = imp_get(&s->mod[i], "image_processor");
     /* anyres images reach ~7.4k tokens at the largest grid (LLaVA-OneVision) */
     if (!imp_get(t, "seq_len"))
-        imp_set(t, "seq_len", "assumed (no trainer file): the longest sample, images included",
+        imp_set(t, "seq_len", "assumed (no sequence length given): the longest sample, images included",
                 "%s", !vlm ? "2048" : ip && strstr(ip, "anyres") ? "8192" : "4096");
     if (vlm && !imp_get(t, "images_per_sample"))
         imp_set(t, "images_per_sample", "assumed: one image per sample", "1");
-    if (vlm && ip && strstr(ip, "dynamic") && !imp_get(t, "image_size"))
+    if (dynamic_size && vlm && ip && strstr(ip, "dynamic") && !imp_get(t, "image_size"))
         imp_set(t, "image_size", "assumed: LLaMA-Factory's image_max_pixels default (768 x 768)",
                 "[768, 768]");
     if (!imp_get(t, "precision"))

@@ -163,7 +163,7 @@ int spec_resolve_refs(mm_spec *s, mm_error *err)
         return rc;
     }
     mm_strlcpy(imp->name, "imported", sizeof imp->name);
-    imp_training_defaults(imp);
+    imp_training_defaults(imp, 1);
     char *yaml = imp_emit(imp);
     mm_node *base = yaml ? mm_yaml_parse(yaml, strlen(yaml), "<imported>", err) : NULL;
     free(yaml);

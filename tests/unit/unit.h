@@ -16,5 +16,6 @@ Suite *config_suite(void);
 Suite *hardening_suite(void);
 Suite *alloc_suite(void);
 Suite *reserve_suite(void);
+Suite *import_suite(void);
 
 #endif

@@ -1,0 +1,193 @@
+/* import_trainer_opt.c - the trainer keys that pick kernels and strategies:
+ * attention implementation, Liger's fused loss, packing / padding-free,
+ * activation offloading, torch.compile (refused), the DeepSpeed config path
+ * and HF Trainer's fsdp / fsdp_config (accelerate's FSDP plugin). */
+#include "import_rd.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int tr_attention(imp_job *j, hfc *h)
+{
+    char a[64], w[160];
+    if (hf_str(h, "attn_implementation", "", a, sizeof a))
+        return -1;
+    if (!a[0])
+        return 0;
+    const char *v = !strcmp(a, "eager") ? "eager" : !strcmp(a, "sdpa") ? "sdpa"
+                    : !strncmp(a, "flash_attention_", 16) ? "flash" : NULL;
+    if (!v)
+        return hf_fail(h, "attn_implementation", "'%s' is not modelled (eager, sdpa, "
+                                                 "flash_attention_2/3 are)", a);
+    imp_set(&j->s->training, "attention", hf_where(h, "attn_implementation", w, sizeof w), "%s", v);
+    return 0;
+}
+
+static int tr_flags(imp_job *j, hfc *h)
+{
+    int liger, pack, pf, off, comp;
+    char w[160];
+    if (imp_bool(h, "use_liger_kernel", 0, &liger) || imp_bool(h, "packing", 0, &pack) ||
+        imp_bool(h, "padding_free", 0, &pf) || imp_bool(h, "activation_offloading", 0, &off) ||
+        imp_bool(h, "torch_compile", 0, &comp))
+        return -1;
+    if (comp)
+        return hf_fail(h, "torch_compile", "torch.compile is not modelled (its fused kernels save "
+                                           "other activations)");
+    if (liger)
+        imp_set(&j->s->training, "loss", hf_where(h, "use_liger_kernel", w, sizeof w),
+                "fused_linear");
+    if (pack || pf)
+        imp_set(&j->s->training, "packing", hf_where(h, pf ? "padding_free" : "packing", w,
+                                                     sizeof w), "true");
+    if (off)
+        imp_set(&j->s->training, "activation_offloading", hf_where(h, "activation_offloading", w,
+                                                                   sizeof w), "true");
+    const char *stray[] = {"torch_compile_backend", "torch_compile_mode", "torchdynamo"};
+    for (size_t i = 0; i < 3; i++)
+        if (hf_node(h, stray[i]))
+            return hf_fail(h, stray[i], "torch.compile is not modelled");
+    return 0;
+}
+
+static int tr_deepspeed(imp_job *j, hfc *h)
+{
+    const mm_node *d = hf_node(h, "deepspeed");
+    if (!d)
+        return 0;
+    if (d->type != MM_NODE_SCALAR)
+        return hf_fail(h, "deepspeed", "expected the path of a DeepSpeed config file (an inline "
+                                       "config is not read: give it as a file)");
+    imp_resolve_path(h->file, d->str, j->ds_path, sizeof j->ds_path);
+    imp_where_key(h, "deepspeed", j->ds_where, sizeof j->ds_where);
+    return 0;
+}
+
+/* fsdp: "full_shard auto_wrap offload" (a string or a list of options) */
+static int fsdp_options(hfc *h, const mm_node *v, int *shard, int *offload)
+{
+    char buf[256] = "";
+    if (v->type == MM_NODE_SCALAR)
+        snprintf(buf, sizeof buf, "%s", v->str ? v->str : "");
+    for (size_t i = 0; v->type == MM_NODE_SEQ && i < v->n; i++)
+        if (v->vals[i]->type == MM_NODE_SCALAR && v->vals[i]->str)
+            snprintf(buf + strlen(buf), sizeof buf - strlen(buf), " %s", v->vals[i]->str);
+    *shard = -1;
+    *offload = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, " ,", &save); tok; tok = strtok_r(NULL, " ,", &save)) {
+        if (!strcmp(tok, "full_shard"))
+            *shard = 0;
+        else if (!strcmp(tok, "shard_grad_op"))
+            *shard = 1;
+        else if (!strcmp(tok, "offload"))
+            *offload = 1;
+        else if (strcmp(tok, "auto_wrap"))
+            return hf_fail(h, "fsdp", "'%s' is not modelled (full_shard, shard_grad_op, offload, "
+                                      "auto_wrap are)", tok);
+    }
+    if (*shard < 0 && (*offload || buf[0]))
+        *shard = 0; /* transformers: offload alone means full_shard */
+    return 0;
+}
+
+static const imp_rule fsdp_rules[] = {
+    {"min_num_params", 'd', "0|the spec wraps each transformer layer"},
+    {"transformer_layer_cls_to_wrap", 'i', "the spec wraps each transformer layer, as the auto "
+                                           "wrap policy does with the model's _no_split_modules"},
+    {"sync_module_states", 'i', "a broadcast at start-up"},
+    {"cpu_ram_efficient_loading", 'i', "host memory at load time"},
+    {"xla", 'd', "false|XLA is not modelled"}, {"xla_fsdp_v2", 'd', "false|XLA is not modelled"},
+    {"xla_fsdp_grad_ckpt", 'd', "false|XLA is not modelled"},
+    {"state_dict_type", 'i', "checkpoint files"},
+    {"auto_wrap_policy", 'i', "the spec wraps each transformer layer"},
+};
+
+/* transformers strips an "fsdp_" prefix from fsdp_config keys */
+static mm_node *unprefixed(const mm_node *c)
+{
+    mm_node *u = c && c->type == MM_NODE_MAP ? mm_node_clone(c) : NULL;
+    for (size_t i = 0; u && i < u->n; i++)
+        if (!strncmp(u->keys[i], "fsdp_", 5) && !mm_node_get(c, u->keys[i] + 5))
+            memmove(u->keys[i], u->keys[i] + 5, strlen(u->keys[i] + 5) + 1);
+    return u;
+}
+
+static int fsdp_read(imp_job *j, hfc *h, const mm_node *c, int shard, int offload);
+
+static int fsdp_config(imp_job *j, hfc *h, int shard, int offload)
+{
+    const mm_node *c0 = hf_node(h, "fsdp_config");
+    if (c0 && c0->type != MM_NODE_MAP)
+        return hf_fail(h, "fsdp_config", "expected a mapping (a path is not read: inline it)");
+    mm_node *c = unprefixed(c0);
+    if (c0 && !c) {
+        mm_err(h->err, "%s: out of memory", h->file);
+        return -1;
+    }
+    int rc = fsdp_read(j, h, c, shard, offload);
+    mm_node_free(c);
+    return rc;
+}
+
+static int fsdp_read(imp_job *j, hfc *h, const mm_node *c, int shard, int offload)
+{
+    hfc f;
+    hfc_init(&f, j->s, c, "fsdp_config", h->file, h->err);
+    imp_section *fs = &j->s->fsdp;
+    int64_t ver;
+    int orig, fwd, lim, ckpt, reshard, off2;
+    char bp[64], w[160];
+    if (hf_i64(&f, "version", 1, &ver) || imp_bool(&f, "use_orig_params", 1, &orig) ||
+        imp_bool(&f, "forward_prefetch", 0, &fwd) || imp_bool(&f, "limit_all_gathers", 1, &lim) ||
+        imp_bool(&f, "activation_checkpointing", 0, &ckpt) ||
+        imp_bool(&f, "reshard_after_forward", shard == 0, &reshard) ||
+        imp_bool(&f, "offload_params", offload, &off2) ||
+        hf_str(&f, "backward_prefetch", "NO_PREFETCH", bp, sizeof bp))
+        return -1;
+    if (ver != 1 && ver != 2)
+        return hf_fail(&f, "version", "expected 1 or 2");
+    imp_set(fs, "version", c && mm_node_get(c, "version") ? "fsdp_config.version"
+            : "accelerate's default FSDP version", "%d", (int)ver);
+    if (ver == 1)
+        imp_set(fs, "sharding_strategy", "fsdp", "%s", shard ? "SHARD_GRAD_OP" : "FULL_SHARD");
+    else
+        imp_set(fs, "reshard_after_forward", "fsdp / fsdp_config.reshard_after_forward", "%s",
+                reshard ? "true" : "false");
+    imp_set(fs, "use_orig_params", "fsdp_config.use_orig_params (default true)", "%s",
+            orig ? "true" : "false");
+    imp_set(fs, "forward_prefetch", "fsdp_config.forward_prefetch", "%s", fwd ? "true" : "false");
+    imp_set(fs, "limit_all_gathers", "fsdp_config.limit_all_gathers", "%s", lim ? "true" : "false");
+    for (char *p = bp; *p; p++)
+        *p = (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+    if (strcmp(bp, "BACKWARD_PRE") && strcmp(bp, "BACKWARD_POST") && strcmp(bp, "NO_PREFETCH"))
+        return hf_fail(&f, "backward_prefetch", "expected backward_pre, backward_post or no_prefetch");
+    imp_set(fs, "backward_prefetch", "fsdp_config.backward_prefetch (HF default NO_PREFETCH)",
+            "%s", bp);
+    if (offload || off2)
+        imp_set(fs, "cpu_offload", "fsdp offload", "true");
+    if (ckpt)
+        imp_set(&j->s->training, "gradient_checkpointing", hf_where(&f, "activation_checkpointing",
+                w, sizeof w), "{enabled: true, use_reentrant: false}");
+    return imp_rules_finish(&f, fsdp_rules, sizeof fsdp_rules / sizeof fsdp_rules[0], "FSDP");
+}
+
+static int tr_fsdp(imp_job *j, hfc *h)
+{
+    const mm_node *v = hf_node(h, "fsdp");
+    int shard = -1, offload = 0;
+    if (v && fsdp_options(h, v, &shard, &offload))
+        return -1;
+    if (shard < 0) {
+        if (mm_node_get(h->map, "fsdp_config") && !(v && v->is_null))
+            imp_note(j->s, "ignored fsdp_config: fsdp is not enabled (no fsdp option)");
+        hf_mark(h, "fsdp_config");
+        return 0;
+    }
+    j->fsdp = 1;
+    return fsdp_config(j, h, shard, offload);
+}
+
+int imp_trainer_opt(imp_job *j, hfc *h)
+{
+    return tr_attention(j, h) || tr_flags(j, h) || tr_deepspeed(j, h) || tr_fsdp(j, h) ? -1 : 0;
+}

@@ -1,0 +1,309 @@
+#!/bin/sh
+# tests/import/run.sh - `mmguard import` on the published files of real jobs
+# (../shared/import, see its SOURCES.md): the spec keys each reader writes,
+# the assumptions and ignored keys it lists, errors with file:line:col, and
+# round trips: an imported job predicts what the same job written by hand
+# predicts, within 0.1 %.  MMGUARD=path/to/mmguard, IMPORT_DATA=the data.
+set -u
+M=${MMGUARD:-build/mmguard}
+S=${IMPORT_DATA:-../shared/import}
+H=tests/import/specs
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+[ -f "$S/SOURCES.md" ] || { echo "import: $S/SOURCES.md missing (the published files)"; exit 1; }
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+expect() {
+    want=$1; shift
+    "$@" >"$T/out" 2>&1
+    got=$?
+    if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/    /' "$T/out"; fi
+}
+# has TEXT: a line of the output contains TEXT (fixed string)
+has() { if grep -qF -- "$1" "$T/out"; then ok; else bad "output lacks '$1'"; sed 's/^/    /' "$T/out" | head -80; fi; }
+hasnt() { if grep -qF -- "$1" "$T/out"; then bad "output has '$1'"; else ok; fi; }
+# key VALUE: a spec line "  key: VALUE" (before its comment)
+key() { if grep -qE "^ +$1: $2( +#|$)" "$T/out"; then ok; else bad "no '$1: $2'"; grep -E "^ +$1:" "$T/out" | sed 's/^/    /'; fi; }
+# same A B [SET...]: mmguard predict A and B (with the same --set) within 0.1 %
+same() {
+    a=$1; b=$2; shift 2
+    "$M" predict "$a" --json "$@" > "$T/a.json" 2>&1 && "$M" predict "$b" --json "$@" > "$T/b.json" 2>&1 ||
+        { bad "predict failed: $a / $b"; cat "$T/a.json" "$T/b.json" | head; return; }
+    if python3 -c 'import json,sys
+a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2]))
+for k in ("peak_bytes", "allocated_peak_bytes"):
+    if abs(a[k] - b[k]) > 0.001 * b[k]:
+        sys.exit("%s: %d vs %d (%.3f %%)" % (k, a[k], b[k], 100.0 * (a[k] - b[k]) / b[k]))' "$T/a.json" "$T/b.json"
+    then ok; else bad "round trip: $a vs $b"; fi
+}
+CAT="$T/cat"
+mkdir -p "$CAT"
+SA=$(cd "$S" && pwd)
+printf '# a test catalog\nQwen/Qwen2.5-VL-7B-Instruct %s\nQwen/Qwen2-VL-7B-Instruct %s\nliuhaotian/llava-v1.5-7b %s\n' \
+    "$SA/qwen2.5-vl-7b-instruct" "$SA/qwen2-vl-7b-instruct" \
+    "$PWD/contrib/models/llava-1.5-7b-finetune.yaml" > "$CAT/catalog.txt"
+L=$S/llava-scripts
+F=$S/llamafactory
+LLAVA="--hf $S/llava-1.5-7b-hf --args @$L/finetune_v1_5_flags.txt"
+
+# ---- DeepSpeed: LLaVA's zero3.json with finetune.sh's flags ----------------------------
+expect 0 "$M" import $LLAVA --deepspeed "$L/zero3.json"
+key zero_stage 3;  key micro_batch_size 16;  key gradient_accumulation_steps 1
+key precision bf16;  key seq_len 2048;  key gradient_checkpointing true
+key reduce_bucket_size 16777216;  key stage3_prefetch_bucket_size 15099494
+key stage3_param_persistence_threshold 40960;  key stage3_max_live_parameters 1000000000
+key sub_group_size 1000000000;  key overlap_comm true;  key contiguous_gradients true
+key max_grad_norm 0;  key select_layer -2;  key num_layers 2;  key attention flash
+key optimizer adamw;  key transformers_version '"4.37.2"'
+has 'the language model'"'"'s hidden_size 4096'
+has "ignored train_batch_size: the global batch"
+has "ignored fp16.loss_scale: dynamic loss scaling"
+has "ignored zero_optimization.stage3_max_reuse_distance: 1e9 is DeepSpeed's default"
+has "ignored learning_rate: the learning rate"
+has "finetune_v1_5_flags.txt:1:1: deepspeed: --deepspeed"
+hasnt "data_parallel"
+hasnt "allgather_bucket_size"
+expect 0 "$M" import $LLAVA --deepspeed "$L/zero3.json" -o "$T/llava-z3.yaml"
+same "$T/llava-z3.yaml" contrib/models/llava-1.5-7b-finetune.yaml --set training.data_parallel=8 \
+    --set language_model.vocab_size=32064
+same "$T/llava-z3.yaml" contrib/models/llava-1.5-7b-finetune.yaml --set training.data_parallel=1 \
+    --set language_model.vocab_size=32064
+
+# zero2.json: stage-1/2 buckets, stage-3 keys left out
+expect 0 "$M" import $LLAVA --deepspeed "$L/zero2.json" -o "$T/llava-z2.yaml"
+expect 0 cat "$T/llava-z2.yaml"
+key zero_stage 2;  key reduce_bucket_size 16777216;  key allgather_bucket_size 500000000
+key overlap_comm true
+has "ignored zero_optimization.sub_group_size: not used by ZeRO stage 2"
+hasnt "stage3_prefetch_bucket_size"
+same "$T/llava-z2.yaml" "$H/llava-1.5-7b-zero2.yaml" --set training.data_parallel=8
+
+# zero3_offload.json: CPU offload, its own AdamW, gradient_clipping "auto" = max_grad_norm
+expect 0 "$M" import $LLAVA --deepspeed "$L/zero3_offload.json" -o "$T/llava-off.yaml"
+expect 0 cat "$T/llava-off.yaml"
+key offload_optimizer cpu;  key offload_param cpu;  key pin_memory true;  key max_grad_norm 1
+has "ignored optimizer.params: learning rate"
+has "ignored scheduler: the learning-rate schedule"
+has "ignored steps_per_print: logging"
+same "$T/llava-off.yaml" "$H/llava-1.5-7b-zero3-offload.yaml" --set training.data_parallel=8
+
+# LLaMA-Factory's ds_z2_config.json: explicit buckets, overlap_comm false
+expect 0 "$M" import $LLAVA --deepspeed "$F/ds_z2_config.json"
+key reduce_bucket_size 500000000;  key allgather_bucket_size 500000000;  key overlap_comm false
+has "ignored zero_optimization.round_robin_gradients"
+has "ignored zero_optimization.allgather_partitions"
+has "ignored zero_allow_untested_optimizer"
+
+# no trainer arguments: "auto" takes TrainingArguments' defaults, said so
+expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --deepspeed "$L/zero3.json"
+key micro_batch_size 8;  key precision fp32
+has 'assumed train_micro_batch_size_per_gpu "auto" = 8'
+has 'assumed bf16.enabled "auto" = false'
+
+# ---- DeepSpeed errors: one line, file:line:col and the key --------------------------------
+printf '{\n  "train_micro_batch_size_per_gpu": 4,\n  "zero_optimization": {"stage": 2}\n}\n' > "$T/mm.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/mm.json"
+has "mm.json:2:3: train_micro_batch_size_per_gpu: 4, but the trainer arguments"
+has "per_device_train_batch_size = 16: transformers refuses the mismatch"
+printf '{"zero_optimization": {"stage": 3,\n  "offload_param": {"device": "nvme", "nvme_path": "/x"}}}\n' > "$T/nvme.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/nvme.json"
+has "nvme.json:2:21: zero_optimization.offload_param.device: NVMe offload is not modelled"
+printf '{"zero_optimization": {"stage": 0}}\n' > "$T/z0.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/z0.json"
+has "z0.json:1:24: zero_optimization.stage: DeepSpeed without ZeRO (stage 0) is not modelled"
+printf '{"bf16": {"enabled": true},\n "zero_optimization": {"stage": 2, "stage3_prefetch_bucket_size": "auto"}}\n' > "$T/s2auto.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/s2auto.json"
+has "s2auto.json:2:36: zero_optimization.stage3_prefetch_bucket_size: \"auto\" is filled by transformers only at ZeRO stage 3"
+printf '{"zero_optimization": {"stage": 2, "allgather_bucket_size": "auto"}}\n' > "$T/agauto.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/agauto.json"
+has 'zero_optimization.allgather_bucket_size: transformers fills "auto" only in'
+printf '{"zero_optimization": {"stage": 2},\n "zero_optimisation": {}}\n' > "$T/typo.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/typo.json"
+has "typo.json:2:2: zero_optimisation: unknown DeepSpeed key"
+expect 0 "$M" import $LLAVA --deepspeed "$T/typo.json" --allow-unknown
+has "ignored zero_optimisation: unknown to mmguard (--allow-unknown)"
+printf '{"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0}}\n' > "$T/reuse.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/reuse.json"
+has "zero_optimization.stage3_max_reuse_distance: only 1e9 (DeepSpeed's default) is modelled"
+printf '{"pipeline": {"stages": 2}, "zero_optimization": {"stage": 1}}\n' > "$T/pp.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/pp.json"
+has "pp.json:1:2: pipeline: pipeline parallelism is not modelled"
+printf '{"optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 1}}\n' > "$T/lamb.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/lamb.json"
+has "optimizer.type: DeepSpeed optimizer 'Lamb' is not modelled"
+printf '{"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "sub_group_size": -1}}\n' > "$T/neg.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/neg.json"
+has "neg.json:1:63: zero_optimization.sub_group_size: expected a non-negative integer"
+printf '{"zero_optimization": {"stage": 2}' > "$T/broken.json"
+expect 2 "$M" import $LLAVA --deepspeed "$T/broken.json"
+has "broken.json:1:"
+
+# ---- --args: flags as LLaVA's scripts pass them ----------------------------------------------
+expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --args "deepspeed llava/train/train_mem.py \\
+    --per_device_train_batch_size 4 --bf16 --optim adamw_bnb_8bit --tune_mm_mlp_adapter True \\
+    --mm_projector_type mlp2x_gelu --model_max_length=1024 --lora_enable True --lora_r 128 --lora_alpha 256"
+key micro_batch_size 4;  key precision bf16;  key optimizer adamw_8bit;  key seq_len 1024
+key trainable false;  key num_layers 2
+has "lora: {r: 128, alpha: 256, dropout: 0.05, target_modules: all-linear}"
+has "ignored the words before the first --flag in --args: the launcher command"
+expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--per_device_train_batch_size 4 --frobnicate 3"
+has "--args:1:33: frobnicate: unknown trainer key"
+expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile True"
+has "--args:1:1: torch_compile: torch.compile is not modelled"
+expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--optim lion_32bit"
+has "optim: optimizer 'lion_32bit' is not modelled"
+expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--bf16 True --bf16 False"
+has "--args:1:13: --bf16: given twice"
+expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--bf16 'True"
+has "unterminated quote"
+expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--image_aspect_ratio anyres --mm_projector_type mlp2x_gelu"
+has "image_aspect_ratio: 'anyres' is not modelled"
+
+# ---- --trainer: TRL SFTConfig and HF TrainingArguments files ----------------------------------
+cat > "$T/sft.yaml" <<'YAML'
+per_device_train_batch_size: 2
+gradient_accumulation_steps: 4
+max_length: 4096
+packing: true
+use_liger_kernel: true
+attn_implementation: flash_attention_2
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+optim: paged_adamw_8bit
+learning_rate: 2.0e-5
+report_to: none
+deepspeed: ds.json
+YAML
+printf '{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",\n "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}\n' > "$T/ds.json"
+expect 0 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/sft.yaml"
+key micro_batch_size 2;  key gradient_accumulation_steps 4;  key seq_len 4096;  key packing true
+key loss fused_linear;  key attention flash;  key optimizer paged_adamw_8bit;  key zero_stage 2
+key precision bf16;  key reduce_bucket_size 12845056
+has "gradient_checkpointing: {enabled: true, use_reentrant: false}"
+has "assumed TRL SFTConfig's defaults"
+printf '{"per_device_train_batch_size": 4, "bf16": true, "fsdp": "full_shard auto_wrap offload",\n "fsdp_config": {"backward_prefetch": "backward_pre", "fsdp_transformer_layer_cls_to_wrap": ["Qwen2VLDecoderLayer"]}}\n' > "$T/fsdp.json"
+expect 0 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/fsdp.json"
+key version 1;  key sharding_strategy FULL_SHARD;  key cpu_offload true;  key backward_prefetch BACKWARD_PRE
+key gradient_checkpointing false;  key optimizer adamw
+has "assumed transformers TrainingArguments's defaults"
+printf '{"per_device_train_batch_size": 4, "fsdp": "hybrid_shard"}\n' > "$T/hybrid.json"
+expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/hybrid.json"
+has "hybrid.json:1:36: fsdp: 'hybrid_shard' is not modelled"
+printf 'per_device_train_batch_size: 2\nauto_find_batch_size: true\n' > "$T/afb.yaml"
+expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/afb.yaml"
+has "afb.yaml:2:1: auto_find_batch_size: the batch is found at run time"
+
+# ---- LLaMA-Factory: the published Qwen2-VL family examples -------------------------------------
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$F/qwen2_5vl_full_sft.yaml" --deepspeed "$F/ds_z3_config.json"
+key micro_batch_size 1;  key gradient_accumulation_steps 2;  key seq_len 2048;  key zero_stage 3
+key precision bf16;  key attention sdpa;  key overlap_comm false;  key reduce_bucket_size 12845056
+key stage3_prefetch_bucket_size 11560550;  key stage3_param_persistence_threshold 35840
+has "image_processor: {kind: dynamic, min_pixels: 1024, max_pixels: 262144}"
+has "gradient_checkpointing: {enabled: true, use_reentrant: true}"
+has "trainable: false                             # freeze_vision_tower"
+has "trainable: false                             # freeze_multi_modal_projector"
+has "trainable: true                              # freeze_language_model"
+has "assumed Qwen/Qwen2.5-VL-7B-Instruct is the catalog's"
+has "qwen2_5vl_full_sft.yaml:14:1: deepspeed: --deepspeed"
+has "ignored template: data loading"
+has "ignored ddp_timeout: run metadata"
+hasnt "image_size: [768, 768]"
+hasnt "data_parallel"
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$F/qwen2_5vl_full_sft.yaml" --deepspeed "$F/ds_z3_config.json" -o "$T/q25full.yaml"
+same "$T/q25full.yaml" "$H/qwen2_5vl_full_sft.yaml"
+same "$T/q25full.yaml" "$H/qwen2_5vl_full_sft.yaml" --set training.data_parallel=8
+
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$F/qwen2_5vl_lora_sft.yaml" -o "$T/q25lora.yaml"
+expect 0 cat "$T/q25lora.yaml"
+has "lora: {r: 8, alpha: 16, dropout: 0, target_modules: all-linear}"
+key gradient_accumulation_steps 8;  key optimizer adamw;  key optimizer_impl fused
+has "assumed 16-bit LoRA adapters"
+hasnt "zero_stage"
+same "$T/q25lora.yaml" "$H/qwen2_5vl_lora_sft.yaml"
+# qwen2vl_lora_sft.yaml as published names Qwen2.5-VL-7B too: the same job
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$F/qwen2vl_lora_sft.yaml" -o "$T/q2lora.yaml"
+same "$T/q2lora.yaml" "$H/qwen2_5vl_lora_sft.yaml"
+
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$F/qwen2vl_full_sft.yaml" --deepspeed "$F/ds_z3_config.json" -o "$T/q2full.yaml"
+expect 0 cat "$T/q2full.yaml"
+key family patch_merger;  key hidden_act quick_gelu
+same "$T/q2full.yaml" "$H/qwen2vl_full_sft.yaml"
+# the offload variant: parameters and optimizer states on the host
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$F/qwen2vl_full_sft.yaml" --deepspeed "$F/ds_z3_offload_config.json"
+key offload_optimizer cpu;  key offload_param cpu;  key pin_memory true
+
+# the model and DeepSpeed paths as published (relative to LLaMA-Factory's checkout): errors
+expect 2 "$M" import --catalog "$CAT" --llamafactory "$F/qwen2_5vl_full_sft.yaml"
+has "qwen2_5vl_full_sft.yaml:14:1: deepspeed: "
+has "ds_z3_config.json: cannot open"
+expect 2 "$M" import --catalog "$CAT" --llamafactory "$F/qwen3vl_full_sft.yaml" --deepspeed "$F/ds_z3_config.json"
+has "qwen3vl_full_sft.yaml:2:1: model_name_or_path: Qwen/Qwen3-VL-4B-Instruct: no directory"
+has "the id is not in the catalog"
+expect 2 "$M" import --catalog "$CAT" --llamafactory "$F/qwen2_vl_full.megatron.yaml"
+has "qwen2_vl_full.megatron.yaml:24:1: tensor_model_parallel_size: Megatron (mcore_adapter) training is not modelled"
+printf 'model_name_or_path: Qwen/Qwen2-VL-7B-Instruct\nfinetuning_type: freeze\n' > "$T/freeze.yaml"
+expect 2 "$M" import --catalog "$CAT" --llamafactory "$T/freeze.yaml"
+has "freeze.yaml:2:1: finetuning_type: 'freeze' is not modelled"
+printf 'model_name_or_path: Qwen/Qwen2-VL-7B-Instruct\nstage: dpo\n' > "$T/dpo.yaml"
+expect 2 "$M" import --catalog "$CAT" --llamafactory "$T/dpo.yaml"
+has "dpo.yaml:2:1: stage: stage dpo is not modelled"
+cat > "$T/lf.yaml" <<'YAML'
+model_name_or_path: Qwen/Qwen2-VL-7B-Instruct
+finetuning_type: lora
+lora_rank: 16
+lora_alpha: 64
+lora_target: q_proj,v_proj
+quantization_bit: 4
+enable_liger_kernel: true
+neat_packing: true
+flash_attn: fa2
+disable_gradient_checkpointing: true
+image_max_pixels: 589824
+per_device_train_batch_size: 2
+bf16: true
+YAML
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$T/lf.yaml"
+has "lora: {r: 16, alpha: 64, dropout: 0, target_modules: [q_proj, v_proj]}"
+has "quantization: {bits: 4, quant_type: nf4, double_quant: true}"
+key loss fused_linear;  key packing true;  key attention flash;  key gradient_checkpointing false
+key micro_batch_size 2
+has "max_pixels: 589824"
+printf 'model_name_or_path: Qwen/Qwen2-VL-7B-Instruct\nlora_rank: eight\n' > "$T/rank.yaml"
+expect 2 "$M" import --catalog "$CAT" --llamafactory "$T/rank.yaml"
+has "rank.yaml:2:1: lora_rank: expected a non-negative integer"
+printf 'model_name_or_path: Qwen/Qwen2-VL-7B-Instruct\nuse_dora: true\n' > "$T/dora.yaml"
+expect 2 "$M" import --catalog "$CAT" --llamafactory "$T/dora.yaml"
+has "dora.yaml:2:1: use_dora: only false (LLaMA-Factory's default) is modelled"
+
+# ---- the catalog -------------------------------------------------------------------------------
+expect 0 "$M" import --catalog "$CAT" --hf Qwen/Qwen2-VL-7B-Instruct
+key family qwen2_vl;  key num_hidden_layers 28
+# an entry that is a preset spec: its modules, the job's training
+expect 0 "$M" import --catalog "$CAT" --hf liuhaotian/llava-v1.5-7b --args "@$L/finetune_v1_5_flags.txt" --deepspeed "$L/zero3.json" -o "$T/preset.yaml"
+expect 0 cat "$T/preset.yaml"
+has "ignored the preset's training sections"
+key vocab_size 32000
+same "$T/preset.yaml" contrib/models/llava-1.5-7b-finetune.yaml --set training.data_parallel=8
+expect 2 "$M" import --catalog "$CAT" --hf nobody/no-such-model
+has "nobody/no-such-model: no directory 'nobody/no-such-model', and the id is not in the catalog"
+printf 'one-field-only\n' > "$T/catalog.txt"
+expect 2 "$M" import --catalog "$T" --hf a/b
+has "catalog.txt:1:1: expected 'HF-ID FILE'"
+# the shipped catalog, when its presets are there
+if [ -f contrib/models/catalog.txt ]; then
+    expect 0 "$M" import --catalog contrib/models --hf liuhaotian/llava-v1.5-7b
+    key num_hidden_layers 32
+fi
+
+# ---- usage -----------------------------------------------------------------------------------
+expect 2 "$M" import --trainer a.json --args "--bf16"
+has "give one of --trainer, --args, --llamafactory"
+expect 2 "$M" import
+has "give a model"
+expect 2 "$M" import --args "--bf16 True"
+has "no model: give --hf, or model_name_or_path in --args"
+
+echo "import: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -158,7 +158,7 @@ static const struct {
     {20, "    num_attention_heads: 5", "llm.num_attention_heads", "do not divide hidden_size 96"},
     {21, "    num_key_value_heads: 3", "llm.num_key_value_heads", "must divide"},
     {26, "  seq_len: 10", "training.seq_len", "shorter than the 16 image tokens"},
-    {10, "    patch_size: 7", "vision.patch_size", "must divide image_size 32"},
+    {10, "    patch_size: 33", "vision.patch_size", "exceeds image_size 32"},
     {12, "  - name: vision", "vision.name", "duplicate module name"},
     {16, "  - name: training", "reserved", NULL},
     {15, "    hidden_size: 97", "proj.hidden_size", "does not match the decoder's hidden_size 96"},

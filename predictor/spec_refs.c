@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const ref_keys[] = {"hf_config", "trainer", "llamafactory", "deepspeed"};
 #define NREFS (sizeof ref_keys / sizeof ref_keys[0])
@@ -40,6 +41,14 @@ static void resolve(const char *spec_path, const char *p, char *out, size_t n)
     char d[512];
     snprintf(d, sizeof d, "%s", spec_path);
     snprintf(out, n, "%s/%s", dirname(d), p);
+}
+
+/* does `p`, relative to the spec's directory, exist? */
+static int spec_path_exists(const char *spec_path, const char *p)
+{
+    char full[1024];
+    resolve(spec_path, p, full, sizeof full);
+    return access(full, F_OK) == 0;
 }
 
 static void clear_positions(mm_node *n)
@@ -107,19 +116,28 @@ static void add_source(mm_spec *s, const char *rec)
     mm_strlcpy(src->digest, h ? h + 9 : "", sizeof src->digest);
 }
 
-/* the reader for a reference key (the DeepSpeed, trainer and LLaMA-Factory
- * readers join here as they land) */
-static int spec_run_reader(const char *kind, imp_spec *imp, const char *path, mm_error *err)
+/* the reader for a reference key; the model first (an HF id goes through the
+ * catalog), then the trainer arguments, then DeepSpeed ("auto" needs both) */
+static int spec_run_reader(size_t kind, imp_job *j, const char *path, mm_error *err)
 {
-    if (!strcmp(kind, "hf_config"))
-        return imp_hf(imp, path, err);
-    mm_err(err, "%s: a %s file cannot be referenced from a spec yet (import it with "
-                "`mmguard import`)", path, kind);
+    switch (kind) {
+    case 0: return imp_model(j, path, "hf_config", err);
+    case 1: return imp_trainer(j, path, err);
+    case 2: return imp_llamafactory(j, path, err);
+    default: return imp_deepspeed(j, path, err);
+    }
+}
+
+static int blame(const mm_spec *s, const mm_node *v, const char *key, mm_error *err)
+{
+    char inner[sizeof err->msg];
+    mm_strlcpy(inner, err->msg, sizeof inner);
+    mm_err_at(err, s->path, v->line, v->col, "%s: %s", key, inner);
     return -1;
 }
 
-/* run the readers the spec names; NULL result = nothing to import */
-static int import_refs(mm_spec *s, imp_spec *imp, int *any, mm_error *err)
+/* run the readers the spec names; *any = 0: nothing to import */
+static int import_refs(mm_spec *s, imp_job *j, int *any, mm_error *err)
 {
     const mm_node *root = s->doc;
     char path[1024];
@@ -133,16 +151,35 @@ static int import_refs(mm_spec *s, imp_spec *imp, int *any, mm_error *err)
                       ref_keys[i]);
             return -1;
         }
-        resolve(s->path, v->str, path, sizeof path);
-        *any = 1;
-        int rc = spec_run_reader(ref_keys[i], imp, path, err);
-        if (rc) {
-            char inner[sizeof err->msg];
-            mm_strlcpy(inner, err->msg, sizeof inner);
-            mm_err_at(err, s->path, v->line, v->col, "%s: %s", ref_keys[i], inner);
+        if (i == 1 && mm_node_get(root, ref_keys[2])) {
+            mm_err_at(err, s->path, v->line, v->col, "trainer: give trainer or llamafactory, "
+                      "not both");
             return -1;
         }
+        /* an HF id (org/name) is looked up in the catalog, not next to the spec */
+        int id = i == 0 && v->str[0] != '/' && v->str[0] != '.' && strchr(v->str, '/') &&
+                 !strchr(strchr(v->str, '/') + 1, '/') && !spec_path_exists(s->path, v->str);
+        if (id)
+            mm_strlcpy(path, v->str, sizeof path);
+        else
+            resolve(s->path, v->str, path, sizeof path);
+        *any = 1;
+        if (spec_run_reader(i, j, path, err))
+            return blame(s, v, ref_keys[i], err);
     }
+    if (!*any)
+        return 0;
+    if (!j->have_model) {
+        mm_err_at(err, s->path, 1, 1, "hf_config: no model: name one with hf_config, or "
+                  "model_name_or_path in the trainer file");
+        return -1;
+    }
+    /* the trainer file's own `deepspeed:` when the spec names none */
+    const mm_node *ds = mm_node_get(root, "deepspeed");
+    if (!ds && j->ds_path[0] && imp_deepspeed(j, j->ds_path, err))
+        return blame(s, mm_node_get(root, mm_node_get(root, "trainer") ? "trainer"
+                                           : "llamafactory"), "deepspeed", err);
+    imp_job_finish(j);
     return 0;
 }
 
@@ -155,15 +192,23 @@ int spec_resolve_refs(mm_spec *s, mm_error *err)
         mm_err(err, "out of memory");
         return -1;
     }
+    imp_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(imp);
+        mm_err(err, "out of memory");
+        return -1;
+    }
     imp_init(imp);
+    imp_job_init(j, imp);
     int any, rc = -1;
-    if (import_refs(s, imp, &any, err) || !any) {
+    if (import_refs(s, j, &any, err) || !any) {
         rc = any ? -1 : 0;
+        free(j);
         free(imp);
         return rc;
     }
+    free(j);
     mm_strlcpy(imp->name, "imported", sizeof imp->name);
-    imp_training_defaults(imp, 1);
     char *yaml = imp_emit(imp);
     mm_node *base = yaml ? mm_yaml_parse(yaml, strlen(yaml), "<imported>", err) : NULL;
     free(yaml);

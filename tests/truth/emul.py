@@ -1,0 +1,228 @@
+"""CUDA-kernel emulations: make the counted CPU bytes those of the CUDA kernel.
+
+Each emulation computes its numerics with the real CPU op (inside
+memhook.uncounted(), so the CPU kernel's own scratch is not counted) and
+allocates, counted, exactly the tensors the CUDA kernel allocates in device
+memory, with the same dtype, shape and strides, alive for the same time.  The
+evidence (CUDA source file and statement) for each is in docs/oracle.md; the
+numerics and byte checks are in selftest.py.
+
+    install(names)   patch the emulations listed (default: ALL)
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+import memhook
+
+ALL = ("sdpa_cuda", "layer_norm_cuda", "dropout_cuda", "adamw_step_host", "device_batch_copy")
+_orig = {}
+_REAL_SDPA = F.scaled_dot_product_attention
+_REAL_LN = F.layer_norm
+_REAL_DROPOUT = F.dropout
+active = []
+
+
+def _rup(n, m):
+    return (n + m - 1) // m * m
+
+
+# --------------------------------------------------------------- SDPA
+def sdpa_backend(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
+    """The backend CUDA's select_sdp_backend picks (default priority order
+    flash > efficient > math; cuDNN last, i.e. TORCH_CUDNN_SDPA_DEPRIORITIZED or
+    cuDNN <= 9.15 — see docs/oracle.md)."""
+    D = q.shape[-1]
+    same_d = k.shape[-1] == D and v.shape[-1] == D
+    L, S = q.shape[-2], k.shape[-2]
+    H, Hk, Hv = q.shape[-3], k.shape[-3], v.shape[-3]
+    low = q.dtype in (torch.float16, torch.bfloat16)
+    gqa = Hk != H or Hv != H
+    if gqa and not enable_gqa:
+        return "error"
+    flash = (low and attn_mask is None and same_d and D % 8 == 0 and D <= 256
+             and not (is_causal and L != S) and Hk == Hv)
+    if flash:
+        return "flash"
+    align = 8 if low else 4
+    eff = (not gqa) and D % align == 0 and v.shape[-1] % align == 0 and k.shape[-1] == D
+    if eff:
+        return "efficient"
+    return "math"
+
+
+class _FusedSDPA(torch.autograd.Function):
+    """Counted: what the CUDA flash / mem-efficient kernels allocate."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, kind):
+        B, H, L, D = q.shape
+        with memhook.uncounted():
+            o = _REAL_SDPA(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=is_causal,
+                                               scale=scale, enable_gqa=enable_gqa)
+        if kind == "flash":
+            # flash_api.cpp mha_fwd: out = empty_like(q_padded) on the (B,L,H,D) view of q,
+            # softmax_lse (B,H,L) fp32, rng_state uint64[2], _unused uint64[]
+            out = torch.empty_like(q.transpose(1, 2)).transpose(1, 2)
+            lse = torch.empty((B, H, L), dtype=torch.float32)
+            rng = torch.empty((2,), dtype=torch.int64)
+            unused = torch.empty((), dtype=torch.int64)
+            extra = (rng, unused)
+        else:
+            # attention.cu _efficient_attention_forward: res (B,M,H,Kv), logsumexp (B,H,M^32) fp32;
+            # seed/offset are host tensors without dropout
+            out = torch.empty((B, L, H, v.shape[-1]), dtype=q.dtype).transpose(1, 2)
+            lse = torch.empty((B, H, _rup(L, 32)), dtype=torch.float32)
+            extra = ()
+        with memhook.uncounted():
+            out.copy_(o)
+            del o
+        ctx.save_for_backward(q, k, v, out, lse, mask, *extra)
+        ctx.cfg = (dropout_p, is_causal, scale, enable_gqa, kind)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, mask = ctx.saved_tensors[:6]
+        dropout_p, is_causal, scale, enable_gqa, kind = ctx.cfg
+        B, H, L, D = q.shape
+        Hk, S = k.shape[-3], k.shape[-2]
+        dq = torch.empty_like(q)
+        dk = torch.empty_like(k)
+        dv = torch.empty_like(v)
+        bufs = []
+        if kind == "flash":
+            # flash_api.cpp mha_bwd: softmax_d (B,H,L^128) fp32, dq_accum (B,L^128,H,D^32) fp32,
+            # GQA: dk_expanded/dv_expanded (B,S,H,D) in q's dtype, summed into dk/dv
+            bufs.append(torch.empty((B, H, _rup(L, 128)), dtype=torch.float32))
+            bufs.append(torch.empty((B, _rup(L, 128), H, _rup(D, 32 if D <= 128 else 64)), dtype=torch.float32))
+            if Hk != H:
+                bufs.append(torch.empty((B, S, H, D), dtype=q.dtype))
+                bufs.append(torch.empty((B, S, H, D), dtype=q.dtype))
+        else:
+            # attention_backward.cu _efficient_attention_backward: delta (B,H,M) fp32; 16-bit
+            # outputs accumulate grad_q in an fp32 workspace (B,M,H,K)
+            bufs.append(torch.empty((B, H, L), dtype=torch.float32))
+            if q.dtype != torch.float32:
+                bufs.append(torch.empty((B, L, H, D), dtype=torch.float32))
+        with memhook.uncounted(), torch.enable_grad():
+            qq = q.detach().requires_grad_()
+            kk = k.detach().requires_grad_()
+            vv = v.detach().requires_grad_()
+            o = _REAL_SDPA(qq, kk, vv, attn_mask=mask, dropout_p=0.0, is_causal=is_causal,
+                                               scale=scale, enable_gqa=enable_gqa)
+            gq, gk, gv = torch.autograd.grad(o, (qq, kk, vv), dout)
+            dq.copy_(gq)
+            dk.copy_(gk)
+            dv.copy_(gv)
+            del o, gq, gk, gv, qq, kk, vv
+        del bufs
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def sdpa_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    kind = sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if kind == "math" or kind == "error" or dropout_p > 0.0:
+        # the math backend is a CompositeImplicit decomposition: the same ops, the same bytes
+        # on CPU and CUDA (incl. its fp32 upcast of 16-bit inputs)
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # efficient kernel: bool masks become an additive bias (sdp_utils convert_boolean_attn_mask)
+        attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
+    return _FusedSDPA.apply(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, kind)
+
+
+# --------------------------------------------------------------- LayerNorm
+class _LayerNormCuda(torch.autograd.Function):
+    """CUDA native_layer_norm keeps mean/rstd in fp32 (acc type) for 16-bit input;
+    the CPU kernel keeps them in the input dtype."""
+
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, bias, eps):
+        with memhook.uncounted():
+            o, _, _ = torch.ops.aten.native_layer_norm(x, normalized_shape, weight, bias, eps)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        M = x.numel() // math.prod(normalized_shape)
+        stat_shape = tuple(x.shape[: x.dim() - len(normalized_shape)]) + (1,) * len(normalized_shape)
+        acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        mean = torch.empty(stat_shape, dtype=acc)
+        rstd = torch.empty(stat_shape, dtype=acc)
+        with memhook.uncounted():
+            out.copy_(o)
+            del o
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.cfg = (normalized_shape, eps, M)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        normalized_shape, eps, M = ctx.cfg
+        need = ctx.needs_input_grad
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need[0] else None
+        dw = torch.empty_like(weight) if (weight is not None and need[2]) else None
+        db = torch.empty_like(bias) if (bias is not None and need[3]) else None
+        with memhook.uncounted():
+            _, m, r = torch.ops.aten.native_layer_norm(x, normalized_shape, weight, bias, eps)
+            gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
+                g, x, normalized_shape, m, r, weight, bias,
+                [need[0], dw is not None, db is not None])
+            if dx is not None:
+                dx.copy_(gx)
+            if dw is not None:
+                dw.copy_(gw)
+            if db is not None:
+                db.copy_(gb)
+            del gx, gw, gb, m, r
+        return dx, None, dw, db, None
+
+
+def layer_norm_cuda(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if not torch.is_grad_enabled() or not (input.requires_grad or (weight is not None and weight.requires_grad)
+                                           or (bias is not None and bias.requires_grad)):
+        return _REAL_LN(input, normalized_shape, weight, bias, eps)
+    return _LayerNormCuda.apply(input, tuple(normalized_shape), weight, bias, eps)
+
+
+# --------------------------------------------------------------- dropout
+def dropout_cuda(input, p=0.5, training=True, inplace=False):
+    """ATen dropout takes the fused native_dropout (bool mask saved) only for CUDA/XPU
+    inputs (Dropout.cpp is_fused_kernel_acceptable); on CPU it saves a dtype-sized
+    noise tensor.  native_dropout has a CPU kernel with the CUDA kernel's outputs."""
+    if not training or p == 0.0 or inplace or input.numel() == 0 or p >= 1.0:
+        return _REAL_DROPOUT(input, p, training, inplace)
+    return torch.native_dropout(input, p, True)[0]
+
+
+# --------------------------------------------------------------- AdamW steps
+def hostify_adam_steps(optimizer):
+    """Non-fused, non-capturable torch AdamW keeps `step` as a 0-dim CPU tensor even on
+    a GPU job (adam.py _init_group: torch.tensor(0.0, dtype=_get_scalar_dtype())): host
+    memory.  Re-allocate them uncounted.  Fused AdamW keeps them on the device."""
+    for g in optimizer.param_groups:
+        if g.get("fused") or g.get("capturable"):
+            continue
+        for p in g["params"]:
+            st = optimizer.state.get(p)
+            if st and "step" in st and torch.is_tensor(st["step"]):
+                with memhook.uncounted():
+                    st["step"] = st["step"].clone()
+
+
+# --------------------------------------------------------------- install
+def install(names=ALL):
+    global active
+    if "sdpa_cuda" in names and "sdpa" not in _orig:
+        _orig["sdpa"] = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = sdpa_cuda
+        torch.nn.functional.scaled_dot_product_attention = sdpa_cuda
+    if "layer_norm_cuda" in names and "layer_norm" not in _orig:
+        _orig["layer_norm"] = F.layer_norm
+        F.layer_norm = layer_norm_cuda
+    if "dropout_cuda" in names and "dropout" not in _orig:
+        _orig["dropout"] = F.dropout
+        F.dropout = dropout_cuda
+    active = [n for n in ALL if n in names]
+    return active

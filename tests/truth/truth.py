@@ -381,6 +381,16 @@ def run_rank(setup, rank=0, world=1, trace=False):
         for g in opt.param_groups:          # CUDA default: foreach (optimizer.py _default_to_fused_or_foreach)
             g["foreach"] = True
     trainer.create_scheduler(num_training_steps=10, optimizer=opt)
+    engine = None
+    if par.startswith("zero"):
+        # DeepSpeed engine around the Trainer's optimizer (zero_allow_untested_optimizer), as
+        # accelerate's DeepSpeed plugin does with a client optimizer; bf16 => bf16 model + fp32 master
+        import deepspeed
+        dsc = dict(popt["deepspeed"])
+        engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=dsc, dist_init_required=False)
+        wrapped = engine
+        trainer.model_wrapped = engine
+        trainer.optimizer = opt
 
     meter = Meter()
     orig_backward = trainer.accelerator.backward
@@ -388,6 +398,11 @@ def run_rank(setup, rank=0, world=1, trace=False):
     def backward(loss, **kw):
         if meter.phase == "forward":
             meter.switch("backward")
+        if engine is not None:
+            # accelerate DeepSpeedEngineWrapper.backward: engine.backward(loss) then engine.step();
+            # the step (clipping, optimizer, zero_grad inside DeepSpeed) runs after training_step here
+            # so that it is counted in the optimizer phase
+            return engine.backward(loss)
         return orig_backward(loss, **kw)
     trainer.accelerator.backward = backward
 
@@ -408,7 +423,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
     for step in range(2):
         measure = step == 1
         if measure:
-            emul.hostify_adam_steps(opt)
+            emul.hostify_adam_steps(opt.optimizer if engine is not None and hasattr(opt, "optimizer") else opt)
             if trace:
                 import tracer as tracer_mod
                 tracer = tracer_mod.Tracer(model)
@@ -419,10 +434,13 @@ def run_rank(setup, rank=0, world=1, trace=False):
             meter.switch("optimizer")
             if tracer:
                 tracer.set_phase("optimizer")
-        clip()
-        opt.step()
-        trainer.lr_scheduler.step()
-        wrapped.zero_grad() if par == "fsdp1" else model.zero_grad()
+        if engine is not None:
+            engine.step()
+        else:
+            clip()
+            opt.step()
+            trainer.lr_scheduler.step()
+            wrapped.zero_grad() if par == "fsdp1" else model.zero_grad()
         lossv = float(loss)
         del loss
         if measure:
@@ -462,6 +480,7 @@ def _free_port():
 
 
 def _rank_main(setup_json, rank, world, port, out):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     setup = json.loads(setup_json)
@@ -553,6 +572,26 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
              gradient_checkpointing=gc_, micro_batch_size=B, seq_len=S, images_per_sample=k,
              image_size=list(img) if (img and k) else None, optimizer=opt, max_grad_norm=1.0, parallel=par,
              world_size=world, parallel_options=popt or {}, model=model or {}, seed=seed)
+    if par.startswith("zero"):
+        # LLaMA-Factory ds_z{2,3}_config.json with HF's "auto" values resolved (Trainer:
+        # reduce_bucket_size = hidden^2, stage3_prefetch_bucket_size = 0.9 hidden^2,
+        # stage3_param_persistence_threshold = 10 hidden)
+        h = (model or {}).get("hidden") or FAMILY_HIDDEN.get(fam, 128)
+        stage = int(par[-1])
+        zo = {"stage": stage, "overlap_comm": False, "contiguous_gradients": True,
+              "reduce_bucket_size": (popt or {}).get("reduce_bucket_size", h * h)}
+        if stage < 3:
+            zo.update(allgather_partitions=True, allgather_bucket_size=zo["reduce_bucket_size"], reduce_scatter=True,
+                      round_robin_gradients=stage == 2)
+        else:
+            zo.update(sub_group_size=int(1e9), stage3_prefetch_bucket_size=int(0.9 * h * h),
+                      stage3_param_persistence_threshold=10 * h, stage3_max_live_parameters=int(1e9),
+                      stage3_max_reuse_distance=int(1e9))
+        s["parallel_options"] = {"deepspeed": {
+            "train_micro_batch_size_per_gpu": B, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+            "zero_allow_untested_optimizer": True, "bf16": {"enabled": prec == "bf16"},
+            "zero_optimization": zo}}
+        s["optimizer"] = "adamw_torch"
     if mode == "lora":
         s["lora"] = lora or {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
                              "on": "language"}
@@ -560,6 +599,8 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
     s["id"] = "%s-%s-%s-%s-%s-%s-%s" % (fam, par, world, mode, prec, attn, hashlib.sha1(key.encode()).hexdigest()[:10])
     return s
 
+
+FAMILY_HIDDEN = {"llama": 256, "qwen2": 256, "mixtral": 128, "qwen3_moe": 128, "llava": 256, "gemma3": 64}
 
 # per family: (model params, image sizes to draw from, visual budget)
 FAM_GRID = {

@@ -24,7 +24,7 @@ $(TRUTH_VENV)/.stamp: $(TRUTH_REQ)
 	$(TRUTH_PY) -m pip install --quiet --upgrade "pip>=23"
 	$(TRUTH_PY) -m pip install --quiet --no-index --no-deps "$$(grep -E '^torch==' $(TRUTH_REQ))+cpu" || \
 	  { echo "truth-venv: no CPU wheel of $$(grep -E '^torch==' $(TRUTH_REQ)) in pip's find-links (PIP_FIND_LINKS); refusing PyPI's CUDA build"; exit 1; }
-	$(TRUTH_PY) -m pip install --quiet -r $(TRUTH_REQ)
+	DS_BUILD_OPS=0 $(TRUTH_PY) -m pip install --quiet --no-build-isolation -r $(TRUTH_REQ)
 	$(TRUTH_PY) -c "import torch,sys; v=torch.__version__; print('truth-venv: torch', v); sys.exit(0 if v.endswith('+cpu') else 'not a +cpu torch: '+v)"
 	touch $@
 

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 import memhook
 
-ALL = ("sdpa_cuda", "layer_norm_cuda", "dropout_cuda", "adamw_step_host", "device_batch_copy")
+ALL = ("sdpa_cuda", "layer_norm_cuda", "dropout_cuda", "autocast_cuda", "adamw_step_host", "adamw_foreach",
+       "device_batch_copy")
 _orig = {}
 _REAL_SDPA = F.scaled_dot_product_attention
 _REAL_LN = F.layer_norm
@@ -121,7 +122,19 @@ class _FusedSDPA(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None
 
 
+def _autocast_on():
+    return torch.is_autocast_enabled("cpu")
+
+
 def sdpa_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if _autocast_on():
+        # both autocast lists put scaled_dot_product_attention in lower precision: every floating
+        # argument (mask included) is cast, then the kernel runs with autocast excluded
+        dt = torch.get_autocast_dtype("cpu")
+        c = lambda t: t.to(dt) if t is not None and t.is_floating_point() and t.dtype != dt else t
+        query, key, value, attn_mask = c(query), c(key), c(value), c(attn_mask)
+        with torch.autocast("cpu", enabled=False):
+            return sdpa_cuda(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     kind = sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if kind == "math" or kind == "error" or dropout_p > 0.0:
         # the math backend is a CompositeImplicit decomposition: the same ops, the same bytes
@@ -180,6 +193,11 @@ class _LayerNormCuda(torch.autograd.Function):
 
 
 def layer_norm_cuda(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if _autocast_on():
+        # CUDA autocast: layer_norm is fp32 (cast 16-bit args), output fp32
+        c = lambda t: t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+        with torch.autocast("cpu", enabled=False):
+            return layer_norm_cuda(c(input), normalized_shape, c(weight), c(bias), eps)
     if not torch.is_grad_enabled() or not (input.requires_grad or (weight is not None and weight.requires_grad)
                                            or (bias is not None and bias.requires_grad)):
         return _REAL_LN(input, normalized_shape, weight, bias, eps)
@@ -224,5 +242,91 @@ def install(names=ALL):
     if "dropout_cuda" in names and "dropout" not in _orig:
         _orig["dropout"] = F.dropout
         F.dropout = dropout_cuda
+    if "autocast_cuda" in names:
+        install_cuda_autocast()
     active = [n for n in ALL if n in names]
     return active
+
+
+# --------------------------------------------------------------- autocast
+# CUDA autocast policy for the ops whose AutocastCUDA and AutocastCPU registrations differ
+# (found by torch._C._dispatch_has_kernel_for_dispatch_key over all aten ops; the policy of
+# each is that of aten/src/ATen/autocast_mode.cpp's CUDA lists).  Ops only the CPU list has
+# run uncast, as on CUDA.  Ops both lists have (linear, matmul, mm, bmm, addmm, baddbmm,
+# conv*, sdpa, nll_loss, ...) keep the CPU autocast kernel: same policy, same weight-cast cache.
+CUDA_LOWER = ("_convolution", "convolution", "addmv", "addr", "chain_matmul", "einsum", "linalg_multi_dot", "mv",
+              "gru_cell", "lstm_cell", "rnn_relu_cell", "rnn_tanh_cell", "_thnn_fused_gru_cell",
+              "_thnn_fused_lstm_cell")
+CUDA_FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log1p", "log2", "reciprocal", "rsqrt",
+             "sinh", "tan", "pow.Scalar", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "softplus", "layer_norm",
+             "native_layer_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim",
+             "cosine_similarity", "dist", "pdist", "renorm", "logsumexp", "rms_norm", "linalg_matrix_norm",
+             "linalg_matrix_norm.str_ord", "upsample_bicubic2d", "upsample_bilinear2d", "upsample_linear1d",
+             "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "upsample_trilinear3d",
+             "_upsample_bicubic2d_aa", "_upsample_bilinear2d_aa", "_upsample_nearest_exact1d",
+             "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "norm.Scalar", "norm.ScalarOpt_dim")
+# fp32_set_opt_dtype: no input cast, the op runs with dtype=float32 unless a dtype was given
+CUDA_FP32_OPT_DTYPE = ("softmax.int", "log_softmax.int", "cumsum", "cumprod", "sum", "sum.dim_IntList",
+                       "linalg_vector_norm")
+CUDA_PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "index_put", "scatter_add",
+                "tensordot")
+_AUTOCAST_LIB = []
+
+
+def _cast_tree(x, fn):
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cast_tree(y, fn) for y in x)
+    return x
+
+
+def _autocast_kernel(opname, policy):
+    name, _, overload = opname.partition(".")
+    op = getattr(getattr(torch.ops.aten, name), overload or "default")
+    keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    low = (torch.float16, torch.bfloat16)
+
+    def k(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(keyset):
+            if policy == "lower":
+                dt = torch.get_autocast_dtype("cpu")
+                f = lambda t: t.to(dt) if t.is_floating_point() and t.dtype != dt and t.dtype != torch.float64 else t
+                args, kwargs = _cast_tree(args, f), {a: _cast_tree(b, f) for a, b in kwargs.items()}
+            elif policy == "fp32":
+                f = lambda t: t.float() if t.dtype in low else t
+                args, kwargs = _cast_tree(args, f), {a: _cast_tree(b, f) for a, b in kwargs.items()}
+            elif policy == "opt_dtype":
+                if kwargs.get("dtype") is None and args and isinstance(args[0], torch.Tensor) and args[0].dtype in low:
+                    kwargs = dict(kwargs, dtype=torch.float32)
+            elif policy == "promote":
+                ts = []
+                _cast_tree((args, tuple(kwargs.values())), lambda t: ts.append(t) or t)
+                fl = [t.dtype for t in ts if t.is_floating_point()]
+                if fl:
+                    wide = torch.float32 if any(d == torch.float32 for d in fl) else fl[0]
+                    f = lambda t: t.to(wide) if t.is_floating_point() and t.dtype != wide else t
+                    args, kwargs = _cast_tree(args, f), {a: _cast_tree(b, f) for a, b in kwargs.items()}
+            return op(*args, **kwargs)
+    return k
+
+
+def install_cuda_autocast():
+    """Register the CUDA policy at the AutocastCPU key (see the lists above)."""
+    if _AUTOCAST_LIB:
+        return
+    import warnings
+    lib = torch.library.Library("aten", "IMPL")
+    _AUTOCAST_LIB.append(lib)
+    names = torch._C._dispatch_get_all_op_names()
+    cpu_only = [n[6:] for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, "AutocastCPU")
+                and not torch._C._dispatch_has_kernel_for_dispatch_key(n, "AutocastCUDA")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for pol, ops in (("lower", CUDA_LOWER), ("fp32", CUDA_FP32), ("opt_dtype", CUDA_FP32_OPT_DTYPE),
+                         ("promote", CUDA_PROMOTE), ("none", cpu_only)):
+            for o in ops:
+                try:
+                    lib.impl(o, _autocast_kernel(o, pol), "AutocastCPU")
+                except Exception:
+                    pass

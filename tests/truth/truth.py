@@ -634,7 +634,7 @@ def config_list(count=None):
             out.append(s)
 
     # single-process grid: family x mode x precision x attention x checkpointing, random sizes
-    for rep in range(3):
+    for rep in range(4):
         for fam in fams:
             mm = fam not in ("llama", "qwen2", "mixtral", "qwen3_moe")
             modes = MODES if mm else ("full", "lora")
@@ -664,7 +664,7 @@ def config_list(count=None):
     for rep in range(2):
         for i, fam in enumerate(pfams):
             mm = fam not in ("llama", "qwen2", "mixtral", "qwen3_moe")
-            for par in ("ddp", "fsdp1", "fsdp2"):
+            for par in ("ddp", "fsdp1", "fsdp2", "zero1", "zero2", "zero3"):
                 world = rng.choice([2, 2, 4])
                 mode = rng.choice(["finetune", "full", "lora"] if mm else ["full", "lora"])
                 popt = {}
@@ -672,8 +672,8 @@ def config_list(count=None):
                 if par == "fsdp1":
                     popt = {"use_orig_params": rng.choice([True, False]),
                             "mixed_precision": "bf16" if prec == "fp32" and rng.random() < 0.5 else None}
-                    if not popt["use_orig_params"] and mode == "lora":
-                        mode = "full"
+                    if not popt["use_orig_params"] and mode != "full":
+                        mode = "full"       # flat params need uniform requires_grad (FSDP1 raises otherwise)
                 elif par == "fsdp2":
                     popt = {"reshard_after_forward": rng.choice([True, False]),
                             "mixed_precision": "bf16" if prec == "fp32" and rng.random() < 0.5 else None}
@@ -690,6 +690,7 @@ def config_list(count=None):
                             "on": "language"}
                 add(make_setup(fam, mode, prec, "sdpa", gc_, B, S, k, img, "adamw_torch", par, world, popt=popt,
                                lora=lora, seed=rep))
+    rng.shuffle(out)                    # interleave families and parallel modes (resumable runs)
     if count:
         out = out[:count]
     return out

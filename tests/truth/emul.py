@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 import memhook
 
-ALL = ("sdpa_cuda", "layer_norm_cuda", "dropout_cuda", "autocast_cuda", "adamw_step_host", "adamw_foreach",
-       "device_batch_copy")
+ALL = ("sdpa_cuda", "layer_norm_cuda", "dropout_cuda", "autocast_cuda", "grouped_mm_cuda", "embedding_backward_cuda",
+       "conv_cudnn", "rng_state_host", "adamw_step_host", "adamw_foreach", "device_batch_copy")
 _orig = {}
 _REAL_SDPA = F.scaled_dot_product_attention
 _REAL_LN = F.layer_norm
@@ -136,14 +136,21 @@ def sdpa_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         with torch.autocast("cpu", enabled=False):
             return sdpa_cuda(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     kind = sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # attention.cpp scaled_dot_product_attention: convert_boolean_attn_mask for every
+        # non-cuDNN backend: where(mask.logical_not(), -inf, scalar_tensor(0, q.dtype))
+        attn_mask = torch.where(attn_mask.logical_not(), float("-inf"),
+                                torch.scalar_tensor(0.0, dtype=query.dtype))
+    if kind == "efficient" and attn_mask is not None and attn_mask.shape[-1] % 16:
+        # attention.cpp preprocess_mask -> pad_bias: the bias' last dim padded to a multiple of 16
+        # (a padded copy), sliced back, then expanded
+        S = attn_mask.shape[-1]
+        attn_mask = F.pad(attn_mask, (0, 16 - S % 16))[..., :S]
     if kind == "math" or kind == "error" or dropout_p > 0.0:
         # the math backend is a CompositeImplicit decomposition: the same ops, the same bytes
         # on CPU and CUDA (incl. its fp32 upcast of 16-bit inputs)
         return torch.ops.aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        # efficient kernel: bool masks become an additive bias (sdp_utils convert_boolean_attn_mask)
-        attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
     return _FusedSDPA.apply(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, kind)
 
 
@@ -229,6 +236,186 @@ def hostify_adam_steps(optimizer):
                     st["step"] = st["step"].clone()
 
 
+# --------------------------------------------------------------- grouped_mm
+_CPU_LIB = []
+
+
+def _grouped_mm_cpu(a, b, offs=None, bias=None, out_dtype=None):
+    """The CPU _grouped_mm kernel allocates per-group temporaries; the CUDA kernel allocates the
+    output only (GroupedBlas create_grouped_gemm_output_tensor).  Output counted, math uncounted."""
+    dt = out_dtype or a.dtype
+    if a.dim() == 2 and b.dim() == 3:          # ragged M: (M,K) x (G,K,N) -> (M,N)
+        out = torch.empty((a.shape[0], b.shape[-1]), dtype=dt)
+        with memhook.uncounted():
+            start = 0
+            for g, end in enumerate(offs.tolist()):
+                if end > start:
+                    out[start:end].copy_(torch.mm(a[start:end], b[g]))
+                start = end
+            if end < a.shape[0]:
+                out[end:].zero_()
+    elif a.dim() == 2 and b.dim() == 2:        # ragged K: (M,K) x (K,N) -> (G,M,N)
+        G = offs.numel()
+        out = torch.empty((G, a.shape[0], b.shape[1]), dtype=dt)
+        with memhook.uncounted():
+            start = 0
+            for g, end in enumerate(offs.tolist()):
+                if end > start:
+                    out[g].copy_(torch.mm(a[:, start:end], b[start:end]))
+                else:
+                    out[g].zero_()
+                start = end
+    elif a.dim() == 3 and b.dim() == 3:        # batched
+        out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=dt)
+        with memhook.uncounted():
+            out.copy_(torch.bmm(a, b))
+    elif a.dim() == 3 and b.dim() == 2:        # ragged N: (G,M,K) x (K,N) -> (M,N) per group columns
+        out = torch.empty((a.shape[1], b.shape[1]), dtype=dt)
+        with memhook.uncounted():
+            start = 0
+            for g, end in enumerate(offs.tolist()):
+                if end > start:
+                    out[:, start:end].copy_(torch.mm(a[g], b[:, start:end]))
+                start = end
+    else:
+        raise NotImplementedError("grouped_mm shapes %s %s" % (tuple(a.shape), tuple(b.shape)))
+    if bias is not None:
+        with memhook.uncounted():
+            out.add_(bias)
+    return out
+
+
+def install_grouped_mm():
+    if "gmm" in _orig:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    _CPU_LIB.append(lib)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lib.impl("_grouped_mm", _grouped_mm_cpu, "CPU")
+    _orig["gmm"] = True
+
+
+# --------------------------------------------------------------- embedding backward
+NROWS_PER_THREAD = 10      # EmbeddingBackwardKernel.cu
+
+
+def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """CUDA embedding_dense_backward_cuda: <= 3072 indices and no scale_grad_by_freq -> a direct
+    kernel, grad_weight only; otherwise sort + segment buffers (int64 per index) and an fp32
+    (acc type) per-partial-segment buffer (EmbeddingBackwardKernel.cu two-pass path)."""
+    n = indices.numel()
+    H = grad.shape[-1]
+    scratch = []
+    if n > 3072 or scale_grad_by_freq:
+        it = indices.dtype
+        scratch += [torch.empty(n, dtype=it), torch.empty(n, dtype=it)]          # sorted_indices, orig_indices
+        scratch += [torch.empty(n, dtype=it), torch.empty((), dtype=torch.int64)]  # segment_offsets, num_of_segments
+        max_seg = min(n, num_weights)
+        scratch += [torch.empty(max_seg, dtype=it), torch.empty(max_seg, dtype=it),
+                    torch.empty((), dtype=torch.int64)]
+        max_part = n // NROWS_PER_THREAD + max_seg
+        scratch += [torch.empty(max_part, dtype=it)]
+        if scale_grad_by_freq:
+            scratch.append(torch.empty(n, dtype=it))
+    gw = torch.zeros((num_weights, H), dtype=grad.dtype)
+    if scratch:
+        acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+        scratch.append(torch.empty((n // NROWS_PER_THREAD + min(n, num_weights), _rup(H, 32) if False else H),
+                                   dtype=acc))
+    with memhook.uncounted():
+        idx = indices.reshape(-1)
+        g2 = grad.reshape(-1, H)
+        if padding_idx >= 0:
+            keep = idx != padding_idx
+            idx, g2 = idx[keep], g2[keep]
+        if scale_grad_by_freq:
+            cnt = torch.bincount(idx, minlength=num_weights).to(g2.dtype)
+            g2 = g2 / cnt[idx].unsqueeze(1)
+        gw.index_add_(0, idx, g2)
+    del scratch
+    return gw
+
+
+def install_embedding_backward():
+    if "emb" in _orig:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    _CPU_LIB.append(lib)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lib.impl("embedding_dense_backward", _embedding_dense_backward, "CPU")
+    _orig["emb"] = True
+
+
+# --------------------------------------------------------------- convolution
+class _ConvCudnn(torch.autograd.Function):
+    """cuDNN convolution: output (and in backward grad_input/grad_weight/grad_bias) counted;
+    the CPU kernels' im2col columns / reorder scratch is not (cuDNN's workspace, which the caching
+    allocator does count on a GPU, is chosen by cuDNN heuristics at run time and is not modelled)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, stride, padding, dilation, groups):
+        with memhook.uncounted():
+            o = torch.ops.aten.convolution(x, w, b, stride, padding, dilation, False, [0] * len(stride), groups)
+        out = torch.empty(o.shape, dtype=o.dtype)
+        with memhook.uncounted():
+            out.copy_(o)
+            del o
+        ctx.save_for_backward(x, w)
+        ctx.cfg = (b is not None, stride, padding, dilation, groups)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        has_b, stride, padding, dilation, groups = ctx.cfg
+        need = ctx.needs_input_grad
+        gx = torch.empty_like(x) if need[0] else None
+        gw = torch.empty_like(w) if need[1] else None
+        gb = torch.empty((w.shape[0],), dtype=w.dtype) if (has_b and need[2]) else None
+        with memhook.uncounted():
+            rx, rw, rb = torch.ops.aten.convolution_backward(
+                g, x, w, [w.shape[0]] if has_b else None, stride, padding, dilation, False, [0] * len(stride),
+                groups, [gx is not None, gw is not None, gb is not None])
+            for dst, src in ((gx, rx), (gw, rw), (gb, rb)):
+                if dst is not None:
+                    dst.copy_(src)
+            del rx, rw, rb
+        return gx, gw, gb, None, None, None, None
+
+
+def _conv_patch(nd):
+    real = getattr(F, "conv%dd" % nd)
+
+    def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        if (isinstance(padding, str) or not torch.is_grad_enabled()
+                or not (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))):
+            return real(input, weight, bias, stride, padding, dilation, groups)
+        tup = lambda v: list(v) if isinstance(v, (tuple, list)) else [v] * nd
+        if _autocast_on():
+            dt = torch.get_autocast_dtype("cpu")
+            c = lambda t: t.to(dt) if t is not None and t.is_floating_point() and t.dtype != dt else t
+            input, weight, bias = c(input), c(weight), c(bias)
+            with torch.autocast("cpu", enabled=False):
+                return _ConvCudnn.apply(input, weight, bias, tup(stride), tup(padding), tup(dilation), groups)
+        return _ConvCudnn.apply(input, weight, bias, tup(stride), tup(padding), tup(dilation), groups)
+    return conv
+
+
+# --------------------------------------------------------------- RNG state
+_REAL_GET_RNG = torch.get_rng_state
+
+
+def get_rng_state_host():
+    """checkpoint stashes the CPU generator state (torch.get_rng_state: a 5 KB CPU tensor per
+    checkpointed call): host memory on a GPU job."""
+    with memhook.uncounted():
+        return _REAL_GET_RNG()
+
+
 # --------------------------------------------------------------- install
 def install(names=ALL):
     global active
@@ -244,6 +431,18 @@ def install(names=ALL):
         F.dropout = dropout_cuda
     if "autocast_cuda" in names:
         install_cuda_autocast()
+    if "conv_cudnn" in names and "conv" not in _orig:
+        _orig["conv"] = True
+        F.conv1d, F.conv2d, F.conv3d = _conv_patch(1), _conv_patch(2), _conv_patch(3)
+    if "rng_state_host" in names and "rng" not in _orig:
+        _orig["rng"] = True
+        torch.get_rng_state = get_rng_state_host
+        import torch.utils.checkpoint as _ckpt
+        _ckpt.torch.get_rng_state = get_rng_state_host
+    if "grouped_mm_cuda" in names:
+        install_grouped_mm()
+    if "embedding_backward_cuda" in names:
+        install_embedding_backward()
     active = [n for n in ALL if n in names]
     return active
 
@@ -286,6 +485,8 @@ def _autocast_kernel(opname, policy):
     op = getattr(getattr(torch.ops.aten, name), overload or "default")
     keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
     low = (torch.float16, torch.bfloat16)
+    argnames = [a.name for a in op._schema.arguments if not a.kwarg_only]
+    dtype_pos = argnames.index("dtype") if "dtype" in argnames else -1
 
     def k(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(keyset):
@@ -297,8 +498,12 @@ def _autocast_kernel(opname, policy):
                 f = lambda t: t.float() if t.dtype in low else t
                 args, kwargs = _cast_tree(args, f), {a: _cast_tree(b, f) for a, b in kwargs.items()}
             elif policy == "opt_dtype":
-                if kwargs.get("dtype") is None and args and isinstance(args[0], torch.Tensor) and args[0].dtype in low:
-                    kwargs = dict(kwargs, dtype=torch.float32)
+                if args and isinstance(args[0], torch.Tensor) and args[0].dtype in low:
+                    if len(args) > dtype_pos >= 0:
+                        if args[dtype_pos] is None:
+                            args = args[:dtype_pos] + (torch.float32,) + args[dtype_pos + 1:]
+                    elif kwargs.get("dtype") is None:
+                        kwargs = dict(kwargs, dtype=torch.float32)
             elif policy == "promote":
                 ts = []
                 _cast_tree((args, tuple(kwargs.values())), lambda t: ts.append(t) or t)

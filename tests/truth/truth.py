@@ -395,9 +395,13 @@ def run_rank(setup, rank=0, world=1, trace=False):
     meter = Meter()
     orig_backward = trainer.accelerator.backward
 
+    trace_box = []
+
     def backward(loss, **kw):
         if meter.phase == "forward":
             meter.switch("backward")
+            if trace_box:
+                trace_box[0].set_phase("backward")
         if engine is not None:
             # accelerate DeepSpeedEngineWrapper.backward: engine.backward(loss) then engine.step();
             # the step (clipping, optimizer, zero_grad inside DeepSpeed) runs after training_step here
@@ -427,6 +431,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
             if trace:
                 import tracer as tracer_mod
                 tracer = tracer_mod.Tracer(model)
+                tracer.set_phase("forward")
+                trace_box.append(tracer)
                 tracer.__enter__()
             meter.start()
         loss = trainer.training_step(wrapped, batch, num_items)
@@ -466,6 +472,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
     if tracer:
         lines = []
         tracer.report(out=lines.append, top=40)
+        tracer.op_totals(out=lines.append, top=40)
         result["trace"] = lines
     return result
 
@@ -690,7 +697,17 @@ def config_list(count=None):
                             "on": "language"}
                 add(make_setup(fam, mode, prec, "sdpa", gc_, B, S, k, img, "adamw_torch", par, world, popt=popt,
                                lora=lora, seed=rep))
+    # long sequences: > 3072 tokens per step (CUDA embedding backward's sort/segment path)
+    for fam, B, S, prec in (("llama", 8, 512, "bf16"), ("qwen2", 4, 1024, "fp32"), ("llama", 4, 1024, "amp_bf16"),
+                            ("qwen2", 8, 512, "bf16")):
+        add(make_setup(fam, "full", prec, "sdpa", False, B, S, 0, None, "adamw_torch", "single", 1, seed=7))
     rng.shuffle(out)                    # interleave families and parallel modes (resumable runs)
+    # first: the brief's reference config and the selftest's smoke configs
+    import selftest_configs
+    for s in reversed(selftest_configs.setups()):
+        if s["id"] not in seen:
+            seen.add(s["id"])
+            out.insert(0, s)
     if count:
         out = out[:count]
     return out

@@ -226,7 +226,7 @@ def set_trainable(model, fam, setup):
         p.requires_grad_(bool(tp[part_of(n)]) if families.FAMILIES[fam]["multimodal"] else bool(tp["language"]))
 
 
-LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
+LORA_TARGETS = r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
 
 
 def apply_lora(model, fam, setup):
@@ -322,6 +322,11 @@ def run_rank(setup, rank=0, world=1, trace=False):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": gcfg["use_reentrant"]},
                                             every_n_layers=gcfg.get("every_n_layers", 1))
     model.train()
+    # counted before any wrapper shards the parameters (FSDP1 use_orig_params views, ZeRO-3 partitions)
+    _base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    nparams = sum(p.numel() for p in _base.parameters())
+    ntrain = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    del _base
 
     par = setup["parallel"]
     popt = setup.get("parallel_options") or {}
@@ -456,10 +461,6 @@ def run_rank(setup, rank=0, world=1, trace=False):
     peaks = meter.peaks
     peak_phase = max(PHASES, key=lambda p: peaks.get(p, -1))
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    nparams = sum(p.numel() for p in base.parameters())
-    ntrain = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if par in ("fsdp2",):
-        nparams = sum(p.numel() for p in base.parameters())
     r = {"rank": rank, "start_bytes": meter.start_bytes, "end_bytes": meter.end_bytes,
          "phase_peak_bytes": {p: peaks[p] for p in PHASES}, "peak_bytes": max(peaks.values()),
          "peak_phase": peak_phase, "param_count": nparams, "trainable_count": ntrain, "loss": lossv,

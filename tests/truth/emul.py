@@ -285,16 +285,17 @@ def _grouped_mm_cpu(a, b, offs=None, bias=None, out_dtype=None):
     return out
 
 
-def install_grouped_mm():
-    if "gmm" in _orig:
+def _override_cpu_kernel(opname, fn):
+    """Replace the CPU kernel of aten::opname by fn (kept alive in _CPU_LIB)."""
+    if opname in _orig:
         return
+    import warnings
     lib = torch.library.Library("aten", "IMPL")
     _CPU_LIB.append(lib)
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        lib.impl("_grouped_mm", _grouped_mm_cpu, "CPU")
-    _orig["gmm"] = True
+        lib.impl(opname, fn, "CPU")
+    _orig[opname] = True
 
 
 # --------------------------------------------------------------- embedding backward
@@ -336,18 +337,6 @@ def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_gra
         gw.index_add_(0, idx, g2)
     del scratch
     return gw
-
-
-def install_embedding_backward():
-    if "emb" in _orig:
-        return
-    lib = torch.library.Library("aten", "IMPL")
-    _CPU_LIB.append(lib)
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        lib.impl("embedding_dense_backward", _embedding_dense_backward, "CPU")
-    _orig["emb"] = True
 
 
 # --------------------------------------------------------------- convolution
@@ -440,9 +429,9 @@ def install(names=ALL):
         import torch.utils.checkpoint as _ckpt
         _ckpt.torch.get_rng_state = get_rng_state_host
     if "grouped_mm_cuda" in names:
-        install_grouped_mm()
+        _override_cpu_kernel("_grouped_mm", _grouped_mm_cpu)
     if "embedding_backward_cuda" in names:
-        install_embedding_backward()
+        _override_cpu_kernel("embedding_dense_backward", _embedding_dense_backward)
     active = [n for n in ALL if n in names]
     return active
 

@@ -200,24 +200,11 @@ def _qwen_vl_common(p, kind):
                 mm_token_type_ids=True)
 
 
-@family("qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2_vl")
-def _qwen2_vl(p):
-    return _qwen_vl_common(p, "qwen2_vl")
-
-
-@family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl")
-def _qwen2_5_vl(p):
-    return _qwen_vl_common(p, "qwen2_5_vl")
-
-
-@family("qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3_vl")
-def _qwen3_vl(p):
-    return _qwen_vl_common(p, "qwen3_vl")
-
-
-@family("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe")
-def _qwen3_vl_moe(p):
-    return _qwen_vl_common(p, "qwen3_vl_moe")
+for _name, _cls in (("qwen2_vl", "Qwen2VLForConditionalGeneration"),
+                   ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+                   ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+                   ("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration")):
+    family(_name, _cls, _name)(lambda p, _k=_name: _qwen_vl_common(p, _k))
 
 
 @family("internvl", "InternVLForConditionalGeneration", "internvl")

@@ -119,31 +119,25 @@ def _sdpa_case(dtype, B, H, Hk, L, D, causal, mask, expect_kind):
     return kind
 
 
-@test
-def sdpa_flash_bf16_causal_gqa():
-    _sdpa_case(torch.bfloat16, 2, 4, 2, 96, 32, True, None, "flash")
-
-
-@test
-def sdpa_flash_bf16_noncausal():
-    _sdpa_case(torch.bfloat16, 1, 2, 2, 40, 64, False, None, "flash")
-
-
-@test
-def sdpa_efficient_fp32():
-    _sdpa_case(torch.float32, 2, 2, 2, 50, 32, True, None, "efficient")
-
-
-@test
-def sdpa_efficient_bf16_mask():
-    m = torch.ones(64, 64, dtype=torch.bool).tril()[None, None]
-    _sdpa_case(torch.bfloat16, 1, 2, 2, 64, 32, False, m, "efficient")
-
-
-@test
-def sdpa_math_fp32_gqa():
+SDPA_CASES = [
+    # name, dtype, B, H, Hk, L, D, causal, mask, backend CUDA picks
+    ("flash_bf16_causal_gqa", torch.bfloat16, 2, 4, 2, 96, 32, True, None, "flash"),
+    ("flash_bf16_noncausal", torch.bfloat16, 1, 2, 2, 40, 64, False, None, "flash"),
+    ("efficient_fp32", torch.float32, 2, 2, 2, 50, 32, True, None, "efficient"),
+    ("efficient_bf16_mask", torch.bfloat16, 1, 2, 2, 64, 32, False,
+     torch.ones(64, 64, dtype=torch.bool).tril()[None, None], "efficient"),
     # fp32 + GQA: flash needs 16-bit, mem-efficient has no GQA -> math (S x S materialised)
-    _sdpa_case(torch.float32, 1, 4, 2, 48, 32, True, None, "math")
+    ("math_fp32_gqa", torch.float32, 1, 4, 2, 48, 32, True, None, "math"),
+]
+
+
+@test
+def sdpa_backends():
+    for case in SDPA_CASES:
+        try:
+            _sdpa_case(*case[1:])
+        except AssertionError as e:
+            raise AssertionError("%s: %s" % (case[0], e))
 
 
 # ------------------------------------------------------------------ LayerNorm

@@ -238,7 +238,9 @@ def apply_lora(model, fam, setup):
         tm = LORA_TARGETS if families.FAMILIES[fam]["multimodal"] else "all-linear"
     conf = LoraConfig(r=lc["r"], lora_alpha=lc["lora_alpha"], lora_dropout=lc["lora_dropout"],
                       target_modules=tm, bias="none", task_type="CAUSAL_LM")
-    pm = get_peft_model(model, conf)
+    # PEFT's default autocast_adapter_dtype=True keeps LoRA weights in fp32 on a 16-bit base;
+    # FSDP1 flat parameters need one dtype, so FSDP1 rows turn it off (recorded in setup.lora)
+    pm = get_peft_model(model, conf, autocast_adapter_dtype=lc.get("autocast_adapter_dtype", True))
     # the recipe's extra trainable modules (LLaVA: mm_projector stays trainable with LoRA)
     tp = setup["trainable"]
     for n, p in pm.named_parameters():
@@ -567,6 +569,17 @@ def versions():
 
 
 # =========================================================== config list
+def visual_upper_bound(fam, img):
+    """An upper bound of the visual (+ wrapper) tokens per image, to keep seq_len feasible."""
+    H, W = img
+    return {
+        "llava": 64, "llava_onevision": 172, "internvl": 7 * 16 + 2, "gemma3": 18, "mllama": 1,
+        "idefics3": 5 * 4 + 2, "smolvlm": 5 * 4 + 2,
+        "qwen2_vl": (H // 28 + 1) * (W // 28 + 1) + 2, "qwen2_5_vl": (H // 28 + 1) * (W // 28 + 1) + 2,
+        "qwen3_vl": (H // 32 + 1) * (W // 32 + 1) + 2, "qwen3_vl_moe": (H // 32 + 1) * (W // 32 + 1) + 2,
+    }[fam]
+
+
 def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=None, model=None, lora=None,
                seed=0):
     import families
@@ -575,6 +588,15 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
         k = 0
         if mode in ("pretrain", "frozen_llm", "finetune"):
             mode = "full"
+    # combinations the real libraries refuse (docs/oracle.md "Refused by the libraries"):
+    if fam == "smolvlm" and prec == "amp_bf16":
+        prec = "bf16"       # SmolVLM inputs_merger: index_put_ fp32 <- bf16 under autocast raises
+    if fam == "mllama" and par == "fsdp1" and (popt or {}).get("mixed_precision"):
+        popt = dict(popt, mixed_precision=None)   # dtype mismatch in the text self-attention
+    if k:
+        need = 4 + k * (visual_upper_bound(fam, img) + 2) + 16
+        if need > S:
+            S = (need + 63) // 64 * 64
     s = dict(family=fam, hf_class=families.FAMILIES[fam]["hf_class"], mode=mode,
              trainable=trainable_parts(mode, mm, RECIPE[fam]), lora=None, precision=prec, attention=attn,
              gradient_checkpointing=gc_, micro_batch_size=B, seq_len=S, images_per_sample=k,
@@ -603,6 +625,12 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
     if mode == "lora":
         s["lora"] = lora or {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
                              "on": "language"}
+    if mode == "lora" and fam in ("mixtral", "qwen3_moe"):
+        # PEFT 0.21 "all-linear" also wraps the fused 3-D expert weights (lora.ParamWrapper),
+        # which refuses lora_dropout != 0
+        s["lora"] = dict(s["lora"], lora_dropout=0.0)
+    if mode == "lora" and par == "fsdp1":
+        s["lora"] = dict(s["lora"], autocast_adapter_dtype=False)
     key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 != "hf_class"}, sort_keys=True)
     s["id"] = "%s-%s-%s-%s-%s-%s-%s" % (fam, par, world, mode, prec, attn, hashlib.sha1(key.encode()).hexdigest()[:10])
     return s

@@ -298,7 +298,10 @@ def run_rank(setup, rank=0, world=1, trace=False):
     import emul
     import families
     fam = setup["family"]
-    emus = emul.install(emul.ALL)
+    # TRUTH_EMULATIONS=a,b,... (or "none") narrows the emulations, for investigation only
+    want = os.environ.get("TRUTH_EMULATIONS")
+    want = emul.ALL if want is None else [w for w in want.split(",") if w in emul.ALL]
+    emus = emul.install(want)
     import transformers
     from transformers import Trainer, TrainingArguments
     transformers.logging.set_verbosity_error()
@@ -343,7 +346,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
     class TruthTrainer(Trainer):
         def _prepare_input(self, data):
             # the H2D copy a GPU job makes of the host batch (device_batch_copy)
-            if isinstance(data, torch.Tensor):
+            if isinstance(data, torch.Tensor) and "device_batch_copy" in emus:
                 return data.clone()
             return super()._prepare_input(data)
 
@@ -384,7 +387,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
     trainer.model = model if par != "fsdp1" else wrapped
     trainer.create_optimizer()
     opt = trainer.optimizer
-    if setup["optimizer"] == "adamw_torch":
+    if setup["optimizer"] == "adamw_torch" and "adamw_foreach" in emus:
         for g in opt.param_groups:          # CUDA default: foreach (optimizer.py _default_to_fused_or_foreach)
             g["foreach"] = True
     trainer.create_scheduler(num_training_steps=10, optimizer=opt)
@@ -434,7 +437,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
     for step in range(2):
         measure = step == 1
         if measure:
-            emul.hostify_adam_steps(opt.optimizer if engine is not None and hasattr(opt, "optimizer") else opt)
+            if "adamw_step_host" in emus:
+                emul.hostify_adam_steps(opt.optimizer if engine is not None and hasattr(opt, "optimizer") else opt)
             if trace:
                 import tracer as tracer_mod
                 tracer = tracer_mod.Tracer(model)

@@ -81,3 +81,16 @@ class Tracer(TorchDispatchMode):
         out("peak %d (live-log maximum)" % best)
         for k, v in sorted(alive.items(), key=lambda kv: -kv[1])[:top]:
             out("%14d  %s" % (v, k))
+
+    def op_totals(self, top=40, out=print):
+        """Bytes allocated over the whole step per (phase, aten op): finds CPU-only ops."""
+        tot = collections.Counter()
+        cnt = collections.Counter()
+        for i in range(0, len(self.ev), 3):
+            if self.ev[i] > 0:
+                ph, _, op = self.names[self.ev[i + 1]].partition("|")[0], None, self.names[self.ev[i + 1]].rpartition("|")[2]
+                tot[(ph, op)] += self.ev[i]
+                cnt[(ph, op)] += 1
+        out("allocated per (phase, op): bytes, count")
+        for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:top]:
+            out("%14d %6d  %s %s" % (v, cnt[k], k[0], k[1]))

@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Self-tests of the real-library oracle (make check-truth).
+
+Checks the byte counter, every CUDA-kernel emulation of emul.py (numerics
+against the real CPU op, and the exact counted bytes against what the CUDA
+kernel allocates), that the tracer does not change what is measured, and that
+a few tiny configs reproduce their committed rows in data/truth.jsonl byte for
+byte.  Prints 'N passed, N failed' and exits non-zero on any failure.
+"""
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import memhook  # noqa: E402
+
+memhook.load()
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import emul  # noqa: E402
+
+torch.manual_seed(0)
+torch.set_num_threads(2)
+M = memhook._mod
+emul.install(emul.ALL)
+RESULTS = []
+
+
+def test(fn):
+    RESULTS.append(fn)
+    return fn
+
+
+def nbytes(*ts):
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def close(a, b, tol):
+    """max |a-b| <= tol * max(1, max |b|)"""
+    err = (a.float() - b.float()).abs().max().item()
+    scale = max(1.0, b.float().abs().max().item())
+    assert err <= tol * scale, "max abs error %g > %g x %g" % (err, tol, scale)
+
+
+# ------------------------------------------------------------------ counter
+@test
+def counter_counts_exact_bytes():
+    base = M.live()
+    x = torch.empty(1000, dtype=torch.float32)
+    assert M.live() - base == 4000, M.live() - base
+    with memhook.uncounted():
+        y = torch.empty(5000)
+    assert M.live() - base == 4000
+    M.reset_peak()
+    z = torch.empty(250, dtype=torch.float64)
+    del z
+    assert M.reset_peak() - base == 6000
+    del x, y
+    assert M.live() == base
+
+
+# ------------------------------------------------------------------ SDPA
+def _ref_sdpa(q, k, v, mask, causal, gqa):
+    qq, kk, vv = (t.detach().float().requires_grad_() for t in (q, k, v))
+    o = emul._REAL_SDPA(qq, kk, vv, attn_mask=mask, is_causal=causal,
+                        enable_gqa=gqa)
+    return o, (qq, kk, vv)
+
+
+def _sdpa_case(dtype, B, H, Hk, L, D, causal, mask, expect_kind):
+    q = torch.randn(B, L, H, D, dtype=dtype).transpose(1, 2).requires_grad_()   # HF layout (B,H,L,D) view
+    k = torch.randn(B, Hk, L, D, dtype=dtype).requires_grad_()
+    v = torch.randn(B, Hk, L, D, dtype=dtype).requires_grad_()
+    gqa = Hk != H
+    kind = emul.sdpa_backend(q, k, v, mask, 0.0, causal, gqa)
+    assert kind == expect_kind, (kind, expect_kind)
+    gc_base = M.live()
+    M.reset_peak()
+    out = emul.sdpa_cuda(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+    fwd = M.live() - gc_base
+    if kind == "flash":
+        # out + lse (B,H,L) fp32 + rng_state 16 B + unused 8 B
+        want = nbytes(out) + B * H * L * 4 + 16 + 8
+        assert out.transpose(1, 2).is_contiguous(), "flash out must share q's (B,L,H,D) layout"
+    elif kind == "efficient":
+        want = nbytes(out) + B * H * ((L + 31) // 32 * 32) * 4
+        if mask is not None:                 # convert_boolean_attn_mask: a q-dtype copy of the mask
+            want += mask.numel() * q.element_size()
+        assert out.transpose(1, 2).is_contiguous(), "efficient out is (B,M,H,K) storage"
+    else:
+        want = None
+    if want is not None:
+        assert fwd == want, "forward counted %d, CUDA kernel allocates %d" % (fwd, want)
+    g = torch.randn_like(out)
+    M.reset_peak()
+    before = M.live()
+    out.backward(g)
+    bwd_peak = M.reset_peak() - before
+    ref, (qq, kk, vv) = _ref_sdpa(q, k, v, mask, causal, gqa)
+    ref.backward(g.float())
+    tol = 2e-2 if dtype != torch.float32 else 1e-4
+    close(out, ref, tol * 4)
+    close(q.grad, qq.grad, tol * 8)
+    close(k.grad, kk.grad, tol * 8)
+    close(v.grad, vv.grad, tol * 8)
+    if kind == "flash":
+        r = lambda n, m: (n + m - 1) // m * m
+        extra = B * H * r(L, 128) * 4 + B * r(L, 128) * H * r(D, 32) * 4
+        if gqa:
+            extra += 2 * B * L * H * D * q.element_size()
+        grads = nbytes(q, k, v)
+        # peak in backward: dq, dk, dv + kernel buffers (+ the leaf .grad accumulation is the same tensors)
+        assert bwd_peak >= grads + extra, (bwd_peak, grads + extra)
+    return kind
+
+
+SDPA_CASES = [
+    # name, dtype, B, H, Hk, L, D, causal, mask, backend CUDA picks
+    ("flash_bf16_causal_gqa", torch.bfloat16, 2, 4, 2, 96, 32, True, None, "flash"),
+    ("flash_bf16_noncausal", torch.bfloat16, 1, 2, 2, 40, 64, False, None, "flash"),
+    ("efficient_fp32", torch.float32, 2, 2, 2, 50, 32, True, None, "efficient"),
+    ("efficient_bf16_mask", torch.bfloat16, 1, 2, 2, 64, 32, False,
+     torch.ones(64, 64, dtype=torch.bool).tril()[None, None], "efficient"),
+    # fp32 + GQA: flash needs 16-bit, mem-efficient has no GQA -> math (S x S materialised)
+    ("math_fp32_gqa", torch.float32, 1, 4, 2, 48, 32, True, None, "math"),
+]
+
+
+@test
+def sdpa_backends():
+    for case in SDPA_CASES:
+        try:
+            _sdpa_case(*case[1:])
+        except AssertionError as e:
+            raise AssertionError("%s: %s" % (case[0], e))
+
+
+# ------------------------------------------------------------------ LayerNorm
+@test
+def layer_norm_fp32_stats_for_bf16():
+    x = torch.randn(6, 10, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    base = M.live()
+    y = F.layer_norm(x, (32,), w, b, 1e-5)
+    # output + mean + rstd in fp32 (60 rows)
+    assert M.live() - base == nbytes(y) + 2 * 60 * 4, M.live() - base
+    g = torch.randn_like(y)
+    y.backward(g)
+    xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, b))
+    yr = emul._REAL_LN(xr, (32,), wr, br, 1e-5)
+    yr.backward(g.float())
+    close(y, yr, 3e-2)
+    close(x.grad, xr.grad, 6e-2)
+    close(w.grad, wr.grad, 3e-2)
+    close(b.grad, br.grad, 3e-2)
+
+
+# ------------------------------------------------------------------ dropout
+@test
+def dropout_saves_bool_mask():
+    x = torch.randn(64, 64, requires_grad=True)
+    base = M.live()
+    y = F.dropout(x, 0.25, True)
+    assert M.live() - base == nbytes(y) + 64 * 64, M.live() - base    # output + bool mask
+    y.sum().backward()
+    kept = (y != 0)
+    close(x.grad, kept.float() / 0.75, 1e-6)
+
+
+# ------------------------------------------------------------------ autocast
+@test
+def autocast_cuda_policy():
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+    w = torch.randn(16, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.exp(x).dtype == torch.float32            # CUDA fp32 list
+        assert x.pow(2).dtype == torch.float32
+        base = M.live()
+        s = torch.softmax(x, -1)                              # fp32_set_opt_dtype: no input copy
+        assert s.dtype == torch.float32 and M.live() - base == nbytes(s)
+        assert F.linear(x.float(), w).dtype == torch.bfloat16  # lower precision on both
+        assert torch.einsum("ij,jk->ik", x.float(), w).dtype == torch.bfloat16   # CUDA-only lower
+        assert F.layer_norm(x, (16,)).dtype == torch.float32
+        assert torch.stack([x, x]).dtype == torch.bfloat16     # CPU-only promote list: untouched
+
+
+# ------------------------------------------------------------------ grouped_mm
+@test
+def grouped_mm_output_only():
+    a = torch.randn(20, 16, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(4, 16, 24, dtype=torch.bfloat16, requires_grad=True)
+    offs = torch.tensor([5, 5, 12, 20], dtype=torch.int32)
+    base = M.live()
+    o = F.grouped_mm(a, b, offs=offs)
+    assert M.live() - base == nbytes(o), M.live() - base
+    g = torch.randn_like(o)
+    o.backward(g)
+    ref = torch.cat([a[0:5] @ b[0], a[5:5] @ b[1], a[5:12] @ b[2], a[12:20] @ b[3]])
+    close(o, ref, 1e-1)
+    ar, br = a.detach().float().requires_grad_(), b.detach().float().requires_grad_()
+    rr = torch.cat([ar[0:5] @ br[0], ar[5:12] @ br[2], ar[12:20] @ br[3]])
+    rr.backward(torch.cat([g[0:5], g[5:12], g[12:20]]).float())
+    close(a.grad, ar.grad, 2e-1)
+    close(b.grad, br.grad, 4e-1)
+
+
+# ------------------------------------------------------------------ embedding backward
+@test
+def embedding_backward_small_and_large():
+    for n, extra_expected in ((100, False), (4000, True)):
+        V, H = 500, 64
+        w = torch.randn(V, H, requires_grad=True)
+        idx = torch.randint(0, V, (n,))
+        y = F.embedding(idx, w)
+        g = torch.randn_like(y)
+        M.reset_peak()
+        before = M.live()
+        y.backward(g)
+        peak = M.reset_peak() - before
+        ref = torch.zeros(V, H).index_add_(0, idx, g)
+        close(w.grad, ref, 1e-4)
+        gw = V * H * 4
+        if extra_expected:
+            it = 8
+            max_seg = min(n, V)
+            scratch = 3 * n * it + 8 + 2 * max_seg * it + 8 + (n // 10 + max_seg) * it + (n // 10 + max_seg) * H * 4
+            assert peak >= gw + scratch, (peak, gw + scratch)
+        else:
+            assert peak == gw + nbytes(g) * 0 or peak >= gw, peak
+
+
+# ------------------------------------------------------------------ AdamW host steps
+@test
+def adamw_steps_moved_to_host():
+    ps = [torch.nn.Parameter(torch.randn(10)) for _ in range(3)]
+    opt = torch.optim.AdamW(ps, foreach=True)
+    for p in ps:
+        p.grad = torch.randn(10)
+    opt.step()
+    before = M.live()
+    emul.hostify_adam_steps(opt)
+    assert before - M.live() == 3 * 4, before - M.live()     # three fp32 0-dim steps left the count
+    opt.step()                                                # still steps
+    assert int(opt.state[ps[0]]["step"]) == 2
+
+
+# ------------------------------------------------------------------ end to end
+def _row(setup, trace=False):
+    args = [sys.executable, os.path.join(HERE, "truth.py"), "run", json.dumps(setup)]
+    if trace:
+        args.append("--trace")
+    p = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def smoke_setups():
+    import selftest_configs
+    return selftest_configs.setups()[1:]
+
+
+@test
+def tracer_does_not_change_the_measurement():
+    s = smoke_setups()[0]
+    a, b = _row(s), _row(s, trace=True)
+    assert a["measured"]["phase_peak_bytes"] == b["measured"]["phase_peak_bytes"], (a["measured"], b["measured"])
+
+
+@test
+def smoke_rows_match_committed_data():
+    path = os.path.join(HERE, "data", "truth.jsonl")
+    committed = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                d = json.loads(line)
+                committed[d["id"]] = d
+    for s in smoke_setups():
+        r = _row(s)
+        m = r["measured"]
+        assert m["peak_bytes"] >= max(x["start_bytes"] for x in m["ranks"])
+        assert len(m["ranks"]) == s["world_size"]
+        if s["id"] in committed:
+            c = committed[s["id"]]["measured"]
+            assert c["phase_peak_bytes"] == m["phase_peak_bytes"], (s["id"], c["phase_peak_bytes"],
+                                                                      m["phase_peak_bytes"])
+        else:
+            print("  (no committed row for %s: not compared)" % s["id"])
+
+
+def main():
+    only = sys.argv[1:]
+    ok = bad = 0
+    for fn in RESULTS:
+        if only and not any(o in fn.__name__ for o in only):
+            continue
+        try:
+            fn()
+            ok += 1
+            print("PASS", fn.__name__, flush=True)
+        except Exception:
+            bad += 1
+            print("FAIL", fn.__name__, flush=True)
+            traceback.print_exc()
+    print("%d passed, %d failed" % (ok, bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -248,6 +248,11 @@ static int connector(hfc *top, const char *top_type, imp_spec *s, uint64_t vh, u
             return hf_fail(top, "downsample_ratio", "1/ratio must be a whole number");
         imp_set(c, "family", "multi_modal_projector (mlp1)", "pixel_shuffle_mlp");
         imp_set(c, "merge_size", "1 / downsample_ratio", "%.0f", 1.0 / r);
+        if (!strcmp(top_type, "internvl")) { /* InternVLMultiModalProjector's act */
+            if (hf_str(top, "projector_hidden_act", "gelu", act, sizeof act))
+                return -1;
+            imp_set(c, "hidden_act", hf_where(top, "projector_hidden_act", w, sizeof w), "%s", act);
+        }
     } else if (!strcmp(top_type, "idefics3") || !strcmp(top_type, "smolvlm")) {
         uint64_t sf;
         if (hf_u64(top, "scale_factor", 2, &sf))

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 static const char *const top_keys[] = {"name", "modules", "training", "framework",
-                                       "deepspeed", "fsdp", "device"};
+                                       "deepspeed", "fsdp", "ddp", "device"};
 #define NTOP (sizeof top_keys / sizeof top_keys[0])
 
 static int check_top_keys(dctx *c, const mm_node *root)
@@ -313,7 +313,7 @@ int mm_spec_set(mm_spec *spec, const char *assignment, mm_error *err)
         leaf = first;
     } else if (!strcmp(first, "training") || !strcmp(first, "framework") ||
                !strcmp(first, "deepspeed") || !strcmp(first, "fsdp") ||
-               !strcmp(first, "device")) {
+               !strcmp(first, "ddp") || !strcmp(first, "device")) {
         cur = mm_node_get(doc, first);
         if (!cur) {
             cur = mm_node_new(MM_NODE_MAP, 0, 0);
@@ -331,9 +331,9 @@ int mm_spec_set(mm_spec *spec, const char *assignment, mm_error *err)
                 cur = mods->vals[i];
         }
         if (!cur) {
-            const char *cands[MM_MAX_MODULES + 6] = {"training", "framework", "deepspeed",
-                                                      "fsdp", "device", "name"};
-            size_t nc = 6;
+            const char *cands[MM_MAX_MODULES + 7] = {"training", "framework", "deepspeed",
+                                                      "fsdp", "ddp", "device", "name"};
+            size_t nc = 7;
             for (size_t i = 0; i < spec->n_modules; i++)
                 cands[nc++] = spec->modules[i].name;
             const char *sug = mm_suggest(first, cands, nc);

@@ -206,7 +206,14 @@ typedef struct deepspeed_spec {
     int offload_optimizer;            /* to cpu */
     int offload_param;                /* to cpu (ZeRO-3) */
     int pin_memory;
+    uint64_t max_reuse_distance;      /* elements (stage3_max_reuse_distance) */
 } deepspeed_spec;
+
+typedef struct ddp_spec {         /* torch DistributedDataParallel (zero_stage 0, no FSDP) */
+    int gradient_as_bucket_view;  /* .grad are views of the reduce buckets */
+    uint64_t bucket_cap_mb;       /* MiB per reduce bucket */
+    int first_bucket_small;       /* bucket_cap_mb not given: the first bucket is 1 MiB */
+} ddp_spec;
 
 typedef struct fsdp_spec {
     int version;                  /* 1 or 2; 0 = not FSDP */
@@ -218,6 +225,7 @@ typedef struct fsdp_spec {
     int mixed_precision;          /* a MixedPrecision policy is set */
     int cpu_offload;
     int fp32_loaded;              /* the model was loaded in fp32 (sharded in fp32) */
+    precision_kind model_dtype;   /* dtype of the sharded parameters (the loaded model) */
 } fsdp_spec;
 
 typedef struct device_spec {
@@ -243,6 +251,7 @@ struct mm_spec {
     framework_spec framework;
     deepspeed_spec deepspeed;
     fsdp_spec fsdp;
+    ddp_spec ddp;
     device_spec device;
     size_t n_sources;
     spec_source sources[MM_MAX_SOURCES];

@@ -178,8 +178,16 @@ static const keydesc deepspeed_keys[] = {
     {"offload_optimizer", K_ENUM, DS(offload_optimizer), 0, 0, offload_names, 0, 0, 0},
     {"offload_param", K_ENUM, DS(offload_param), 0, 0, offload_names, 0, 0, 0},
     {"pin_memory", K_BOOL, DS(pin_memory), 0, 1, NULL, 0, 0, 0},
+    {"stage3_max_reuse_distance", K_UINT, DS(max_reuse_distance), 0, 1e12, NULL, 0, 0, 0},
 };
 #undef DS
+
+#define DD(f) offsetof(ddp_spec, f)
+static const keydesc ddp_keys[] = {
+    {"gradient_as_bucket_view", K_BOOL, DD(gradient_as_bucket_view), 0, 1, NULL, 0, 0, 0},
+    {"bucket_cap_mb", K_UINT, DD(bucket_cap_mb), 1, 1 << 20, NULL, 0, 0, 0},
+};
+#undef DD
 
 static const char *const fsdp_prec[] = {"bf16", "fp16", "fp32", NULL};
 static const char *const shard_names[] = {"FULL_SHARD", "SHARD_GRAD_OP", NULL};
@@ -202,7 +210,7 @@ static const keydesc fsdp_keys[] = {
     {"reduce_dtype", K_ENUM, FS(f.reduce_dtype), 0, 0, fsdp_prec, 0, 0, 0},
     {"buffer_dtype", K_ENUM, FS(f.buffer_dtype), 0, 0, fsdp_prec, 0, 0, 0},
     {"cpu_offload", K_BOOL, FS(f.cpu_offload), 0, 1, NULL, 0, 0, 0},
-    {"model_dtype", K_ENUM, FS(f.fp32_loaded), 0, 0, fsdp_prec, 0, 0, 0},
+    {"model_dtype", K_ENUM, FS(f.model_dtype), 0, 0, fsdp_prec, 0, 0, 0},
 };
 #undef FS
 
@@ -224,6 +232,7 @@ static int decode_deepspeed(dctx *c, const mm_node *root, mm_spec *s)
     d->contiguous_gradients = 1;
     d->max_live_parameters = 1000000000ull;
     d->sub_group_size = 1000000000ull;
+    d->max_reuse_distance = 1000000000ull;
     const mm_node *ds = mm_node_get(root, "deepspeed");
     if (!ds)
         return 0;
@@ -251,8 +260,11 @@ static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
     in.f.use_orig_params = 1;
     in.f.limit_all_gathers = 1;
     in.f.forward_prefetch = 0;
-    in.f.param_dtype = in.f.reduce_dtype = in.f.buffer_dtype = s->training.precision;
-    in.f.fp32_loaded = PREC_FP32;
+    /* the model FSDP shards: fp32 with fp32 master weights, else the precision
+     * (the truth's bf16 rows shard a bf16 model, its fp32 rows an fp32 one) */
+    const training_spec *t = &s->training;
+    in.f.model_dtype = t->master_weights == MASTER_FP32 ? PREC_FP32 : t->precision;
+    in.f.param_dtype = in.f.reduce_dtype = in.f.buffer_dtype = in.f.model_dtype;
     size_t n = sizeof fsdp_keys / sizeof fsdp_keys[0];
     unsigned char seen[sizeof fsdp_keys / sizeof fsdp_keys[0]] = {0};
     if (key_decode_map(c, fs, fsdp_keys, n, &in, "fsdp", 0, NULL, seen) ||
@@ -273,9 +285,40 @@ static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
     if ((v = mm_node_get(fs, "version")) && s->training.zero_stage)
         return key_fail(c, v, "fsdp", "FSDP and DeepSpeed ZeRO exclude each other "
                                       "(training.zero_stage is %d)", s->training.zero_stage);
+    if (!mm_node_get(fs, "param_dtype"))
+        in.f.param_dtype = in.f.model_dtype;
+    if (!mm_node_get(fs, "reduce_dtype"))
+        in.f.reduce_dtype = in.f.param_dtype;
+    if (!mm_node_get(fs, "buffer_dtype"))
+        in.f.buffer_dtype = in.f.param_dtype;
     s->fsdp = in.f;
-    s->fsdp.fp32_loaded = in.f.fp32_loaded == PREC_FP32;
+    s->fsdp.fp32_loaded = in.f.model_dtype == PREC_FP32;
     spec_derive(s); /* FSDP's MixedPrecision casts the parameters, no autocast */
+    return 0;
+}
+
+/* torch DistributedDataParallel: bucket_cap_mb 25 (_DEFAULT_BUCKET_CAP_MB); a
+ * cap left at its default makes the first bucket 1 MiB (distributed.py,
+ * _BucketCapacityConfig.create) */
+static int decode_ddp(dctx *c, const mm_node *root, mm_spec *s)
+{
+    ddp_spec *d = &s->ddp;
+    memset(d, 0, sizeof *d);
+    d->bucket_cap_mb = 25;
+    d->first_bucket_small = 1;
+    const mm_node *dd = mm_node_get(root, "ddp");
+    if (!dd)
+        return 0;
+    if (key_decode_map(c, dd, ddp_keys, sizeof ddp_keys / sizeof ddp_keys[0], d, "ddp", 0, NULL,
+                       NULL))
+        return -1;
+    d->first_bucket_small = mm_node_get(dd, "bucket_cap_mb") == NULL;
+    if (s->training.zero_stage)
+        return key_fail(c, dd, "ddp", "DDP and DeepSpeed ZeRO exclude each other "
+                                      "(training.zero_stage is %d)", s->training.zero_stage);
+    if (s->fsdp.version)
+        return key_fail(c, dd, "ddp", "DDP and FSDP exclude each other (fsdp.version is %d)",
+                        s->fsdp.version);
     return 0;
 }
 
@@ -303,7 +346,8 @@ static int decode_device(dctx *c, const mm_node *root, mm_spec *s)
 
 int spec_decode_sections(dctx *c, const mm_node *root, mm_spec *s)
 {
-    if (decode_deepspeed(c, root, s) || decode_fsdp(c, root, s) || decode_device(c, root, s))
+    if (decode_deepspeed(c, root, s) || decode_fsdp(c, root, s) || decode_ddp(c, root, s) ||
+        decode_device(c, root, s))
         return -1;
     return 0;
 }

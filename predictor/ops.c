@@ -44,6 +44,9 @@ void op_param(lctx *c, uint32_t r, uint64_t n, int trainable)
     if (trainable && c->per_layer && c->s->layer_tp && c->layer < MM_MAX_LAYERS)
         c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
             sim_add(c->s, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
+    if (c->per_layer && c->s->layer_p && c->layer < MM_MAX_LAYERS)
+        c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
+            sim_add(c->s, c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
 }
 
 uint64_t op_mul(lctx *c, uint64_t a, uint64_t b)

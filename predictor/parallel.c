@@ -1,28 +1,21 @@
-/* parallel.c - model states and runtime buffers per strategy (see
- * parallel.h).  Per rank, N-way data parallel; "sharded" tensors are divided
- * by N on the timeline (sim.c), so one run serves every N.
- *   DDP: full parameters, gradients and states; gradient buckets (a second
- *     copy of the gradients) when N > 1 (torch DistributedDataParallel,
- *     gradient_as_bucket_view=False).
- *   ZeRO-1/2/3 (DeepSpeed, bf16/fp16): 16-bit parameters (sharded at stage 3),
- *     fp32 master weights and Adam states sharded; stage 2/3 reduce gradients
- *     through buckets into a sharded partition (DeepSpeed's estimators:
- *     ZeRO-2 2P + 18P/N, ZeRO-3 18P/N); CPU offload moves the fp32 states (and
- *     at stage 3 the 16-bit partitions) to the host.
- *   FSDP1: a flat parameter per wrapped unit (each transformer layer, the rest
- *     in the root), sharded in the load dtype; units gathered in param_dtype for
- *     their forward and backward (the root for the whole step), the current and
- *     a prefetched one; with use_orig_params a unit that mixes frozen and
- *     trainable parameters gets a gradient for all of it.
- *   FSDP2: the same per parameter (DTensor shards): no mixed-unit penalty. */
+/* parallel.c - model states per strategy and the step's hand-offs to the
+ * strategy files (see parallel.h, docs/parallel.md).
+ *   DDP: full parameters, gradients and states; reduce buckets when N > 1.
+ *   ZeRO-1/2/3 (DeepSpeed): 16-bit parameters (sharded at stage 3), fp32
+ *     master weights and Adam states sharded; CPU offload moves the fp32
+ *     states (and at stage 3 the 16-bit partitions) to the host.
+ *   FSDP1/FSDP2: parameters sharded in the model dtype, units gathered in
+ *     param_dtype around their forward and backward (parallel_fsdp.c). */
 #include "parallel.h"
+#include "family.h"
+#include "step.h"
 #include "util.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int is_fsdp(const par_state *ps)
+int par_is_fsdp(const par_state *ps)
 {
     return ps->kind == PAR_FSDP1 || ps->kind == PAR_FSDP2;
 }
@@ -63,35 +56,87 @@ static uint64_t row_states(par_state *ps, sim *s, const sim_row *R, optimizer_ki
     return st;
 }
 
-/* unit sizes: the largest layer (rows repeated per layer) and the root (the rest) */
-static void unit_sizes(par_state *ps, sim *s, const mm_spec *sp)
+/* Idefics3 / SmolVLM wrap only the vision attention (_no_split_modules =
+ * Idefics3VisionAttention): the rest of those layers is in the root */
+static int attention_only(const par_state *ps, uint32_t module)
 {
-    ps->largest_layer = ps->root = 0;
-    uint64_t grad = 0;
-    for (size_t mi = 0; mi < sp->n_modules; mi++) {
-        uint64_t per = 0, layers = 0, root = 0;
-        int tr_layers = 0, tr_root = 0;
-        for (size_t r = 0; r < s->nrows; r++) {
-            const sim_row *R = &s->rows[r];
-            if (R->module != mi || !R->params)
-                continue;
-            if (R->count > 1) {
-                per = sim_add(s, per, R->params / R->count);
-                layers = sim_add(s, layers, R->params);
-                tr_layers |= R->trainable > 0;
-            } else {
-                root = sim_add(s, root, R->params);
-                tr_root |= R->trainable > 0;
-            }
-        }
-        if (per > ps->largest_layer)
-            ps->largest_layer = per;
-        ps->root = sim_add(s, ps->root, root);
-        grad = sim_add(s, grad, sim_add(s, tr_layers ? layers : 0, tr_root ? root : 0));
+    const module_spec *m = &ps->sp->modules[module];
+    const family_def *f = m->kind == MOD_VISION ? family_at(m->kind, m->family) : NULL;
+    return f && !strcmp(f->name, "idefics3");
+}
+
+static uint64_t attention_params(const par_state *ps, uint32_t module, int trainable)
+{
+    const sim *s = ps->c->s;
+    uint64_t n = 0;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        if (R->module == module && R->count && !strncmp(R->name, "layers.self_attn.", 17))
+            n += (trainable ? R->trainable : R->params) / R->count;
     }
-    /* FSDP1 use_orig_params: a unit with any trainable parameter has a gradient
-     * for its whole flat parameter */
-    ps->P_grad = ps->kind == PAR_FSDP1 ? grad : ps->P_tr;
+    return n;
+}
+
+uint64_t par_unit_params(const par_state *ps, uint32_t module, uint64_t layer)
+{
+    const sim *s = ps->c->s;
+    if (module >= MM_MAX_MODULES || layer >= MM_MAX_LAYERS || !s->layer_p)
+        return 0;
+    if (attention_only(ps, module))
+        return attention_params(ps, module, 0);
+    return s->layer_p[(size_t)module * MM_MAX_LAYERS + layer];
+}
+
+uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer)
+{
+    const sim *s = ps->c->s;
+    if (module >= MM_MAX_MODULES || layer >= MM_MAX_LAYERS || !s->layer_tp)
+        return 0;
+    if (attention_only(ps, module))
+        return attention_params(ps, module, 1);
+    return s->layer_tp[(size_t)module * MM_MAX_LAYERS + layer];
+}
+
+/* the root unit: every parameter outside a wrapped layer */
+static void root_sizes(par_state *ps, const mm_spec *sp)
+{
+    uint64_t p = 0, t = 0;
+    for (uint32_t m = 0; m < sp->n_modules; m++) {
+        uint64_t n = sp->modules[m].num_hidden_layers + sp->modules[m].num_global_layers;
+        for (uint64_t l = 0; l < n && l < MM_MAX_LAYERS; l++) {
+            p += par_unit_params(ps, m, l);
+            t += par_unit_trainable(ps, m, l);
+        }
+    }
+    ps->root = ps->P_all > p ? ps->P_all - p : 0;
+    ps->root_tr = ps->P_tr > t ? ps->P_tr - t : 0;
+}
+
+void par_drop_grads(sim *s, int32_t mark)
+{
+    for (size_t i = mark > 0 ? (size_t)mark : 0; i < s->nt; i++) {
+        const sim_tensor *t = &s->t[i];
+        if (t->alive && t->cls == F_GRAD && t->sharded == SIM_FIXED && t->base < 0)
+            sim_drop(s, (int32_t)i);
+    }
+}
+
+size_t par_marker(sim *s, uint32_t row, void (*fn)(sim *, const sim_node *, void *), void *ctx,
+                  uint32_t module, uint64_t layer, int kind, uint64_t count)
+{
+    size_t k = s->ntape;
+    sim_node *n = sim_node_new(s, row, -1);
+    if (!n)
+        return k;
+    n->marker = fn;
+    n->marker_ctx = ctx;
+    n->aux[0] = (int32_t)module;
+    n->aux[1] = (int32_t)layer;
+    n->aux[2] = -1;
+    n->aux[3] = kind;
+    n->aux[4] = (int32_t)count;
+    n->aux[5] = (int32_t)k;
+    return k;
 }
 
 static void setup(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
@@ -100,24 +145,28 @@ static void setup(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
     const training_spec *t = &sp->training;
     memset(ps, 0, sizeof *ps);
     ps->sp = sp;
-    ps->kind = sp->fsdp.version ? (sp->fsdp.version == 2 ? PAR_FSDP2 : PAR_FSDP1)
-                                : t->zero_stage ? PAR_ZERO : PAR_DDP;
+    ps->c = c;
+    ps->kind = step_parallel(sp);
     ps->llm = llm;
-    ps->partition = ps->gathered = ps->bucket = ps->root_buf = -1;
+    ps->partition = ps->bucket = ps->ddp_first = ps->ddp_cur = -1;
     for (size_t r = 0; r < s->nrows; r++) {
         ps->P_all = sim_add(s, ps->P_all, s->rows[r].params);
         ps->P_tr = sim_add(s, ps->P_tr, s->rows[r].trainable);
     }
-    unit_sizes(ps, s, sp);
-    if (is_fsdp(ps))
-        ps->store = sp->fsdp.fp32_loaded ? 4 : c->dt;
+    root_sizes(ps, sp);
+    ps->P_grad = ps->P_tr;
+    if (par_is_fsdp(ps))
+        ps->store = mm_dtype_bytes(sp->fsdp.model_dtype);
     else
         ps->store = c->amp ? 4 : c->dt;
-    ps->sdt = c->amp || t->zero_stage >= 1 || (is_fsdp(ps) && sp->fsdp.fp32_loaded) ? 4 : c->dt;
+    ps->sdt = c->amp || t->zero_stage >= 1 ? 4 : par_is_fsdp(ps) ? ps->store : c->dt;
     ps->r_gather = sim_row_get(s, llm, "runtime.gathered_params", "runtime");
     ps->r_bucket = sim_row_get(s, llm, "runtime.reduce_buckets", "runtime");
     ps->r_part = sim_row_get(s, llm, "runtime.grad_partition", "runtime");
+    ps->r_grads = sim_row_get(s, llm, "runtime.reduced_grads", "runtime");
     ps->r_step = sim_row_get(s, llm, "optimizer.step", "runtime");
+    if (par_is_fsdp(ps))
+        fsdp_setup(ps, c);
 }
 
 /* what goes to the host with CPU offload, per rank */
@@ -130,11 +179,36 @@ static void host_states(par_state *ps, sim *s, const mm_spec *sp, uint64_t state
         h = sim_add(s, h, mm_ceil_div(sim_add(s, sim_mul(s, ps->P_tr, 8), states), N));
     if (ps->kind == PAR_ZERO && d->offload_param)
         h = sim_add(s, h, mm_ceil_div(sim_mul(s, ps->P_all, ps->store), N));
-    if (is_fsdp(ps) && sp->fsdp.cpu_offload)
+    if (par_is_fsdp(ps) && sp->fsdp.cpu_offload)
         h = sim_add(s, h, mm_ceil_div(sim_add(s, sim_add(s, sim_mul(s, ps->P_all, ps->store),
                                                          sim_mul(s, ps->P_grad, ps->store)),
                                               states), N));
     s->host_bytes = sim_add(s, s->host_bytes, h);
+}
+
+/* one row's parameters, optimizer states and persistent gradients */
+static uint64_t row_model_states(par_state *ps, lctx *c, uint32_t r, int offl_opt, int offl_par)
+{
+    sim *s = c->s;
+    const training_spec *t = &ps->sp->training;
+    int zero = ps->kind == PAR_ZERO ? t->zero_stage : 0, fsdp = par_is_fsdp(ps);
+    int paged = t->optimizer == OPT_PAGED_ADAMW || t->optimizer == OPT_PAGED_ADAMW_8BIT;
+    sim_row *R = &s->rows[r];
+    uint64_t bytes = R->qbytes ? R->qbytes : sim_mul(s, R->params, ps->store);
+    if (R->params && !offl_par)
+        sim_alloc(s, r, bytes, F_PARAM, zero == 3 || fsdp);
+    if (!R->trainable)
+        return 0;
+    uint64_t st = row_states(ps, s, R, t->optimizer);
+    if (zero) /* fp32 master weights */
+        st = sim_add(s, st, sim_mul(s, R->trainable, 4));
+    if (paged)
+        s->outside_bytes = sim_add(s, s->outside_bytes, zero || fsdp ? mm_ceil_div(st, s->dp) : st);
+    else if (st && !offl_opt)
+        sim_alloc(s, r, st, F_OPT, zero >= 1 || fsdp);
+    if (t->grad_accum > 1 && zero <= 1 && !fsdp) /* .grad alive across micro-steps */
+        sim_alloc(s, r, sim_mul(s, R->trainable, c->gdt), F_GRAD, 0);
+    return st;
 }
 
 void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
@@ -144,202 +218,57 @@ void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
     setup(ps, c, sp, llm);
     sim_set_phase(s, MM_PHASE_FORWARD);
     sim_label(s, "model states", 0);
-    int zero = ps->kind == PAR_ZERO ? t->zero_stage : 0, fsdp = is_fsdp(ps);
+    int zero = ps->kind == PAR_ZERO ? t->zero_stage : 0, fsdp = par_is_fsdp(ps);
     int offl_opt = (zero && sp->deepspeed.offload_optimizer) || (fsdp && sp->fsdp.cpu_offload);
     int offl_par = (zero == 3 && sp->deepspeed.offload_param) || (fsdp && sp->fsdp.cpu_offload);
-    int paged = t->optimizer == OPT_PAGED_ADAMW || t->optimizer == OPT_PAGED_ADAMW_8BIT;
     uint64_t all_states = 0;
     size_t nrows = s->nrows;
-    for (size_t r = 0; r < nrows; r++) {
-        sim_row *R = &s->rows[r];
-        uint64_t bytes = R->qbytes ? R->qbytes : sim_mul(s, R->params, ps->store);
-        if (R->params && !offl_par)
-            sim_alloc(s, (uint32_t)r, bytes, F_PARAM, zero == 3 || fsdp);
-        if (!R->trainable)
-            continue;
-        uint64_t st = row_states(ps, s, R, t->optimizer);
-        if (zero) /* fp32 master weights */
-            st = sim_add(s, st, sim_mul(s, R->trainable, 4));
-        all_states = sim_add(s, all_states, st);
-        if (paged)
-            s->outside_bytes = sim_add(s, s->outside_bytes,
-                                       zero || fsdp ? mm_ceil_div(st, s->dp) : st);
-        else if (st && !offl_opt)
-            sim_alloc(s, (uint32_t)r, st, F_OPT, zero >= 1 || fsdp);
-        if (t->grad_accum > 1 && zero <= 1 && !fsdp) /* .grad alive across micro-steps */
-            sim_alloc(s, (uint32_t)r, sim_mul(s, R->trainable, c->gdt), F_GRAD, 0);
-        if (ps->kind == PAR_DDP) /* DDP gradient buckets (a full copy), only when N > 1 */
-            sim_alloc(s, (uint32_t)r, sim_mul(s, R->trainable, c->gdt), F_GRAD, SIM_MULTI);
-    }
+    for (size_t r = 0; r < nrows; r++)
+        all_states = sim_add(s, all_states, row_model_states(ps, c, (uint32_t)r, offl_opt, offl_par));
     host_states(ps, s, sp, all_states);
+    if (ps->kind == PAR_DDP)
+        ddp_buckets(ps, c);
     uint64_t gb = zero == 3 ? 4 : fsdp ? ps->store : c->dt;
     if (t->grad_accum > 1 && (zero >= 2 || fsdp) && ps->P_grad && !offl_opt)
         ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, gb), F_GRAD, 1);
+    ps->step_mark = (int32_t)s->nt;
 }
 
-/* DeepSpeed ZeRO-3 params below stage3_param_persistence_threshold stay
- * gathered (auto: 10 x hidden, transformers' deepspeed integration) */
-static uint64_t persistent_small(const par_state *ps, sim *s, uint64_t thr)
-{
-    uint64_t n = 0;
-    for (size_t r = 0; r < s->nrows; r++) {
-        const sim_row *R = &s->rows[r];
-        uint64_t per = R->params / (R->count ? R->count : 1);
-        if (R->params && per < thr)
-            n = sim_add(s, n, R->params);
-    }
-    (void)ps;
-    return n;
-}
-
-static uint64_t decoder_hidden(const mm_spec *sp)
-{
-    const module_spec *d = mm_spec_module(sp, MOD_DECODER);
-    return d ? d->hidden_size : 0;
-}
+/* ---- the step's hand-offs ---------------------------------------------------------- */
 
 void par_forward_begin(par_state *ps, lctx *c)
 {
-    sim *s = c->s;
-    const mm_spec *sp = ps->sp;
-    const deepspeed_spec *d = &sp->deepspeed;
-    uint64_t h = decoder_hidden(sp);
-    if (ps->kind == PAR_ZERO && sp->training.zero_stage == 3) {
-        /* the layer being run plus what stage3_prefetch_bucket_size lets it
-         * fetch ahead, capped by stage3_max_live_parameters; the persistent
-         * small parameters are always there */
-        uint64_t pre = d->prefetch_bucket_size ? d->prefetch_bucket_size
-                                               : (uint64_t)(0.9 * (double)h * (double)h);
-        uint64_t live = sim_add(s, ps->largest_layer, pre < ps->largest_layer ? pre : ps->largest_layer);
-        if (live > d->max_live_parameters && d->max_live_parameters >= ps->largest_layer)
-            live = d->max_live_parameters;
-        uint64_t thr = d->param_persistence_threshold ? d->param_persistence_threshold : 10 * h;
-        live = sim_add(s, live, persistent_small(ps, s, thr));
-        ps->gathered = sim_alloc(s, ps->r_gather, sim_mul(s, live, c->dt), F_PARAM, 0);
-    } else if (is_fsdp(ps)) {
-        const fsdp_spec *f = &sp->fsdp;
-        uint64_t pdt = mm_dtype_bytes(f->param_dtype);
-        /* the root unit stays gathered; each layer unit is gathered for its
-         * forward with the next prefetched (limit_all_gathers allows two in
-         * flight); without resharding after forward every unit stays */
-        ps->root_buf = sim_alloc(s, ps->r_gather, sim_mul(s, ps->root, pdt), F_PARAM, 0);
-        uint64_t units = f->limit_all_gathers ? 2 : 3;
-        uint64_t g = sim_mul(s, ps->largest_layer, units);
-        if (!f->reshard_after_forward)
-            g = ps->P_all > ps->root ? ps->P_all - ps->root : 0;
-        ps->gathered = sim_alloc(s, ps->r_gather, sim_mul(s, g, pdt), F_PARAM, 0);
-    }
+    (void)c;
+    if (par_is_fsdp(ps))
+        fsdp_forward_begin(ps);
+    else if (ps->kind == PAR_ZERO)
+        zero_forward_begin(ps);
+}
+
+void par_forward_end(par_state *ps, lctx *c)
+{
+    (void)c;
+    if (par_is_fsdp(ps))
+        fsdp_forward_end(ps);
+    else if (ps->kind == PAR_ZERO)
+        zero_forward_end(ps);
 }
 
 void par_backward_begin(par_state *ps, lctx *c)
 {
-    sim *s = c->s;
-    const mm_spec *sp = ps->sp;
-    const deepspeed_spec *d = &sp->deepspeed;
-    int zero = ps->kind == PAR_ZERO ? sp->training.zero_stage : 0;
-    int offl = (zero && d->offload_optimizer) || (is_fsdp(ps) && sp->fsdp.cpu_offload);
-    if (!ps->P_grad)
-        return;
-    if (zero >= 2) {
-        uint64_t rb = d->reduce_bucket_size ? d->reduce_bucket_size
-                                            : sim_mul(s, decoder_hidden(sp), decoder_hidden(sp));
-        sim_label(s, "deepspeed reduce buckets", ps->r_bucket);
-        ps->bucket = sim_alloc(s, ps->r_bucket, sim_mul3(s, rb, c->dt, d->overlap_comm ? 2 : 1),
-                               F_GRAD, 0);
-    }
-    /* ZeRO-2 reduces into a 16-bit partition, ZeRO-3 into an fp32 one the
-     * optimizer uses as is; FSDP into sharded grads in the storage dtype.
-     * ZeRO-2 without contiguous_gradients keeps them per tensor (sim: sharded
-     * weight gradients that persist), offload keeps them on the host */
-    int contiguous = zero != 2 || d->contiguous_gradients;
-    if (sp->training.grad_accum == 1 && (zero >= 2 || is_fsdp(ps)) && !offl && contiguous) {
-        uint64_t gb = zero == 3 ? 4 : is_fsdp(ps) ? ps->store : c->dt;
-        ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, gb), F_GRAD, 1);
-    }
+    if (ps->kind == PAR_DDP)
+        ddp_backward_begin(ps, c);
+    else if (par_is_fsdp(ps))
+        fsdp_backward_begin(ps);
+    else
+        zero_backward_begin(ps);
 }
 
 void par_backward_end(par_state *ps, lctx *c)
 {
-    sim_drop(c->s, ps->bucket);
-    sim_drop(c->s, ps->gathered);
-    sim_drop(c->s, ps->root_buf);
-    ps->bucket = ps->gathered = ps->root_buf = -1;
-}
-
-typedef struct piece_list {
-    sim *s;
-    uint32_t row;
-    int32_t *ids;
-    size_t n, cap;
-} piece_list;
-
-static void alloc_piece(void *ctx, uint32_t row, uint64_t bytes)
-{
-    piece_list *l = ctx;
-    (void)row;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 256;
-        int32_t *p = realloc(l->ids, cap * sizeof *p);
-        if (!p) {
-            l->s->oom = 1;
-            return;
-        }
-        l->ids = p;
-        l->cap = cap;
-    }
-    l->ids[l->n++] = sim_alloc(l->s, l->row, bytes, F_TEMP, 0);
-}
-
-/* torch._foreach_sqrt(exp_avg_sqs): one temporary per trainable parameter, all
- * alive together (torch/optim/adamw.py, _multi_tensor_adamw) */
-static void foreach_sqrt(sim *s, uint32_t r_step, uint64_t sdt)
-{
-    uint64_t *rb = calloc(s->nrows + 1, sizeof *rb);
-    piece_list l = {.s = s, .row = r_step};
-    if (!rb) {
-        s->oom = 1;
-        return;
-    }
-    for (size_t r = 0; r < s->nrows; r++)
-        rb[r] = sim_mul(s, s->rows[r].trainable, sdt);
-    sim_each_piece(s, rb, 1, alloc_piece, &l);
-    for (size_t i = 0; i < l.n; i++)
-        sim_drop(s, l.ids[i]);
-    free(l.ids);
-    free(rb);
-}
-
-void par_optimizer(par_state *ps, lctx *c)
-{
-    sim *s = c->s;
-    const training_spec *t = &ps->sp->training;
-    int zero = ps->kind == PAR_ZERO ? t->zero_stage : 0;
-    int offl = (zero && ps->sp->deepspeed.offload_optimizer) ||
-               (is_fsdp(ps) && ps->sp->fsdp.cpu_offload);
-    sim_label(s, "optimizer step", ps->r_step);
-    int adam = t->optimizer == OPT_ADAMW || t->optimizer == OPT_ADAM;
-    if (ps->P_tr && !t->optimizer_in_backward && !offl) {
-        if (zero == 1 || zero == 2) {
-            /* DeepSpeed: the gradient partition converted to fp32 for the step */
-            sim_transient_sharded(s, ps->r_step, sim_mul(s, ps->P_tr, 4));
-        } else if (zero == 3) {
-            /* the fp32 gradient partition is used as is (FusedAdam: no temporaries) */
-        } else if (is_fsdp(ps) && adam && t->impl == IMPL_FOREACH) {
-            sim_transient_sharded(s, ps->r_step, sim_mul(s, ps->P_tr, ps->sdt));
-        } else if (adam && t->impl == IMPL_FOREACH) {
-            foreach_sqrt(s, ps->r_step, ps->sdt);
-        } else if (adam && t->impl == IMPL_FOR_LOOP) { /* denom per parameter */
-            sim_transient(s, ps->r_step, sim_mul3(s, c->largest_param, ps->sdt, 2));
-        } else if (t->optimizer == OPT_ADAFACTOR) {
-            /* HF Adafactor: fp32 grad copy, update and param copy per parameter */
-            sim_transient(s, ps->r_step, sim_mul3(s, c->largest_param, 4, 3));
-        }
-    }
-    /* zero_grad(set_to_none=True) */
-    for (size_t i = 0; i < s->nt; i++)
-        if (s->t[i].alive && s->t[i].cls == F_GRAD && (int32_t)i != ps->partition &&
-            s->t[i].base < 0)
-            sim_drop(s, (int32_t)i);
-    sim_drop(s, ps->partition);
-    ps->partition = -1;
+    c->s->on_wgrad = NULL;
+    if (par_is_fsdp(ps))
+        fsdp_backward_end(ps);
+    else if (ps->kind == PAR_ZERO)
+        zero_backward_end(ps);
 }

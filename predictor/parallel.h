@@ -1,6 +1,10 @@
 /* parallel.h - what a training framework holds around the step, per
- * strategy: DDP, DeepSpeed ZeRO 1-3 (with CPU offload), FSDP1 (flat
- * parameters) and FSDP2 (per-parameter sharding). */
+ * strategy: DDP (parallel_ddp.c), DeepSpeed ZeRO 1-3 (parallel_zero*.c),
+ * FSDP1 flat parameters and FSDP2 per-parameter sharding (parallel_fsdp.c).
+ * docs/parallel.md says what each keeps alive when, with the library lines.
+ *
+ * Per rank, N-way data parallel: "sharded" tensors are divided by N on the
+ * timeline (sim.c), so one run serves every N. */
 #ifndef MM_PARALLEL_H
 #define MM_PARALLEL_H
 
@@ -9,21 +13,67 @@
 typedef struct par_state {
     parallel_kind kind;
     const mm_spec *sp;
+    lctx *c;
     uint64_t P_all, P_tr, P_grad;      /* all, trainable, with a gradient buffer */
-    uint64_t largest_layer, root;      /* unsharded unit sizes (parameters) */
+    uint64_t root, root_tr;            /* parameters outside the wrapped layer units */
     uint64_t store, sdt;               /* parameter storage and optimizer-state dtype bytes */
-    uint32_t llm, r_gather, r_bucket, r_part, r_step;
-    int32_t partition, gathered, bucket, root_buf;
+    uint32_t llm, r_gather, r_bucket, r_part, r_step, r_grads;
+    int32_t partition, bucket, gathered;
+    int32_t step_mark;                 /* first tensor of the step proper */
+    /* DDP (parallel_ddp.c) */
+    int32_t ddp_first, ddp_cur;        /* buckets: consecutive tensor ids, the one filling */
+    size_t ddp_n, ddp_next;
+    /* FSDP (parallel_fsdp.c) */
+    uint64_t pdt, rdt;                 /* compute (param_dtype) and reduce dtype bytes */
+    int32_t root_p;                    /* the root unit's unsharded parameters, -1 sharded */
+    int32_t ag_held;                   /* FSDP2: the last all-gather output, freed by the next */
+    int32_t rs_held;                   /* FSDP2: the last reduce-scatter input, freed by the next */
+    int32_t pf_f, pf_p;                /* the unit prefetched for backward (flat output, params) */
+    size_t pf_k;                       /* its marker's tape index + 1 (0: none) */
+    int32_t cur_p, cur_mark;           /* the unit in backward: params, its first gradient id */
+    int32_t fwd_p;                     /* the unit in forward: params */
+    size_t fwd_k;                      /* the tape index of its post-backward marker */
 } par_state;
 
 /* parameters, optimizer states and persistent gradients at step start */
 void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm);
-/* gathered parameters (ZeRO-3, FSDP) for the forward */
+/* gathered parameters (ZeRO-3, FSDP) for the forward, and at its end */
 void par_forward_begin(par_state *ps, lctx *c);
+void par_forward_end(par_state *ps, lctx *c);
 /* reduce buckets and gradient partitions */
 void par_backward_begin(par_state *ps, lctx *c);
 void par_backward_end(par_state *ps, lctx *c);
 /* the optimizer step's temporaries and zero_grad */
 void par_optimizer(par_state *ps, lctx *c);
+
+/* ---- between the parallel*.c files ---- */
+int par_is_fsdp(const par_state *ps);
+/* parameters of one wrapped layer unit (FSDP: a _no_split_modules layer) */
+uint64_t par_unit_params(const par_state *ps, uint32_t module, uint64_t layer);
+uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer);
+/* drop every alive, unsharded weight gradient made since tensor `mark` */
+void par_drop_grads(sim *s, int32_t mark);
+/* a backward marker on the tape (sim_node.marker): aux[0] module, aux[1] layer,
+ * aux[2] a tensor, aux[3] kind, aux[4] count; returns its tape index */
+size_t par_marker(sim *s, uint32_t row, void (*fn)(sim *, const sim_node *, void *), void *ctx,
+                  uint32_t module, uint64_t layer, int kind, uint64_t count);
+
+/* parallel_ddp.c: DDP's reduce buckets, and the gradients that become views of them */
+void ddp_buckets(par_state *ps, lctx *c);
+void ddp_backward_begin(par_state *ps, lctx *c);
+
+/* parallel_fsdp.c */
+void fsdp_setup(par_state *ps, lctx *c);
+void fsdp_forward_begin(par_state *ps);
+void fsdp_forward_end(par_state *ps);
+void fsdp_backward_begin(par_state *ps);
+void fsdp_backward_end(par_state *ps);
+
+/* parallel_zero.c: DeepSpeed ZeRO stages 1-3 */
+void zero_forward_begin(par_state *ps);
+void zero_forward_end(par_state *ps);
+void zero_backward_begin(par_state *ps);
+void zero_backward_end(par_state *ps);
+void zero_step(par_state *ps, lctx *c);
 
 #endif

@@ -193,9 +193,11 @@ int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned
     tmpl.rows = s.rows;
     tmpl.nrows = s.nrows;
     tmpl.layer_tp = s.layer_tp;
+    tmpl.layer_p = s.layer_p;
     memcpy(tmpl.rcache, s.rcache, sizeof tmpl.rcache);
     s.rows = NULL;
     s.layer_tp = NULL;
+    s.layer_p = NULL;
     s.nrows = s.caprows = 0;
     uint64_t host = s.host_bytes, outside = s.outside_bytes;
     uint64_t largest = s.largest_param;
@@ -204,6 +206,7 @@ int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned
     if (reserved_peak(sp, &tmpl, largest, N, out, err)) {
         free(tmpl.rows);
         free(tmpl.layer_tp);
+        free(tmpl.layer_p);
         return -1;
     }
     /* replay to the peak event for the breakdown */
@@ -212,6 +215,7 @@ int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned
     int rc = step_run(sp, &s, &snap, err);
     free(tmpl.rows);
     free(tmpl.layer_tp);
+    free(tmpl.layer_p);
     if (rc) {
         sim_free(&s);
         return -1;

@@ -24,6 +24,7 @@ void sim_free(sim *s)
     free(s->snap_row_fact);
     free(s->ev);
     free(s->layer_tp);
+    free(s->layer_p);
     memset(s, 0, sizeof *s);
 }
 
@@ -529,6 +530,8 @@ static void node_backward(sim *s, const sim_node *n)
         /* AccumulateGrad: the first gradient becomes .grad (kept until
          * zero_grad); a second contribution (tied weights) is added */
         int32_t g = sim_alloc(s, n->wgrad_row, n->wgrad_bytes, F_GRAD, n->wgrad_sharded);
+        if (s->on_wgrad && g >= 0)
+            s->on_wgrad(s, g, s->on_wgrad_ctx);
         if (n->wgrad_transient)
             sim_drop(s, g); /* copied into the reduce bucket / partition */
         /* else stays alive: held until the optimizer's zero_grad */
@@ -548,7 +551,9 @@ void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx
         if (s->oom || s->stopped)
             return;
         sim_label(s, NULL, n.row);
-        if (n.ckpt)
+        if (n.marker)
+            n.marker(s, &n, n.marker_ctx);
+        else if (n.ckpt)
             ckpt_backward(s, &n, fn, ctx);
         else
             node_backward(s, &n);

@@ -39,6 +39,7 @@ typedef struct sim_ev {
     uint8_t is_free, phase, cls;
 } sim_ev;
 
+struct sim;
 #define SIM_MAX_SAVED 6
 #define SIM_MAX_IN 3
 #define SIM_MAX_OUT 3
@@ -60,7 +61,23 @@ typedef struct sim_node {
     uint32_t ckpt_layer;              /* layer index for the recompute */
     int32_t aux[6];                   /* checkpoint: input, cos, sin, mask, sliding mask, cross states */
     const void *ckpt_prog;            /* layer program to re-run */
+    /* a marker the parallel strategy put on the tape (parallel*.c): backward
+     * calls it when it gets there and does nothing else with the node */
+    void (*marker)(struct sim *s, const struct sim_node *n, void *ctx);
+    void *marker_ctx;
 } sim_node;
+
+/* a boundary of stack.c's layer loop, for the parallel strategy (FSDP
+ * units, ZeRO-3 fetches): before or after layer `layer` of module `module`
+ * runs, or (SIM_LAYERS_FOLDED) `count` layers from `layer` that the loop
+ * stands in for with a ballast */
+enum { SIM_LAYER_BEGIN = 0, SIM_LAYER_END, SIM_LAYERS_FOLDED };
+typedef struct sim_layer_ev {
+    uint32_t module;
+    uint64_t layer, count;
+    int what;
+    int grad;                         /* autograd records the layer */
+} sim_layer_ev;
 
 typedef struct sim_row {
     char name[MM_MAX_NAME];
@@ -126,6 +143,14 @@ typedef struct sim {
     int32_t ckpt_extra;        /* a recompute's own input copy (offloaded checkpoints) */
     uint64_t host_bytes;       /* per rank, on the host: offloaded states and activations */
     uint64_t outside_bytes;    /* on the GPU outside the caching allocator (paged optimizers) */
+    /* each weight gradient a backward node makes, right after it is allocated:
+     * the parallel strategy's reduction takes it (parallel*.c); NULL = none */
+    void (*on_wgrad)(struct sim *s, int32_t grad, void *ctx);
+    void *on_wgrad_ctx;
+    void (*on_layer)(struct sim *s, const sim_layer_ev *e, void *ctx);
+    void *on_layer_ctx;
+    uint64_t *layer_p;         /* parameters per (module, layer): MM_MAX_MODULES x MM_MAX_LAYERS,
+                                  filled by the counting pass (wrapped units' sizes) */
 } sim;
 
 void sim_init(sim *s, uint64_t dp, int symbolic);

@@ -137,6 +137,16 @@ static int32_t run_layer(lctx *c, int32_t x, uint64_t l)
     return y;
 }
 
+/* the parallel strategy's view of the loop (FSDP units, ZeRO-3 fetches) */
+static void layer_ev(lctx *c, uint64_t l, uint64_t n, int what)
+{
+    sim *s = c->s;
+    if (!s->on_layer || c->counting)
+        return;
+    sim_layer_ev e = {.module = c->mi, .layer = l, .count = n, .what = what, .grad = c->grad};
+    s->on_layer(s, &e, s->on_layer_ctx);
+}
+
 int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *keep)
 {
     fold_plan f;
@@ -153,6 +163,7 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
         }
         if (f.on && l == g2) {
             uint64_t delta = sim_live_fixed(c->s) - before, M = f.groups - 3;
+            layer_ev(c, g2, last - g2, SIM_LAYERS_FOLDED);
             int32_t b = ballast(c, delta, g2, last, M, c->s->ntape > tape0);
             c->fold_from = g2;
             c->fold_to = last;
@@ -162,7 +173,9 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
                 op_drop(c, b);
             l = last;
         }
+        layer_ev(c, l, 1, SIM_LAYER_BEGIN);
         int32_t y = run_layer(c, x, l);
+        layer_ev(c, l, 1, SIM_LAYER_END);
         if (keep)
             keep[nk++] = y;
         else

@@ -38,6 +38,9 @@ static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const
                        !sp->deepspeed.offload_optimizer && t->grad_accum == 1;
     c->nofold = cfg->nofold;
     c->dt = mm_dtype_bytes(t->precision);
+    /* FSDP MixedPrecision computes in param_dtype: activations follow it */
+    if ((par == PAR_FSDP1 || par == PAR_FSDP2) && sp->fsdp.mixed_precision && !t->autocast)
+        c->dt = mm_dtype_bytes(sp->fsdp.param_dtype);
     c->amp = t->autocast;
     if (c->amp)
         c->wdt = 4;
@@ -66,20 +69,25 @@ static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
     if (cfg->rows_from && cfg->rows_from->nrows) {
         const sim *f = cfg->rows_from;
         s->rows = malloc(f->nrows * sizeof *s->rows);
-        s->layer_tp = malloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS * sizeof *s->layer_tp);
-        if (!s->rows || !s->layer_tp)
+        s->layer_tp = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_tp);
+        s->layer_p = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_p);
+        if (!s->rows || !s->layer_tp || !s->layer_p)
             return -1;
         memcpy(s->rows, f->rows, f->nrows * sizeof *s->rows);
         if (f->layer_tp)
             memcpy(s->layer_tp, f->layer_tp, (size_t)MM_MAX_MODULES * MM_MAX_LAYERS *
                                                  sizeof *s->layer_tp);
+        if (f->layer_p)
+            memcpy(s->layer_p, f->layer_p, (size_t)MM_MAX_MODULES * MM_MAX_LAYERS *
+                                               sizeof *s->layer_p);
         s->nrows = s->caprows = f->nrows;
         memcpy(s->rcache, f->rcache, sizeof s->rcache); /* same rows, same ids */
         c->largest_param = cfg->largest_param;
         return 0;
     }
     s->layer_tp = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_tp);
-    if (!s->layer_tp)
+    s->layer_p = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_p);
+    if (!s->layer_tp || !s->layer_p)
         return -1;
     c->counting = 1;
     prog_forward(c);
@@ -155,6 +163,7 @@ int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
     c.n_amp = 0;
     for (int i = 0; i < 4; i++)
         op_drop(&c, c.late_drop[i]);
+    par_forward_end(&ps, &c);
     if (s->oom || s->overflow)
         return finish(s, sp, scratch, &c, err);
     sim_set_phase(s, MM_PHASE_BACKWARD);

@@ -1,0 +1,317 @@
+/* parallel_fsdp.c - FSDP1 (FullyShardedDataParallel, flat parameters) and
+ * FSDP2 (fully_shard, per-parameter shards) on the timeline, unit by unit.
+ *
+ * A unit is each wrapped layer (the model's _no_split_modules: decoder
+ * layers, vision blocks) plus the root (everything else).  Sources, torch
+ * 2.13 (docs/parallel.md has the walk-through):
+ *   FSDP1 distributed/fsdp/_flat_param.py, _runtime_utils.py
+ *   FSDP2 distributed/fsdp/_fully_shard/_fsdp_param_group.py, _fsdp_collectives.py
+ * Forward: a unit is gathered at its pre-forward and, resharding after
+ * forward, freed at its post-forward (FSDP1 never reshards the root there:
+ * _runtime_utils.py _post_forward_reshard).  Backward: a unit is gathered
+ * again at its pre-backward, the next one is prefetched, its gradients pile
+ * up unsharded until its post-backward reduce-scatters them into a shard and
+ * frees them.  The layer loop tells us where units begin and end (stack.c,
+ * sim_layer_ev); markers on the tape stand for the pre- and post-backward
+ * hooks. */
+#include "parallel.h"
+#include "util.h"
+
+enum { MK_POST = 0, MK_PRE, MK_FOLDED };
+
+static int fsdp2(const par_state *ps)
+{
+    return ps->kind == PAR_FSDP2;
+}
+
+static void drop(sim *s, int32_t *id)
+{
+    sim_drop(s, *id);
+    *id = -1;
+}
+
+static int alive(const sim *s, int32_t id)
+{
+    return id >= 0 && (size_t)id < s->nt && s->t[id].alive;
+}
+
+/* Issue a unit's all-gather.  FSDP1 gathers straight into the padded flat
+ * parameter (_flat_param.py unshard: _alloc_padded_unsharded_flat_param); with
+ * MixedPrecision the shard is first cast into _mp_shard, freed after
+ * (_use_low_precision_shard / _free_low_precision_sharded_param).  FSDP2
+ * allocates the flat output (_fsdp_collectives.py foreach_all_gather:
+ * all_gather_output), with a param_dtype after casting the shards into one
+ * flat input (_get_param_all_gather_inputs: flat_foreach_copy_input). */
+static int32_t ag_issue(par_state *ps, uint64_t params)
+{
+    sim *s = ps->c->s;
+    uint64_t b = sim_mul(s, params, ps->pdt);
+    int32_t cast = ps->pdt != ps->store ? sim_alloc(s, ps->r_gather, b, F_PARAM, SIM_SHARDED) : -1;
+    int32_t out = sim_alloc(s, ps->r_gather, b, F_PARAM, SIM_FIXED);
+    sim_drop(s, cast);
+    return out;
+}
+
+/* FSDP2's copy-out into per-parameter tensors (foreach_all_gather_copy_out:
+ * alloc_all_gather_outputs, split_with_sizes_copy) */
+static int32_t copy_out(par_state *ps, uint64_t params)
+{
+    sim *s = ps->c->s;
+    return sim_alloc(s, ps->r_gather, sim_mul(s, params, ps->pdt), F_PARAM, SIM_FIXED);
+}
+
+/* forward: FSDP2 keeps the flat output until the next all-gather's copy-out
+ * (_fsdp_param_group.py wait_for_unshard: comm_ctx.all_gather_state) */
+static int32_t gather_forward(par_state *ps, uint64_t params)
+{
+    sim *s = ps->c->s;
+    int32_t out = ag_issue(ps, params);
+    if (!fsdp2(ps))
+        return out;
+    int32_t p = copy_out(ps, params);
+    sim_drop(s, ps->ag_held);
+    ps->ag_held = out;
+    return p;
+}
+
+/* backward: the flat output is freed right after the copy-out */
+static int32_t gather_backward(par_state *ps, uint64_t params)
+{
+    int32_t out = ag_issue(ps, params);
+    if (!fsdp2(ps))
+        return out;
+    int32_t p = copy_out(ps, params);
+    sim_drop(ps->c->s, out);
+    return p;
+}
+
+/* Post-backward of a unit with `params` parameters, `tr` of them trainable,
+ * whose gradients were made since tensor `mark`.  FSDP1 (_runtime_utils.py
+ * _post_backward_hook, _reduce_grad): the flat parameter's gradient (the
+ * whole flat parameter once any of it trains) is assembled from the views'
+ * gradients, the unit resharded, a shard allocated for the reduce-scatter
+ * (_get_reduce_scatter_tensors: new_sharded_grad) and cast to the parameter
+ * dtype (_cast_grad_to_param_dtype).  FSDP2 (_fsdp_collectives.py
+ * foreach_reduce): reshard, a reduce_scatter_input of the trainable
+ * gradients in reduce_dtype (kept until the next reduce-scatter), the
+ * gradients freed, the output shard becomes .grad (cast when reduce_dtype
+ * differs from the parameter). */
+static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, int32_t mark, int32_t *p)
+{
+    sim *s = ps->c->s;
+    if (!fsdp2(ps)) {
+        int32_t g = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->pdt), F_GRAD, 0) : -1;
+        par_drop_grads(s, mark);
+        drop(s, p);
+        if (g >= 0) {
+            int32_t sh = sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->rdt), F_GRAD, SIM_SHARDED);
+            if (ps->rdt != ps->store) {
+                sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->store), F_GRAD, SIM_SHARDED);
+                sim_drop(s, sh);
+            }
+        }
+        sim_drop(s, g);
+        return;
+    }
+    drop(s, p);
+    drop(s, &ps->rs_held);
+    int32_t in = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->rdt), F_GRAD, 0) : -1;
+    par_drop_grads(s, mark);
+    if (in >= 0) {
+        int32_t out = sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->rdt), F_GRAD, SIM_SHARDED);
+        if (ps->rdt != ps->store) {
+            sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->store), F_GRAD, SIM_SHARDED);
+            sim_drop(s, out);
+        }
+    }
+    ps->rs_held = in;
+}
+
+/* the next unit in backward order: the PRE marker before tape index k */
+static int next_unit(const sim *s, size_t k, const sim_node **out);
+
+/* backward prefetch (FSDP1 BACKWARD_PRE, FSDP2 always): the next unit's
+ * all-gather is issued at this unit's pre-backward */
+static void prefetch(par_state *ps, size_t k)
+{
+    sim *s = ps->c->s;
+    const sim_node *m;
+    if (fsdp2(ps) ? 0 : !ps->sp->fsdp.backward_prefetch)
+        return;
+    size_t j = (size_t)next_unit(s, k, &m);
+    if (!m || alive(s, m->aux[2]))
+        return;
+    int32_t f = ag_issue(ps, par_unit_params(ps, (uint32_t)m->aux[0], (uint64_t)m->aux[1]));
+    if (fsdp2(ps))
+        ps->pf_f = f;
+    else
+        ps->pf_p = f;
+    ps->pf_k = j + 1;
+}
+
+static void pre_backward(par_state *ps, const sim_node *n)
+{
+    sim *s = ps->c->s;
+    uint64_t params = par_unit_params(ps, (uint32_t)n->aux[0], (uint64_t)n->aux[1]);
+    size_t k = (size_t)n->aux[5];
+    int32_t p = n->aux[2];
+    if (!alive(s, p)) {
+        if (ps->pf_k == k + 1) { /* prefetched: FSDP2 copies out, frees the flat output */
+            p = fsdp2(ps) ? copy_out(ps, params) : ps->pf_p;
+            drop(s, &ps->pf_f);
+            ps->pf_p = -1;
+            ps->pf_k = 0;
+        } else {
+            p = gather_backward(ps, params);
+        }
+    }
+    ps->cur_p = p;
+    ps->cur_mark = (int32_t)s->nt;
+    prefetch(ps, k);
+}
+
+static void post_backward(par_state *ps, const sim_node *n)
+{
+    uint32_t mi = (uint32_t)n->aux[0];
+    uint64_t l = (uint64_t)n->aux[1];
+    reduce_unit(ps, par_unit_params(ps, mi, l), par_unit_trainable(ps, mi, l), ps->cur_mark,
+                &ps->cur_p);
+}
+
+/* layers the loop folded: their post-backward shards, at once */
+static void folded_backward(par_state *ps, const sim_node *n)
+{
+    sim *s = ps->c->s;
+    uint64_t g = 0;
+    for (uint64_t l = (uint64_t)n->aux[1]; l < (uint64_t)n->aux[1] + (uint64_t)n->aux[4]; l++) {
+        uint64_t tr = par_unit_trainable(ps, (uint32_t)n->aux[0], l);
+        if (tr)
+            g = sim_add(s, g, fsdp2(ps) ? tr : par_unit_params(ps, (uint32_t)n->aux[0], l));
+    }
+    if (g)
+        sim_alloc(s, ps->r_grads, sim_mul(s, g, ps->store), F_GRAD, SIM_SHARDED);
+}
+
+static void marker(sim *s, const sim_node *n, void *ctx)
+{
+    (void)s;
+    if (n->aux[3] == MK_PRE)
+        pre_backward(ctx, n);
+    else if (n->aux[3] == MK_POST)
+        post_backward(ctx, n);
+    else
+        folded_backward(ctx, n);
+}
+
+static int next_unit(const sim *s, size_t k, const sim_node **out)
+{
+    *out = NULL;
+    for (size_t j = k; j-- > 0;)
+        if (s->tape[j].marker == marker && s->tape[j].aux[3] == MK_PRE) {
+            *out = &s->tape[j];
+            return (int)j;
+        }
+    return -1;
+}
+
+/* the layer loop: gather at the unit's pre-forward, reshard at its
+ * post-forward (FSDP1 FULL_SHARD, FSDP2 reshard_after_forward); with
+ * autograd recording, the markers of its pre- and post-backward */
+static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
+{
+    par_state *ps = ctx;
+    if (e->what == SIM_LAYERS_FOLDED) {
+        if (e->grad)
+            par_marker(s, ps->r_grads, marker, ps, e->module, e->layer, MK_FOLDED, e->count);
+        return;
+    }
+    uint64_t params = par_unit_params(ps, e->module, e->layer);
+    if (!params)
+        return;
+    if (e->what == SIM_LAYER_BEGIN) {
+        ps->fwd_k = e->grad ? par_marker(s, ps->r_grads, marker, ps, e->module, e->layer,
+                                         MK_POST, 1) + 1 : 0;
+        ps->fwd_p = gather_forward(ps, params);
+        return;
+    }
+    int32_t p = ps->fwd_p;
+    if (ps->sp->fsdp.reshard_after_forward)
+        drop(s, &p);
+    ps->fwd_p = -1;
+    if (!ps->fwd_k)
+        return;
+    if (s->ntape == ps->fwd_k) { /* nothing recorded: backward never comes here */
+        s->ntape--;
+        return;
+    }
+    size_t k = par_marker(s, ps->r_gather, marker, ps, e->module, e->layer, MK_PRE, 1);
+    s->tape[k].aux[2] = p;
+}
+
+static void hold_grad(sim *s, int32_t g, void *ctx)
+{
+    (void)ctx;
+    if (!s->t[g].sharded)
+        sim_hold(s, g); /* until the unit's post-backward */
+}
+
+void fsdp_setup(par_state *ps, lctx *c)
+{
+    const fsdp_spec *f = &ps->sp->fsdp;
+    ps->pdt = mm_dtype_bytes(f->param_dtype);
+    ps->rdt = mm_dtype_bytes(f->reduce_dtype);
+    ps->root_p = ps->ag_held = ps->rs_held = ps->pf_f = ps->pf_p = -1;
+    ps->cur_p = ps->fwd_p = -1;
+    ps->cur_mark = 0;
+    ps->pf_k = ps->fwd_k = 0;
+    (void)c;
+}
+
+void fsdp_forward_begin(par_state *ps)
+{
+    sim *s = ps->c->s;
+    sim_label(s, "fsdp all-gather", ps->r_gather);
+    ps->root_p = ps->root ? gather_forward(ps, ps->root) : -1;
+    s->on_layer = on_layer;
+    s->on_layer_ctx = ps;
+}
+
+/* FSDP2 reshards the root too (reshard_after_forward given for every
+ * fully_shard call); FSDP1 keeps it for the backward */
+void fsdp_forward_end(par_state *ps)
+{
+    sim *s = ps->c->s;
+    s->on_layer = NULL;
+    if (!fsdp2(ps))
+        return;
+    if (ps->sp->fsdp.reshard_after_forward)
+        drop(s, &ps->root_p);
+    drop(s, &ps->ag_held);
+}
+
+void fsdp_backward_begin(par_state *ps)
+{
+    sim *s = ps->c->s;
+    sim_label(s, "fsdp all-gather", ps->r_gather);
+    if (ps->root && !alive(s, ps->root_p))
+        ps->root_p = gather_backward(ps, ps->root);
+    prefetch(ps, s->ntape);
+    s->on_wgrad = hold_grad;
+    s->on_wgrad_ctx = ps;
+}
+
+/* the root's post-backward (the final callback); every unit still gathered
+ * is resharded (FSDP2 _root_post_backward_final_callback) */
+void fsdp_backward_end(par_state *ps)
+{
+    sim *s = ps->c->s;
+    s->on_wgrad = NULL;
+    sim_label(s, "fsdp reduce-scatter", ps->r_grads);
+    reduce_unit(ps, ps->root, ps->root_tr, ps->step_mark, &ps->root_p);
+    drop(s, &ps->rs_held);
+    drop(s, &ps->pf_f);
+    drop(s, &ps->pf_p);
+    for (size_t i = 0; i < s->nt; i++)
+        if (s->t[i].alive && s->t[i].row == ps->r_gather && s->t[i].base < 0)
+            sim_drop(s, (int32_t)i);
+}

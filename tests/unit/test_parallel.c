@@ -1,0 +1,185 @@
+/* test_parallel.c - the distributed strategies on the timeline (parallel*.c),
+ * against numbers derived by hand from the libraries' code (each test says
+ * which lines): DDP buckets, FSDP1/FSDP2 units, DeepSpeed ZeRO. */
+#include "unit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mmguard.h"
+#include "predict.h"
+#include "step.h"
+
+/* a Llama with small activations: P = 2*V*H + L*(4*H*H + 3*H*I + 2*H) + H */
+#define H 64ull
+#define I 128ull
+#define V 8000ull
+#define L 2ull
+#define LAYER (4 * H * H + 3 * H * I + 2 * H)
+#define ROOT (2 * V * H + H)
+#define P (ROOT + L * LAYER)
+
+static mm_spec *tiny(const char *training, const char *extra)
+{
+    char buf[2048];
+    snprintf(buf, sizeof buf,
+             "name: par\nmodules:\n"
+             "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+             " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu}\n"
+             "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa%s}\n%s",
+             H, L, I, V, training, extra);
+    mm_error e;
+    mm_spec *s = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    return s;
+}
+
+static mm_prediction predict(const mm_spec *s)
+{
+    mm_prediction p;
+    mm_error e;
+    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    return p;
+}
+
+/* one step with the allocation log */
+static void run(const mm_spec *sp, sim *s, uint64_t dp)
+{
+    step_cfg cfg = {.dp = dp, .nofold = 1, .log = 1};
+    mm_error e;
+    ck_assert_msg(step_run(sp, s, &cfg, &e) == 0, "%s", e.msg);
+}
+
+/* the allocations (not frees) of one breakdown row, in order */
+static size_t allocs_of(const sim *s, const char *row, uint64_t *out, size_t cap)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->nev; i++) {
+        const sim_ev *e = &s->ev[i];
+        if (!e->is_free && e->row < s->nrows && !strcmp(s->rows[e->row].name, row) && n < cap)
+            out[n++] = e->bytes;
+    }
+    return n;
+}
+
+/* DDP: reducer.cpp initialize_buckets allocates one flat bucket per bucket for
+ * every parameter that requires grad; compute_bucket_assignment_by_size
+ * closes a bucket once it holds bucket_cap_mb (distributed.py: a default cap
+ * makes the first bucket 1 MiB).  Here the 2*V*H-parameter embedding and
+ * lm_head are 1 MB each in bf16, so a 1 MiB cap gives more than one bucket. */
+START_TEST(ddp_buckets_hold_every_trainable_gradient)
+{
+    mm_spec *sp = tiny(", data_parallel: 2", "ddp: {bucket_cap_mb: 1}\n");
+    sim s;
+    run(sp, &s, 2);
+    uint64_t b[64];
+    size_t n = allocs_of(&s, "runtime.reduce_buckets", b, 64);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += b[i];
+    ck_assert_uint_eq(sum, 2 * P);
+    ck_assert_uint_ge(n, 2);
+    for (size_t i = 0; i + 1 < n; i++) /* every bucket but the last reached the cap */
+        ck_assert_uint_ge(b[i], 1u << 20);
+    sim_free(&s);
+    mm_spec_free(sp);
+}
+END_TEST
+
+/* gradient_as_bucket_view: the .grad become views of the buckets
+ * (reducer.cpp mark_variable_ready_dense), so the optimizer step holds one
+ * copy of the gradients instead of two: exactly 2P bytes less.  A single
+ * process is not wrapped: N = 1 is the same either way. */
+START_TEST(ddp_bucket_view_saves_one_gradient_copy)
+{
+    mm_spec *a = tiny(", data_parallel: 2", "ddp: {gradient_as_bucket_view: false}\n");
+    mm_spec *b = tiny(", data_parallel: 2", "ddp: {gradient_as_bucket_view: true}\n");
+    mm_prediction pa = predict(a), pb = predict(b);
+    ck_assert_uint_eq(pa.phase_peak[MM_PHASE_OPTIMIZER] - pb.phase_peak[MM_PHASE_OPTIMIZER], 2 * P);
+    ck_assert_uint_eq(pa.allocated_dp1, pb.allocated_dp1);
+    mm_prediction_free(&pa);
+    mm_prediction_free(&pb);
+    mm_spec_free(a);
+    mm_spec_free(b);
+}
+END_TEST
+
+/* FSDP2 (_fsdp_collectives.py foreach_all_gather / _copy_out): each unit
+ * gathers into a flat output, then copies out into per-parameter tensors:
+ * the root (embeddings, final norm, lm_head) twice, then each layer twice;
+ * FSDP1 (_flat_param.py unshard) gathers straight into the flat parameter. */
+START_TEST(fsdp_units_are_gathered_as_the_library_does)
+{
+    mm_spec *f2 = tiny(", data_parallel: 2", "fsdp: {version: 2}\n");
+    mm_spec *f1 = tiny(", data_parallel: 2", "fsdp: {version: 1}\n");
+    sim s;
+    uint64_t g[64];
+    run(f2, &s, 2);
+    size_t n = allocs_of(&s, "runtime.gathered_params", g, 64);
+    ck_assert_uint_ge(n, 4);
+    ck_assert_uint_eq(g[0], 2 * ROOT);
+    ck_assert_uint_eq(g[1], 2 * ROOT);
+    ck_assert_uint_eq(g[2], 2 * LAYER);
+    ck_assert_uint_eq(g[3], 2 * LAYER);
+    sim_free(&s);
+    run(f1, &s, 2);
+    n = allocs_of(&s, "runtime.gathered_params", g, 64);
+    ck_assert_uint_ge(n, 3);
+    ck_assert_uint_eq(g[0], 2 * ROOT);
+    ck_assert_uint_eq(g[1], 2 * LAYER);
+    ck_assert_uint_eq(g[2], 2 * LAYER);
+    sim_free(&s);
+    mm_spec_free(f1);
+    mm_spec_free(f2);
+}
+END_TEST
+
+/* live bytes when the step proper begins (after the model states) */
+static uint64_t start_bytes(const sim *s)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < s->step_ev && i < s->nev; i++)
+        b = s->ev[i].is_free ? b - s->ev[i].bytes : b + s->ev[i].bytes;
+    return b;
+}
+
+/* FSDP shards the model in its own dtype: a bf16 model (precision bf16, no
+ * master weights) starts the step with P/N bf16 parameters and 2 x P/N bf16
+ * AdamW states (3P bytes at N = 2); an fp32 model with MixedPrecision(bf16)
+ * with fp32 ones (6P), and gathers bf16 units: the shards are cast into one
+ * bf16 flat input first (_get_param_all_gather_inputs). */
+START_TEST(fsdp_shards_the_model_dtype)
+{
+    mm_spec *bf = tiny(", data_parallel: 2", "fsdp: {version: 2}\n");
+    mm_spec *mp = tiny(", precision: fp32, data_parallel: 2",
+                       "fsdp: {version: 2, param_dtype: bf16}\n");
+    sim s;
+    uint64_t g[8];
+    run(bf, &s, 2);
+    ck_assert_uint_eq(start_bytes(&s), 3 * P);
+    sim_free(&s);
+    run(mp, &s, 2);
+    ck_assert_uint_eq(start_bytes(&s), 6 * P);
+    size_t n = allocs_of(&s, "runtime.gathered_params", g, 8);
+    ck_assert_uint_ge(n, 3);
+    ck_assert_uint_eq(g[0], ROOT);     /* this rank's half of the root, in bf16 */
+    ck_assert_uint_eq(g[1], 2 * ROOT); /* the bf16 flat output */
+    ck_assert_uint_eq(g[2], 2 * ROOT); /* the per-parameter copies */
+    sim_free(&s);
+    mm_spec_free(bf);
+    mm_spec_free(mp);
+}
+END_TEST
+
+Suite *parallel_suite(void)
+{
+    Suite *s = suite_create("parallel");
+    TCase *tc = tcase_create("strategies");
+    tcase_add_test(tc, ddp_buckets_hold_every_trainable_gradient);
+    tcase_add_test(tc, ddp_bucket_view_saves_one_gradient_copy);
+    tcase_add_test(tc, fsdp_units_are_gathered_as_the_library_does);
+    tcase_add_test(tc, fsdp_shards_the_model_dtype);
+    suite_add_tcase(s, tc);
+    return s;
+}

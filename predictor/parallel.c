@@ -112,11 +112,13 @@ static void root_sizes(par_state *ps, const mm_spec *sp)
     ps->root_tr = ps->P_tr > t ? ps->P_tr - t : 0;
 }
 
-void par_drop_grads(sim *s, int32_t mark)
+void par_drop_grads(const par_state *ps, int32_t mark)
 {
+    sim *s = ps->c->s;
     for (size_t i = mark > 0 ? (size_t)mark : 0; i < s->nt; i++) {
         const sim_tensor *t = &s->t[i];
-        if (t->alive && t->cls == F_GRAD && t->sharded == SIM_FIXED && t->base < 0)
+        int own = t->row == ps->r_bucket || t->row == ps->r_part || t->row == ps->r_grads;
+        if (t->alive && t->cls == F_GRAD && t->sharded == SIM_FIXED && t->base < 0 && !own)
             sim_drop(s, (int32_t)i);
     }
 }
@@ -165,8 +167,27 @@ static void setup(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
     ps->r_part = sim_row_get(s, llm, "runtime.grad_partition", "runtime");
     ps->r_grads = sim_row_get(s, llm, "runtime.reduced_grads", "runtime");
     ps->r_step = sim_row_get(s, llm, "optimizer.step", "runtime");
+    ps->z_xl = -1;
     if (par_is_fsdp(ps))
         fsdp_setup(ps, c);
+    else if (ps->kind == PAR_ZERO && t->zero_stage < 3)
+        zero_layout(ps, t->zero_stage == 2 && sp->deepspeed.round_robin_gradients, &ps->zl);
+}
+
+/* ZeRO-3's buffers for the whole run: the gradient partitions in the model
+ * dtype (stage3.py grad_partitions_flat_buffer; data_types.grad_accum_dtype
+ * unset = the model dtype, engine.py) and the IPG bucket when
+ * contiguous_gradients (stage3.py:782) */
+static void zero3_buffers(par_state *ps, lctx *c)
+{
+    sim *s = c->s;
+    const deepspeed_spec *d = &ps->sp->deepspeed;
+    zero3_setup(ps);
+    if (ps->P_grad && !d->offload_optimizer)
+        ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, c->dt), F_GRAD,
+                                  SIM_SHARDED);
+    if (d->contiguous_gradients)
+        ps->bucket = sim_alloc(s, ps->r_bucket, sim_mul(s, zero_bucket(ps), c->dt), F_GRAD, 0);
 }
 
 /* what goes to the host with CPU offload, per rank */
@@ -228,8 +249,10 @@ void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
     host_states(ps, s, sp, all_states);
     if (ps->kind == PAR_DDP)
         ddp_buckets(ps, c);
-    uint64_t gb = zero == 3 ? 4 : fsdp ? ps->store : c->dt;
-    if (t->grad_accum > 1 && (zero >= 2 || fsdp) && ps->P_grad && !offl_opt)
+    if (zero == 3)
+        zero3_buffers(ps, c);
+    uint64_t gb = fsdp ? ps->store : c->dt;
+    if (t->grad_accum > 1 && (zero == 2 || fsdp) && ps->P_grad && !offl_opt)
         ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, gb), F_GRAD, 1);
     ps->step_mark = (int32_t)s->nt;
 }
@@ -241,8 +264,8 @@ void par_forward_begin(par_state *ps, lctx *c)
     (void)c;
     if (par_is_fsdp(ps))
         fsdp_forward_begin(ps);
-    else if (ps->kind == PAR_ZERO)
-        zero_forward_begin(ps);
+    else if (ps->kind == PAR_ZERO && ps->sp->training.zero_stage == 3)
+        zero3_forward_begin(ps);
 }
 
 void par_forward_end(par_state *ps, lctx *c)
@@ -250,8 +273,8 @@ void par_forward_end(par_state *ps, lctx *c)
     (void)c;
     if (par_is_fsdp(ps))
         fsdp_forward_end(ps);
-    else if (ps->kind == PAR_ZERO)
-        zero_forward_end(ps);
+    else if (ps->kind == PAR_ZERO && ps->sp->training.zero_stage == 3)
+        zero3_forward_end(ps);
 }
 
 void par_backward_begin(par_state *ps, lctx *c)

@@ -10,6 +10,14 @@
 
 #include "prog.h"
 
+/* DeepSpeed's partitions of the busiest rank (parallel_zero.c), in elements */
+typedef struct zlayout {
+    uint64_t S;                        /* partition size (padded group / N), the largest group */
+    uint64_t gip;                      /* whole tensors overlapping the partitions, all groups */
+    uint64_t piece;                    /* the largest tensor piece inside a partition */
+    int pieces;                        /* pieces in the largest group's partition */
+} zlayout;
+
 typedef struct par_state {
     parallel_kind kind;
     const mm_spec *sp;
@@ -19,6 +27,10 @@ typedef struct par_state {
     uint64_t store, sdt;               /* parameter storage and optimizer-state dtype bytes */
     uint32_t llm, r_gather, r_bucket, r_part, r_step, r_grads;
     int32_t partition, bucket, gathered;
+    /* ZeRO (parallel_zero*.c) */
+    zlayout zl;
+    uint64_t z_fill;                   /* elements in the IPG bucket */
+    int32_t z_xl;                      /* an extra-large gradient waiting for its reduction */
     int32_t step_mark;                 /* first tensor of the step proper */
     /* DDP (parallel_ddp.c) */
     int32_t ddp_first, ddp_cur;        /* buckets: consecutive tensor ids, the one filling */
@@ -51,8 +63,9 @@ int par_is_fsdp(const par_state *ps);
 /* parameters of one wrapped layer unit (FSDP: a _no_split_modules layer) */
 uint64_t par_unit_params(const par_state *ps, uint32_t module, uint64_t layer);
 uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer);
-/* drop every alive, unsharded weight gradient made since tensor `mark` */
-void par_drop_grads(sim *s, int32_t mark);
+/* drop every alive, unsharded weight gradient made since tensor `mark`
+ * (not the strategy's own buffers) */
+void par_drop_grads(const par_state *ps, int32_t mark);
 /* a backward marker on the tape (sim_node.marker): aux[0] module, aux[1] layer,
  * aux[2] a tensor, aux[3] kind, aux[4] count; returns its tape index */
 size_t par_marker(sim *s, uint32_t row, void (*fn)(sim *, const sim_node *, void *), void *ctx,
@@ -69,11 +82,19 @@ void fsdp_forward_end(par_state *ps);
 void fsdp_backward_begin(par_state *ps);
 void fsdp_backward_end(par_state *ps);
 
-/* parallel_zero.c: DeepSpeed ZeRO stages 1-3 */
-void zero_forward_begin(par_state *ps);
-void zero_forward_end(par_state *ps);
+/* parallel_zero.c: DeepSpeed ZeRO stages 1-2 and the shared parts */
+int zero_layout(par_state *ps, int round_robin_order, zlayout *z);
+int zero3_layout(par_state *ps, zlayout *z);
+uint64_t zero_bucket(const par_state *ps);
 void zero_backward_begin(par_state *ps);
 void zero_backward_end(par_state *ps);
 void zero_step(par_state *ps, lctx *c);
+/* parallel_zero3.c: stage 3's gathered parameters */
+uint64_t zero3_threshold(const par_state *ps);
+void zero3_setup(par_state *ps);
+void zero3_forward_begin(par_state *ps);
+void zero3_forward_end(par_state *ps);
+void zero3_backward_begin(par_state *ps);
+void zero3_backward_end(par_state *ps);
 
 #endif

@@ -101,7 +101,7 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, int32_t mar
     sim *s = ps->c->s;
     if (!fsdp2(ps)) {
         int32_t g = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->pdt), F_GRAD, 0) : -1;
-        par_drop_grads(s, mark);
+        par_drop_grads(ps, mark);
         drop(s, p);
         if (g >= 0) {
             int32_t sh = sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->rdt), F_GRAD, SIM_SHARDED);
@@ -116,7 +116,7 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, int32_t mar
     drop(s, p);
     drop(s, &ps->rs_held);
     int32_t in = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->rdt), F_GRAD, 0) : -1;
-    par_drop_grads(s, mark);
+    par_drop_grads(ps, mark);
     if (in >= 0) {
         int32_t out = sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->rdt), F_GRAD, SIM_SHARDED);
         if (ps->rdt != ps->store) {

@@ -1,7 +1,127 @@
-/* parallel_zero.c - DeepSpeed ZeRO stages 1-3 (see parallel.h,
- * docs/parallel.md). */
+/* parallel_zero.c - DeepSpeed ZeRO stages 1 and 2, and what stage 3 shares
+ * (see parallel.h, docs/parallel.md; DeepSpeed 0.19.8 runtime/zero/).
+ *
+ * The optimizer's parameter groups (the Trainer's decay and no-decay groups)
+ * are each flattened, padded to 2N elements and cut into N equal partitions
+ * (stage_1_and_2.py flatten_dense_tensors_aligned; stage 2 first reorders
+ * the tensors round-robin over the ranks, _round_robin_reorder).  A rank's
+ * gradient partition buffer holds every parameter that overlaps its
+ * partition whole (copy_grads_in_partition: grads_in_partition), so the
+ * busiest rank is the one whose boundaries cut the largest tensors. */
 #include "parallel.h"
 #include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct pieces {
+    sim *s;
+    uint64_t *v;
+    size_t n, cap;
+} pieces;
+
+static void add_piece(void *ctx, uint32_t row, uint64_t n)
+{
+    pieces *p = ctx;
+    (void)row;
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 256;
+        uint64_t *v = realloc(p->v, cap * sizeof *v);
+        if (!v) {
+            p->s->oom = 1;
+            return;
+        }
+        p->v = v;
+        p->cap = cap;
+    }
+    p->v[p->n++] = n;
+}
+
+/* the trainable tensors of one group, in the order DeepSpeed flattens them
+ * (the Trainer's no-decay group: norms; biases stay with their weights) */
+static int group_pieces(sim *s, int nodecay, pieces *out)
+{
+    uint64_t *rb = calloc(s->nrows + 1, sizeof *rb);
+    if (!rb)
+        return -1;
+    for (size_t r = 0; r < s->nrows; r++)
+        if ((strstr(s->rows[r].name, "norm") != NULL) == nodecay)
+            rb[r] = s->rows[r].trainable;
+    sim_each_piece(s, rb, 1, add_piece, out);
+    free(rb);
+    return s->oom ? -1 : 0;
+}
+
+/* _round_robin_reorder: tensor i goes to rank i % N, ranks' lists concatenated */
+static int round_robin(pieces *p, uint64_t N)
+{
+    uint64_t *v = malloc((p->n + 1) * sizeof *v);
+    size_t k = 0;
+    if (!v)
+        return -1;
+    for (uint64_t r = 0; r < N; r++)
+        for (size_t i = (size_t)r; i < p->n; i += (size_t)N)
+            v[k++] = p->v[i];
+    free(p->v);
+    p->v = v;
+    p->cap = p->n;
+    return 0;
+}
+
+/* the busiest rank of one group: whole tensors overlapping its partition */
+static void busiest(const pieces *p, uint64_t N, zlayout *z, zlayout *g)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < p->n; i++)
+        total += p->v[i];
+    uint64_t padded = mm_ceil_div(total, 2 * N) * 2 * N;
+    g->S = padded / N;
+    g->gip = g->piece = 0;
+    g->pieces = 0;
+    for (uint64_t r = 0; r < N && g->S; r++) {
+        uint64_t lo = r * g->S, hi = lo + g->S, off = 0, whole = 0, big = 0;
+        int n = 0;
+        for (size_t i = 0; i < p->n; off += p->v[i], i++) {
+            if (off + p->v[i] <= lo || off >= hi || !p->v[i])
+                continue;
+            uint64_t a = off > lo ? off : lo, b = off + p->v[i] < hi ? off + p->v[i] : hi;
+            whole += p->v[i];
+            big = b - a > big ? b - a : big;
+            n++;
+        }
+        if (whole > g->gip) {
+            g->gip = whole;
+            g->piece = big;
+            g->pieces = n;
+        }
+    }
+    z->gip += g->gip;
+    if (g->piece > z->piece)
+        z->piece = g->piece;
+    if (g->S > z->S) {
+        z->S = g->S;
+        z->pieces = g->pieces;
+    }
+}
+
+int zero_layout(par_state *ps, int round_robin_order, zlayout *z)
+{
+    sim *s = ps->c->s;
+    uint64_t N = s->dp ? s->dp : 1;
+    memset(z, 0, sizeof *z);
+    for (int g = 0; g < 2; g++) {
+        pieces p = {.s = s};
+        zlayout one;
+        if (group_pieces(s, g, &p) || (round_robin_order && round_robin(&p, N))) {
+            free(p.v);
+            s->oom = 1;
+            return -1;
+        }
+        busiest(&p, N, z, &one);
+        free(p.v);
+    }
+    return 0;
+}
 
 static uint64_t decoder_hidden(const mm_spec *sp)
 {
@@ -9,90 +129,156 @@ static uint64_t decoder_hidden(const mm_spec *sp)
     return d ? d->hidden_size : 0;
 }
 
-/* DeepSpeed ZeRO-3 params below stage3_param_persistence_threshold stay
- * gathered (auto: 10 x hidden, transformers' deepspeed integration) */
-static uint64_t persistent_small(sim *s, uint64_t thr)
+/* reduce_bucket_size in elements; 0 ("auto") is transformers' hidden^2 */
+uint64_t zero_bucket(const par_state *ps)
 {
-    uint64_t n = 0;
-    for (size_t r = 0; r < s->nrows; r++) {
-        const sim_row *R = &s->rows[r];
-        uint64_t per = R->params / (R->count ? R->count : 1);
-        if (R->params && per < thr)
-            n = sim_add(s, n, R->params);
-    }
-    return n;
+    uint64_t b = ps->sp->deepspeed.reduce_bucket_size, h = decoder_hidden(ps->sp);
+    return b ? b : h * h;
 }
 
-static uint64_t largest_layer(const par_state *ps)
+/* the IPG bucket(s): setup_buckets at the first gradient, double with
+ * overlap_comm (stage_1_and_2.py:3256-3278); none without contiguous_gradients */
+static void ipg_buffer(par_state *ps)
 {
-    uint64_t m = 0;
-    for (uint32_t mi = 0; mi < ps->sp->n_modules; mi++)
-        for (uint64_t l = 0; l < MM_MAX_LAYERS && l < ps->sp->modules[mi].num_hidden_layers; l++)
-            if (par_unit_params(ps, mi, l) > m)
-                m = par_unit_params(ps, mi, l);
-    return m;
-}
-
-void zero_forward_begin(par_state *ps)
-{
-    lctx *c = ps->c;
-    sim *s = c->s;
+    sim *s = ps->c->s;
     const deepspeed_spec *d = &ps->sp->deepspeed;
-    uint64_t h = decoder_hidden(ps->sp);
-    ps->gathered = -1;
-    if (ps->sp->training.zero_stage != 3)
+    if (ps->bucket >= 0 || !d->contiguous_gradients)
         return;
-    uint64_t ll = largest_layer(ps);
-    uint64_t pre = d->prefetch_bucket_size ? d->prefetch_bucket_size
-                                           : (uint64_t)(0.9 * (double)h * (double)h);
-    uint64_t live = sim_add(s, ll, pre < ll ? pre : ll);
-    if (live > d->max_live_parameters && d->max_live_parameters >= ll)
-        live = d->max_live_parameters;
-    uint64_t thr = d->param_persistence_threshold ? d->param_persistence_threshold : 10 * h;
-    live = sim_add(s, live, persistent_small(s, thr));
-    ps->gathered = sim_alloc(s, ps->r_gather, sim_mul(s, live, c->dt), F_PARAM, 0);
+    sim_label(s, "deepspeed reduce bucket", ps->r_bucket);
+    ps->bucket = sim_alloc(s, ps->r_bucket, sim_mul3(s, zero_bucket(ps), ps->c->dt,
+                                                      d->overlap_comm ? 2 : 1), F_GRAD, 0);
 }
 
-void zero_forward_end(par_state *ps)
+/* grads_in_partition: allocated at the first copy into it (copy_grads_in_partition) */
+static void grad_partition(par_state *ps)
 {
-    (void)ps;
+    sim *s = ps->c->s;
+    if (ps->partition >= 0 || !ps->sp->deepspeed.contiguous_gradients || ps->sp->deepspeed.offload_optimizer)
+        return;
+    uint64_t N = s->dp ? s->dp : 1;
+    sim_label(s, "deepspeed gradient partition", ps->r_part);
+    ps->partition = sim_alloc(s, ps->r_part, sim_mul3(s, ps->zl.gip, N, ps->c->dt), F_GRAD,
+                              SIM_SHARDED);
+}
+
+/* stage 2: each gradient goes into the IPG bucket as it is made; a full
+ * bucket is reduced first; a gradient larger than the bucket is reduced from
+ * itself at the next one (extra_large_param_to_reduce,
+ * reduce_independent_p_g_buckets_and_remove_grads) */
+static void z2_wgrad(sim *s, int32_t g, void *ctx)
+{
+    par_state *ps = ctx;
+    uint64_t n = s->t[g].bytes / (ps->c->gdt ? ps->c->gdt : 1), B = zero_bucket(ps);
+    int stage3 = ps->sp->training.zero_stage == 3; /* its buffers live for the whole run */
+    if (!stage3)
+        ipg_buffer(ps);
+    if (ps->z_fill && ps->z_fill + n > B) { /* reduce_ipg_grads */
+        if (!stage3)
+            grad_partition(ps);
+        sim_drop(s, ps->z_xl);
+        ps->z_xl = -1;
+        ps->z_fill = 0;
+    }
+    if (n > B && ps->sp->deepspeed.contiguous_gradients) {
+        sim_hold(s, g);
+        ps->z_xl = g;
+    }
+    ps->z_fill = sim_add(s, ps->z_fill, n);
 }
 
 void zero_backward_begin(par_state *ps)
 {
-    lctx *c = ps->c;
-    sim *s = c->s;
-    const mm_spec *sp = ps->sp;
-    const deepspeed_spec *d = &sp->deepspeed;
-    int zero = sp->training.zero_stage;
-    int offl = d->offload_optimizer;
-    if (!ps->P_grad)
-        return;
-    if (zero >= 2) {
-        uint64_t rb = d->reduce_bucket_size ? d->reduce_bucket_size
-                                            : sim_mul(s, decoder_hidden(sp), decoder_hidden(sp));
-        sim_label(s, "deepspeed reduce buckets", ps->r_bucket);
-        ps->bucket = sim_alloc(s, ps->r_bucket, sim_mul3(s, rb, c->dt, d->overlap_comm ? 2 : 1),
-                               F_GRAD, 0);
-    }
-    int contiguous = zero != 2 || d->contiguous_gradients;
-    if (sp->training.grad_accum == 1 && zero >= 2 && !offl && contiguous) {
-        uint64_t gb = zero == 3 ? 4 : c->dt;
-        ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, gb), F_GRAD, 1);
+    sim *s = ps->c->s;
+    int stage = ps->sp->training.zero_stage;
+    if (stage == 3)
+        zero3_backward_begin(ps);
+    if (stage >= 2 && ps->P_grad) {
+        s->on_wgrad = z2_wgrad;
+        s->on_wgrad_ctx = ps;
     }
 }
 
+/* stage 2: the epilogue reduces what is left; stage 1: the gradients were
+ * kept whole through backward and are reduced now, bucket by bucket, into
+ * the partition (reduce_gradients -> reduce_independent_p_g_buckets_...) */
 void zero_backward_end(par_state *ps)
 {
-    sim_drop(ps->c->s, ps->bucket);
-    sim_drop(ps->c->s, ps->gathered);
-    ps->bucket = ps->gathered = -1;
+    sim *s = ps->c->s;
+    int stage = ps->sp->training.zero_stage;
+    if (stage == 3) {
+        sim_drop(s, ps->z_xl);
+        ps->z_xl = -1;
+        zero3_backward_end(ps);
+        return;
+    }
+    if (!ps->P_grad)
+        return;
+    ipg_buffer(ps);
+    grad_partition(ps);
+    sim_drop(s, ps->z_xl);
+    ps->z_xl = -1;
+    par_drop_grads(ps, ps->step_mark);
 }
 
+/* The step (stage_1_and_2.py step, scaled_global_norm, _optimizer_step):
+ * the norm makes a float64 copy of each gradient piece of this rank
+ * (get_grad_norm_direct: g.data.double().norm(2)); each group's pieces are
+ * flattened (a copy when there is more than one) and cast to fp32 as the
+ * master weights' .grad, the client optimizer steps on that one flat tensor
+ * (torch AdamW foreach: one _foreach_sqrt temporary of its size), then the
+ * buffers are released (_release_ipg_buffers). Stage 3 (stage3.py
+ * _prepare_fp32_grad_for_sub_group) flattens the partition the same way. */
 void zero_step(par_state *ps, lctx *c)
 {
     sim *s = c->s;
-    int zero = ps->sp->training.zero_stage;
-    if (zero == 1 || zero == 2) /* the gradient partition converted to fp32 for the step */
-        sim_transient_sharded(s, ps->r_step, sim_mul(s, ps->P_tr, 4));
+    const training_spec *t = &ps->sp->training;
+    uint64_t N = s->dp ? s->dp : 1, S = sim_mul(s, ps->zl.S, N);
+    sim_transient_sharded(s, ps->r_step, sim_mul3(s, ps->zl.piece, N, 8));
+    int32_t flat = ps->zl.pieces > 1 ? sim_alloc(s, ps->r_step, sim_mul(s, S, c->dt), F_TEMP,
+                                                 SIM_SHARDED) : -1;
+    int32_t f32 = -1;
+    if (c->dt != 4) {
+        f32 = sim_alloc(s, ps->r_step, sim_mul(s, S, 4), F_TEMP, SIM_SHARDED);
+        sim_drop(s, flat);
+        flat = -1;
+    }
+    int adam = t->optimizer == OPT_ADAMW || t->optimizer == OPT_ADAM;
+    if (adam && t->impl == IMPL_FOREACH)
+        sim_transient_sharded(s, ps->r_step, sim_mul(s, S, 4));
+    else if (adam && t->impl == IMPL_FOR_LOOP)
+        sim_transient(s, ps->r_step, sim_mul3(s, c->largest_param, 4, 2));
+    sim_drop(s, f32);
+    sim_drop(s, flat);
+}
+
+/* Stage 3 partitions every tensor on its own (partition_parameters.py
+ * _partition_param: ceil(numel / N) per rank) and steps the optimizer one
+ * sub-group at a time: a run of tensors closed once their partitions reach
+ * sub_group_size (stage3.py _create_fp16_sub_groups).  S is the largest
+ * sub-group, piece the largest tensor partition. */
+int zero3_layout(par_state *ps, zlayout *z)
+{
+    sim *s = ps->c->s;
+    uint64_t N = s->dp ? s->dp : 1, cap = ps->sp->deepspeed.sub_group_size;
+    memset(z, 0, sizeof *z);
+    z->pieces = 2;
+    for (int g = 0; g < 2; g++) {
+        pieces p = {.s = s};
+        if (group_pieces(s, g, &p)) {
+            free(p.v);
+            s->oom = 1;
+            return -1;
+        }
+        uint64_t run = 0;
+        for (size_t i = 0; i < p.n; i++) {
+            uint64_t part = mm_ceil_div(p.v[i], N);
+            run = sim_add(s, run, part);
+            z->piece = part > z->piece ? part : z->piece;
+            z->S = run > z->S ? run : z->S;
+            if (run >= cap)
+                run = 0;
+        }
+        free(p.v);
+    }
+    return 0;
 }

@@ -207,6 +207,7 @@ typedef struct deepspeed_spec {
     int offload_param;                /* to cpu (ZeRO-3) */
     int pin_memory;
     uint64_t max_reuse_distance;      /* elements (stage3_max_reuse_distance) */
+    int round_robin_gradients;        /* stage 2 reorders the flat groups round-robin */
 } deepspeed_spec;
 
 typedef struct ddp_spec {         /* torch DistributedDataParallel (zero_stage 0, no FSDP) */

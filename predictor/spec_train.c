@@ -179,6 +179,7 @@ static const keydesc deepspeed_keys[] = {
     {"offload_param", K_ENUM, DS(offload_param), 0, 0, offload_names, 0, 0, 0},
     {"pin_memory", K_BOOL, DS(pin_memory), 0, 1, NULL, 0, 0, 0},
     {"stage3_max_reuse_distance", K_UINT, DS(max_reuse_distance), 0, 1e12, NULL, 0, 0, 0},
+    {"round_robin_gradients", K_BOOL, DS(round_robin_gradients), 0, 1, NULL, 0, 0, 0},
 };
 #undef DS
 
@@ -228,7 +229,9 @@ static int decode_deepspeed(dctx *c, const mm_node *root, mm_spec *s)
 {
     deepspeed_spec *d = &s->deepspeed;
     memset(d, 0, sizeof *d);
-    d->overlap_comm = 1;
+    /* DeepSpeed's default: true at stage 3, false below (runtime/zero/config.py
+     * overlap_comm_valid) */
+    d->overlap_comm = s->training.zero_stage == 3;
     d->contiguous_gradients = 1;
     d->max_live_parameters = 1000000000ull;
     d->sub_group_size = 1000000000ull;

@@ -50,7 +50,7 @@ expect 2 "$M" check $D/llava-1.5-7b-finetune.yaml --gpu-mem 80XB;            has
 expect 2 "$M" check $D/llava-1.5-7b-finetune.yaml --gpu-mem 80GiB --margin 120%; has "margin"
 
 # fit: answers the three questions
-expect 1 "$M" fit $D/llava-1.5-7b-finetune.yaml --gpu-mem 40GiB --set training.data_parallel=1
+expect 1 "$M" fit $D/llava-1.5-7b-finetune.yaml --gpu-mem 48GiB --set training.data_parallel=1
 has "no micro-batch fits"; has "smallest number of GPUs with ZeRO-3: "
 expect 0 "$M" fit $D/llava-1.5-7b-lora.yaml --gpu-mem 80GiB --json;           has '"max_micro_batch"'
 

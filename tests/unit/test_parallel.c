@@ -172,6 +172,44 @@ START_TEST(fsdp_shards_the_model_dtype)
 }
 END_TEST
 
+/* DeepSpeed ZeRO-2 at N = 2 (stage_1_and_2.py), the optimizer phase of the
+ * tiny Llama, by hand.  Groups: decay = every weight, no-decay = the norms
+ * (5 x 64).  The decay group (2*512000 + 2*40960 = 1105920 elements) is cut
+ * in two partitions of 552960: rank 0 holds the embedding and layer 0, rank 1
+ * layer 1 and lm_head, both exactly; the norms' 320 split at 160 cut layer
+ * 1's input norm: 192 whole elements each.  Live: bf16 parameters 2P, fp32
+ * master and Adam 12P/2, the IPG bucket (hidden^2 elements, bf16), the
+ * gradient partition (552960 + 192 elements, bf16), the batch (8 x 24 B);
+ * then the step: the partition flattened (bf16) and cast to fp32, the flat
+ * freed, AdamW's _foreach_sqrt of it: 8 x 552960 bytes on top. */
+START_TEST(zero2_optimizer_phase_by_hand)
+{
+    mm_spec *sp = tiny(", zero_stage: 2, data_parallel: 2", "");
+    mm_prediction p = predict(sp);
+    uint64_t gip = 552960 + 192;
+    uint64_t want = 2 * P + 6 * P + 2 * H * H + 2 * gip + 8 * 24 + 8 * 552960ull;
+    ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], want);
+    mm_prediction_free(&p);
+    mm_spec_free(sp);
+}
+END_TEST
+
+/* ZeRO-3 at N = 2 (stage3.py): bf16 partitions P/2 x 2, the norms (64
+ * elements, under the persistence threshold 10 x hidden) also whole, fp32
+ * master and Adam 12P/2, the gradient partitions in bf16 (P/2 x 2), the IPG
+ * bucket; the step flattens each sub-group's partitions (all tensors, 1e9
+ * sub_group_size) like stage 2: 8 x 552960 bytes on top. */
+START_TEST(zero3_optimizer_phase_by_hand)
+{
+    mm_spec *sp = tiny(", zero_stage: 3, data_parallel: 2", "");
+    mm_prediction p = predict(sp);
+    uint64_t want = P + 2 * (5 * H) + 6 * P + P + 2 * H * H + 8 * 24 + 8 * 552960ull;
+    ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], want);
+    mm_prediction_free(&p);
+    mm_spec_free(sp);
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
@@ -180,6 +218,8 @@ Suite *parallel_suite(void)
     tcase_add_test(tc, ddp_bucket_view_saves_one_gradient_copy);
     tcase_add_test(tc, fsdp_units_are_gathered_as_the_library_does);
     tcase_add_test(tc, fsdp_shards_the_model_dtype);
+    tcase_add_test(tc, zero2_optimizer_phase_by_hand);
+    tcase_add_test(tc, zero3_optimizer_phase_by_hand);
     suite_add_tcase(s, tc);
     return s;
 }

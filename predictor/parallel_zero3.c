@@ -1,0 +1,199 @@
+/* parallel_zero3.c - DeepSpeed ZeRO stage 3's gathered parameters
+ * (DeepSpeed 0.19.8 runtime/zero/partitioned_param_coordinator.py,
+ * parameter_offload.py, stage3.py; docs/parallel.md).
+ *
+ * Every module's parameters are fetched (all-gathered, whole, in the model
+ * dtype) at its pre-forward and released after it unless they are used again
+ * within stage3_max_reuse_distance elements of fetches (the coordinator's
+ * __params_to_release): with the default 1e9 a layer stays gathered from its
+ * forward into its backward when the fetches in between - the later layers'
+ * forward and backward, and their recomputation with checkpointing - stay
+ * under it.  A module backward never reaches is released after its forward
+ * (its next use is beyond the step's trace).  Parameters of at most
+ * stage3_param_persistence_threshold elements are never partitioned
+ * (parameter_offload.py mark_persistent_parameters): a full copy beside the
+ * partition.  We gather per wrapped layer (the layer loop's boundaries) and
+ * the rest of the model (embeddings, head, connector) for the whole step. */
+#include "parallel.h"
+#include "util.h"
+
+static uint64_t decoder_hidden(const mm_spec *sp)
+{
+    const module_spec *d = mm_spec_module(sp, MOD_DECODER);
+    return d ? d->hidden_size : 0;
+}
+
+/* stage3_param_persistence_threshold, 0 ("auto") = transformers' 10 x hidden */
+uint64_t zero3_threshold(const par_state *ps)
+{
+    uint64_t t = ps->sp->deepspeed.param_persistence_threshold;
+    return t ? t : 10 * decoder_hidden(ps->sp);
+}
+
+/* persistent parameters of one instance of a row */
+static int persistent_row(const par_state *ps, const sim_row *R)
+{
+    uint32_t n = R->count ? R->count : 1;
+    return R->params && R->params / n <= zero3_threshold(ps);
+}
+
+/* the parameters of layer (m, l) a fetch all-gathers: the unit less its
+ * persistent ones (rows of that module's layers below the threshold) */
+static uint64_t fetched(const par_state *ps, uint32_t m, uint64_t l)
+{
+    const sim *s = ps->c->s;
+    uint64_t n = par_unit_params(ps, m, l), pers = 0;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        if (R->module == m && R->count > 1 && persistent_row(ps, R))
+            pers += R->params / R->count;
+    }
+    return n > pers ? n - pers : 0;
+}
+
+/* elements fetched between layer l's forward and its next use (the
+ * backward; with checkpointing the recompute before it): the later layers
+ * twice (forward, backward), three times when they are recomputed */
+static uint64_t reuse_distance(const par_state *ps, uint32_t m, uint64_t l)
+{
+    const mm_spec *sp = ps->sp;
+    uint64_t after = 0;
+    for (uint32_t mi = m; mi < sp->n_modules; mi++) {
+        uint64_t n = sp->modules[mi].num_hidden_layers + sp->modules[mi].num_global_layers;
+        for (uint64_t k = mi == m ? l + 1 : 0; k < n && k < MM_MAX_LAYERS; k++)
+            after += par_unit_params(ps, mi, k);
+    }
+    return after * (sp->training.ckpt.enabled ? 3 : 2);
+}
+
+static int32_t fetch(par_state *ps, uint64_t params)
+{
+    sim *s = ps->c->s;
+    if (!params)
+        return -1;
+    sim_label(s, "zero-3 fetch", ps->r_gather);
+    return sim_alloc(s, ps->r_gather, sim_mul(s, params, ps->c->dt), F_PARAM, SIM_FIXED);
+}
+
+static int kept(const par_state *ps, uint32_t m, uint64_t l)
+{
+    return reuse_distance(ps, m, l) <= ps->sp->deepspeed.max_reuse_distance;
+}
+
+static void marker(sim *s, const sim_node *n, void *ctx)
+{
+    par_state *ps = ctx;
+    if (n->aux[3] == 2) { /* folded layers: released after the ballast's backward */
+        sim_drop(s, n->aux[2]);
+        return;
+    }
+    if (n->aux[3] == 1) { /* pre-backward: fetched again unless it stayed */
+        int32_t p = n->aux[2];
+        if (p < 0 || !s->t[p].alive)
+            p = fetch(ps, fetched(ps, (uint32_t)n->aux[0], (uint64_t)n->aux[1]));
+        ps->cur_p = p;
+    } else { /* post-backward: released */
+        sim_drop(s, ps->cur_p);
+        ps->cur_p = -1;
+    }
+}
+
+/* Folded layers (stack.c): the ballast repeats what the group before them
+ * left, their fetched parameters included when that group stayed gathered
+ * (then so do all later layers: kept-ness only grows towards the end).
+ * Otherwise the folded layers that stay are fetched here, and released by a
+ * marker that backward reaches right after the ballast. */
+static void folded(par_state *ps, const sim_layer_ev *e)
+{
+    sim *s = ps->c->s;
+    if (!e->count || !e->layer || kept(ps, e->module, e->layer - 1))
+        return;
+    uint64_t n = 0;
+    for (uint64_t l = e->layer; l < e->layer + e->count; l++)
+        if (kept(ps, e->module, l))
+            n = sim_add(s, n, fetched(ps, e->module, l));
+    int32_t p = fetch(ps, n);
+    if (p < 0)
+        return;
+    if (!e->grad) {
+        sim_drop(s, p);
+        return;
+    }
+    size_t k = par_marker(s, ps->r_gather, marker, ps, e->module, e->layer, 2, e->count);
+    s->tape[k].aux[2] = p;
+}
+
+static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
+{
+    par_state *ps = ctx;
+    if (e->what == SIM_LAYERS_FOLDED) {
+        folded(ps, e);
+        return;
+    }
+    uint64_t n = fetched(ps, e->module, e->layer);
+    if (e->what == SIM_LAYER_BEGIN) {
+        ps->fwd_k = e->grad ? par_marker(s, ps->r_gather, marker, ps, e->module, e->layer, 0, 1) + 1
+                            : 0;
+        ps->fwd_p = fetch(ps, n);
+        return;
+    }
+    int32_t p = ps->fwd_p;
+    ps->fwd_p = -1;
+    int backward = ps->fwd_k && s->ntape > ps->fwd_k;
+    if (!backward || !kept(ps, e->module, e->layer)) {
+        sim_drop(s, p);
+        p = -1;
+    }
+    if (!ps->fwd_k)
+        return;
+    if (!backward) {
+        s->ntape--;
+        return;
+    }
+    size_t k = par_marker(s, ps->r_gather, marker, ps, e->module, e->layer, 1, 1);
+    s->tape[k].aux[2] = p;
+}
+
+void zero3_setup(par_state *ps)
+{
+    sim *s = ps->c->s;
+    ps->cur_p = ps->fwd_p = ps->gathered = -1;
+    ps->fwd_k = 0;
+    zero3_layout(ps, &ps->zl);
+    /* the persistent parameters' full copies (mark_persistent_parameters) */
+    for (size_t r = 0; r < s->nrows; r++)
+        if (persistent_row(ps, &s->rows[r]) && !ps->sp->deepspeed.offload_param)
+            sim_alloc(s, (uint32_t)r, sim_mul(s, s->rows[r].params, ps->c->dt), F_PARAM, 0);
+}
+
+void zero3_forward_begin(par_state *ps)
+{
+    sim *s = ps->c->s;
+    uint64_t pers = 0;
+    for (size_t r = 0; r < s->nrows; r++)
+        if (s->rows[r].count <= 1 && persistent_row(ps, &s->rows[r]))
+            pers += s->rows[r].params;
+    ps->gathered = fetch(ps, ps->root > pers ? ps->root - pers : 0);
+    s->on_layer = on_layer;
+    s->on_layer_ctx = ps;
+}
+
+void zero3_forward_end(par_state *ps)
+{
+    ps->c->s->on_layer = NULL;
+}
+
+void zero3_backward_begin(par_state *ps)
+{
+    (void)ps;
+}
+
+void zero3_backward_end(par_state *ps)
+{
+    sim *s = ps->c->s;
+    sim_drop(s, ps->gathered);
+    ps->gathered = -1;
+    for (size_t i = 0; i < s->nt; i++)
+        if (s->t[i].alive && s->t[i].row == ps->r_gather && s->t[i].base < 0)
+            sim_drop(s, (int32_t)i);
+}

@@ -270,8 +270,9 @@ void par_forward_begin(par_state *ps, lctx *c)
 
 void par_forward_end(par_state *ps, lctx *c)
 {
-    (void)c;
-    if (par_is_fsdp(ps))
+    if (ps->kind == PAR_DDP)
+        ddp_forward_end(ps, c);
+    else if (par_is_fsdp(ps))
         fsdp_forward_end(ps);
     else if (ps->kind == PAR_ZERO && ps->sp->training.zero_stage == 3)
         zero3_forward_end(ps);

@@ -74,6 +74,7 @@ size_t par_marker(sim *s, uint32_t row, void (*fn)(sim *, const sim_node *, void
 /* parallel_ddp.c: DDP's reduce buckets, and the gradients that become views of them */
 void ddp_buckets(par_state *ps, lctx *c);
 void ddp_backward_begin(par_state *ps, lctx *c);
+void ddp_forward_end(par_state *ps, lctx *c);
 
 /* parallel_fsdp.c */
 void fsdp_setup(par_state *ps, lctx *c);

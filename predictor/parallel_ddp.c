@@ -111,3 +111,24 @@ void ddp_backward_begin(par_state *ps, lctx *c)
     c->s->on_wgrad = ddp_take;
     c->s->on_wgrad_ctx = ps;
 }
+
+/* find_unused_parameters: DDP's forward ends by passing the outputs through
+ * _DDPSink, which clones every output tensor (distributed.py _post_forward,
+ * _DDPSink.forward: inp.clone()); the model's own outputs are then free */
+void ddp_forward_end(par_state *ps, lctx *c)
+{
+    sim *s = c->s;
+    if (!ps->sp->ddp.find_unused_parameters || s->dp <= 1)
+        return;
+    sim_label(s, "ddp output clone", ps->r_bucket);
+    for (int i = 0; i < 4; i++) {
+        int32_t o = c->late_drop[i];
+        if (o < 0 || !s->t[o].alive)
+            continue;
+        int32_t k = sim_alloc(s, s->t[o].row, sim_grad_bytes(s, o), F_TEMP, SIM_MULTI);
+        if (k >= 0)
+            s->t[k].esz = s->t[o].esz;
+        sim_drop(s, o);
+        c->late_drop[i] = k;
+    }
+}

@@ -17,6 +17,8 @@
 #include "parallel.h"
 #include "util.h"
 
+#include <string.h>
+
 static uint64_t decoder_hidden(const mm_spec *sp)
 {
     const module_spec *d = mm_spec_module(sp, MOD_DECODER);
@@ -166,14 +168,46 @@ void zero3_setup(par_state *ps)
             sim_alloc(s, (uint32_t)r, sim_mul(s, s->rows[r].params, ps->c->dt), F_PARAM, 0);
 }
 
+/* Does backward reach this root row (rows outside the layers)?  Its
+ * module's backward hook fires when it trains or when a gradient flows
+ * through it: the decoder's final norm and head (and embeddings tied to it)
+ * once anything trains; with gradient checkpointing every input embedding's
+ * output requires grad (transformers 5.17 enable_input_require_grads hooks
+ * each sub-model's get_input_embeddings), so gradients flow through the
+ * frozen towers too.  A row backward never reaches is released after its
+ * forward: its next use is beyond the step's trace. */
+static int reached(const par_state *ps, const sim_row *R)
+{
+    const module_spec *m = &ps->sp->modules[R->module];
+    if (R->trainable)
+        return 1;
+    if (!ps->P_tr)
+        return 0;
+    if (ps->sp->training.ckpt.enabled)
+        return 1;
+    if (m->kind != MOD_DECODER)
+        return 0;
+    if (!strcmp(R->name, "embed_tokens"))
+        return m->tie_word_embeddings;
+    return !strcmp(R->name, "norm") || !strcmp(R->name, "lm_head");
+}
+
 void zero3_forward_begin(par_state *ps)
 {
     sim *s = ps->c->s;
-    uint64_t pers = 0;
-    for (size_t r = 0; r < s->nrows; r++)
-        if (s->rows[r].count <= 1 && persistent_row(ps, &s->rows[r]))
-            pers += s->rows[r].params;
-    ps->gathered = fetch(ps, ps->root > pers ? ps->root - pers : 0);
+    uint64_t kept = 0, once = 0;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        if (!R->params || strstr(R->name, "layers.") || persistent_row(ps, R))
+            continue;
+        if (reached(ps, R))
+            kept = sim_add(s, kept, R->params);
+        else
+            once = sim_add(s, once, R->params);
+    }
+    if (once) /* fetched for its forward, released after it */
+        sim_drop(s, fetch(ps, once));
+    ps->gathered = fetch(ps, kept);
     s->on_layer = on_layer;
     s->on_layer_ctx = ps;
 }

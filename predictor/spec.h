@@ -214,6 +214,7 @@ typedef struct ddp_spec {         /* torch DistributedDataParallel (zero_stage 0
     int gradient_as_bucket_view;  /* .grad are views of the reduce buckets */
     uint64_t bucket_cap_mb;       /* MiB per reduce bucket */
     int first_bucket_small;       /* bucket_cap_mb not given: the first bucket is 1 MiB */
+    int find_unused_parameters;   /* default: the Trainer's, not gradient_checkpointing */
 } ddp_spec;
 
 typedef struct fsdp_spec {

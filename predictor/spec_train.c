@@ -187,6 +187,7 @@ static const keydesc deepspeed_keys[] = {
 static const keydesc ddp_keys[] = {
     {"gradient_as_bucket_view", K_BOOL, DD(gradient_as_bucket_view), 0, 1, NULL, 0, 0, 0},
     {"bucket_cap_mb", K_UINT, DD(bucket_cap_mb), 1, 1 << 20, NULL, 0, 0, 0},
+    {"find_unused_parameters", K_BOOL, DD(find_unused_parameters), 0, 1, NULL, 0, 0, 0},
 };
 #undef DD
 
@@ -302,13 +303,16 @@ static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
 
 /* torch DistributedDataParallel: bucket_cap_mb 25 (_DEFAULT_BUCKET_CAP_MB); a
  * cap left at its default makes the first bucket 1 MiB (distributed.py,
- * _BucketCapacityConfig.create) */
+ * _BucketCapacityConfig.create); find_unused_parameters as the Trainer sets it
+ * when ddp_find_unused_parameters is unset: not gradient checkpointing
+ * (trainer.py, _wrap_model / accelerate's DistributedDataParallelKwargs) */
 static int decode_ddp(dctx *c, const mm_node *root, mm_spec *s)
 {
     ddp_spec *d = &s->ddp;
     memset(d, 0, sizeof *d);
     d->bucket_cap_mb = 25;
     d->first_bucket_small = 1;
+    d->find_unused_parameters = !s->training.ckpt.enabled;
     const mm_node *dd = mm_node_get(root, "ddp");
     if (!dd)
         return 0;

@@ -158,12 +158,12 @@ int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
     int32_t in = inputs(&c, sp, llm);
     par_forward_begin(&ps, &c);
     int32_t loss = prog_forward(&c);
+    par_forward_end(&ps, &c); /* the wrapper's post-forward, inside the model call */
     for (size_t i = 0; i < c.n_amp; i++) /* the autocast region ends */
         op_drop(&c, c.amp_cache[i]);
     c.n_amp = 0;
     for (int i = 0; i < 4; i++)
         op_drop(&c, c.late_drop[i]);
-    par_forward_end(&ps, &c);
     if (s->oom || s->overflow)
         return finish(s, sp, scratch, &c, err);
     sim_set_phase(s, MM_PHASE_BACKWARD);

@@ -43,7 +43,8 @@ typedef struct par_state {
     int32_t pf_f, pf_p;                /* the unit prefetched for backward (flat output, params) */
     size_t pf_k;                       /* its marker's tape index + 1 (0: none) */
     int32_t cur_p, cur_mark;           /* the unit in backward: params, its first gradient id */
-    int32_t fwd_p;                     /* the unit in forward: params */
+    int32_t fwd_p, ffp;                /* the unit in forward: params; the next, prefetched */
+    size_t cur_k;                      /* the tape index of the unit in backward */
     size_t fwd_k;                      /* the tape index of its post-backward marker */
 } par_state;
 

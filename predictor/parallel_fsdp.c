@@ -149,6 +149,11 @@ static void prefetch(par_state *ps, size_t k)
     ps->pf_k = j + 1;
 }
 
+static int post_prefetch(const par_state *ps)
+{
+    return !fsdp2(ps) && ps->sp->fsdp.backward_prefetch_post;
+}
+
 static void pre_backward(par_state *ps, const sim_node *n)
 {
     sim *s = ps->c->s;
@@ -167,7 +172,9 @@ static void pre_backward(par_state *ps, const sim_node *n)
     }
     ps->cur_p = p;
     ps->cur_mark = (int32_t)s->nt;
-    prefetch(ps, k);
+    ps->cur_k = k;
+    if (!post_prefetch(ps))
+        prefetch(ps, k);
 }
 
 static void post_backward(par_state *ps, const sim_node *n)
@@ -176,6 +183,8 @@ static void post_backward(par_state *ps, const sim_node *n)
     uint64_t l = (uint64_t)n->aux[1];
     reduce_unit(ps, par_unit_params(ps, mi, l), par_unit_trainable(ps, mi, l), ps->cur_mark,
                 &ps->cur_p);
+    if (post_prefetch(ps)) /* BACKWARD_POST: _post_backward_hook's _prefetch_handle */
+        prefetch(ps, ps->cur_k);
 }
 
 /* layers the loop folded: their post-backward shards, at once */
@@ -214,6 +223,19 @@ static int next_unit(const sim *s, size_t k, const sim_node **out)
     return -1;
 }
 
+/* FSDP1 forward_prefetch: the next unit's all-gather is issued at this
+ * unit's pre-forward (_runtime_utils.py _pre_forward_unshard ->
+ * _prefetch_handle(FORWARD)); the loop's next layer here */
+static void forward_prefetch(par_state *ps, uint32_t m, uint64_t next)
+{
+    const module_spec *ms = &ps->sp->modules[m];
+    if (fsdp2(ps) || !ps->sp->fsdp.forward_prefetch)
+        return;
+    if (next >= ms->num_hidden_layers + ms->num_global_layers || !par_unit_params(ps, m, next))
+        return;
+    ps->ffp = ag_issue(ps, par_unit_params(ps, m, next));
+}
+
 /* the layer loop: gather at the unit's pre-forward, reshard at its
  * post-forward (FSDP1 FULL_SHARD, FSDP2 reshard_after_forward); with
  * autograd recording, the markers of its pre- and post-backward */
@@ -231,7 +253,9 @@ static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
     if (e->what == SIM_LAYER_BEGIN) {
         ps->fwd_k = e->grad ? par_marker(s, ps->r_grads, marker, ps, e->module, e->layer,
                                          MK_POST, 1) + 1 : 0;
-        ps->fwd_p = gather_forward(ps, params);
+        ps->fwd_p = ps->ffp >= 0 ? ps->ffp : gather_forward(ps, params);
+        ps->ffp = -1;
+        forward_prefetch(ps, e->module, e->layer + 1);
         return;
     }
     int32_t p = ps->fwd_p;
@@ -261,7 +285,8 @@ void fsdp_setup(par_state *ps, lctx *c)
     ps->pdt = mm_dtype_bytes(f->param_dtype);
     ps->rdt = mm_dtype_bytes(f->reduce_dtype);
     ps->root_p = ps->ag_held = ps->rs_held = ps->pf_f = ps->pf_p = -1;
-    ps->cur_p = ps->fwd_p = -1;
+    ps->cur_p = ps->fwd_p = ps->ffp = -1;
+    ps->cur_k = 0;
     ps->cur_mark = 0;
     ps->pf_k = ps->fwd_k = 0;
     (void)c;
@@ -311,6 +336,7 @@ void fsdp_backward_end(par_state *ps)
     drop(s, &ps->rs_held);
     drop(s, &ps->pf_f);
     drop(s, &ps->pf_p);
+    drop(s, &ps->ffp);
     for (size_t i = 0; i < s->nt; i++)
         if (s->t[i].alive && s->t[i].row == ps->r_gather && s->t[i].base < 0)
             sim_drop(s, (int32_t)i);

@@ -37,18 +37,43 @@ static void add_piece(void *ctx, uint32_t row, uint64_t n)
     p->v[p->n++] = n;
 }
 
-/* the trainable tensors of one group, in the order DeepSpeed flattens them
- * (the Trainer's no-decay group: norms; biases stay with their weights) */
+static int in_layers(const sim_row *R)
+{
+    return strstr(R->name, "layers.") != NULL;
+}
+
+/* one row's trainable tensors (its instances) into the group's list */
+static void row_pieces(const sim_row *R, uint32_t k, pieces *out)
+{
+    uint32_t c = R->trainable_count ? R->trainable_count : 1;
+    if (k < c)
+        add_piece(out, 0, R->trainable / c + (k == 0 ? R->trainable % c : 0));
+}
+
+/* The trainable tensors of one group in the order DeepSpeed flattens them:
+ * model.parameters() order - per module the rows before its layers, the
+ * layers one after another, the rows after (the Trainer's no-decay group:
+ * the norms; biases stay with their weights). */
 static int group_pieces(sim *s, int nodecay, pieces *out)
 {
-    uint64_t *rb = calloc(s->nrows + 1, sizeof *rb);
-    if (!rb)
-        return -1;
-    for (size_t r = 0; r < s->nrows; r++)
-        if ((strstr(s->rows[r].name, "norm") != NULL) == nodecay)
-            rb[r] = s->rows[r].trainable;
-    sim_each_piece(s, rb, 1, add_piece, out);
-    free(rb);
+    for (uint32_t m = 0; m < MM_MAX_MODULES; m++) {
+        size_t first = s->nrows;
+        uint32_t most = 0;
+        for (size_t r = 0; r < s->nrows; r++)
+            if (s->rows[r].module == m && in_layers(&s->rows[r])) {
+                first = r < first ? r : first;
+                most = s->rows[r].count > most ? s->rows[r].count : most;
+            }
+        for (int part = 0; part < 3; part++)
+            for (uint32_t k = 0; k < (part == 1 ? most : 1); k++)
+                for (size_t r = 0; r < s->nrows; r++) {
+                    const sim_row *R = &s->rows[r];
+                    int lay = in_layers(R), want = part == 1 ? lay : !lay && (part == 0) == (r < first);
+                    if (R->module == m && R->trainable && want &&
+                        (strstr(R->name, "norm") != NULL) == nodecay)
+                        row_pieces(R, k, out);
+                }
+    }
     return s->oom ? -1 : 0;
 }
 

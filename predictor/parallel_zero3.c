@@ -53,9 +53,25 @@ static uint64_t fetched(const par_state *ps, uint32_t m, uint64_t l)
     return n > pers ? n - pers : 0;
 }
 
+/* The decoder's head (final norm, lm_head): fetched after the layers and
+ * again first in backward */
+static uint64_t head_params(const par_state *ps)
+{
+    const sim *s = ps->c->s;
+    uint64_t n = 0;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        if (ps->sp->modules[R->module].kind == MOD_DECODER &&
+            (!strcmp(R->name, "norm") || !strcmp(R->name, "lm_head")))
+            n += R->params;
+    }
+    return n;
+}
+
 /* elements fetched between layer l's forward and its next use (the
  * backward; with checkpointing the recompute before it): the later layers
- * twice (forward, backward), three times when they are recomputed */
+ * twice (forward, backward), three times when they are recomputed, and the
+ * head twice */
 static uint64_t reuse_distance(const par_state *ps, uint32_t m, uint64_t l)
 {
     const mm_spec *sp = ps->sp;
@@ -65,7 +81,7 @@ static uint64_t reuse_distance(const par_state *ps, uint32_t m, uint64_t l)
         for (uint64_t k = mi == m ? l + 1 : 0; k < n && k < MM_MAX_LAYERS; k++)
             after += par_unit_params(ps, mi, k);
     }
-    return after * (sp->training.ckpt.enabled ? 3 : 2);
+    return after * (sp->training.ckpt.enabled ? 3 : 2) + 2 * head_params(ps);
 }
 
 static int32_t fetch(par_state *ps, uint64_t params)
@@ -79,7 +95,9 @@ static int32_t fetch(par_state *ps, uint64_t params)
 
 static int kept(const par_state *ps, uint32_t m, uint64_t l)
 {
-    return reuse_distance(ps, m, l) <= ps->sp->deepspeed.max_reuse_distance;
+    /* __params_to_release stops before a module once the fetches so far
+     * reach the distance: kept only below it */
+    return reuse_distance(ps, m, l) < ps->sp->deepspeed.max_reuse_distance;
 }
 
 static void marker(sim *s, const sim_node *n, void *ctx)

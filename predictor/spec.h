@@ -228,6 +228,7 @@ typedef struct fsdp_spec {
     int cpu_offload;
     int fp32_loaded;              /* the model was loaded in fp32 (sharded in fp32) */
     precision_kind model_dtype;   /* dtype of the sharded parameters (the loaded model) */
+    int backward_prefetch_post;   /* FSDP1 BACKWARD_POST: prefetch after the reshard */
 } fsdp_spec;
 
 typedef struct device_spec {

@@ -285,6 +285,7 @@ static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
     else if (!mm_node_get(fs, "reshard_after_forward"))
         in.f.reshard_after_forward = 1;
     in.f.backward_prefetch = in.bprefetch != 2;
+    in.f.backward_prefetch_post = in.bprefetch == 1;
     in.f.mixed_precision = mm_node_get(fs, "param_dtype") || mm_node_get(fs, "reduce_dtype");
     if ((v = mm_node_get(fs, "version")) && s->training.zero_stage)
         return key_fail(c, v, "fsdp", "FSDP and DeepSpeed ZeRO exclude each other "

@@ -210,6 +210,122 @@ START_TEST(zero3_optimizer_phase_by_hand)
 }
 END_TEST
 
+/* the most bytes of one row alive at once within a phase */
+static uint64_t max_alive(const sim *s, const char *row, int phase)
+{
+    uint64_t live = 0, top = 0;
+    for (size_t i = 0; i < s->nev; i++) {
+        const sim_ev *e = &s->ev[i];
+        if (e->row >= s->nrows || strcmp(s->rows[e->row].name, row))
+            continue;
+        if (e->phase == phase && live > top)
+            top = live; /* what the phase starts with counts too */
+        live = e->is_free ? live - e->bytes : live + e->bytes;
+        if (e->phase == phase && live > top)
+            top = live;
+    }
+    return top;
+}
+
+/* live bytes when a phase begins */
+static uint64_t live_at(const sim *s, int phase)
+{
+    uint64_t live = 0;
+    for (size_t i = 0; i < s->nev && s->ev[i].phase != phase; i++)
+        live = s->ev[i].is_free ? live - s->ev[i].bytes : live + s->ev[i].bytes;
+    return live;
+}
+
+/* stage 3 keeps a layer gathered from its forward into its backward while
+ * the elements fetched in between (later layers, forward and backward) stay
+ * within stage3_max_reuse_distance (partitioned_param_coordinator.py
+ * __params_to_release); at 0 every layer is released after its forward.  At
+ * the end of the forward that is both layers less their norms (persistent,
+ * 2H each), in bf16. */
+START_TEST(zero3_reuse_distance_keeps_layers)
+{
+    mm_spec *keep = tiny(", zero_stage: 3, data_parallel: 2", "");
+    mm_spec *drop = tiny(", zero_stage: 3, data_parallel: 2",
+                         "deepspeed: {stage3_max_reuse_distance: 0}\n");
+    sim a, b;
+    run(keep, &a, 2);
+    run(drop, &b, 2);
+    ck_assert_uint_eq(live_at(&a, MM_PHASE_BACKWARD) - live_at(&b, MM_PHASE_BACKWARD),
+                      2 * L * (LAYER - 2 * H));
+    sim_free(&a);
+    sim_free(&b);
+    mm_spec_free(keep);
+    mm_spec_free(drop);
+}
+END_TEST
+
+/* round_robin_gradients reorders the flat groups (stage_1_and_2.py
+ * _round_robin_reorder): at N = 3 the busiest rank's whole tensors are
+ * 1105920 elements in model order (it is cut inside both 512000-element
+ * tables), 1048576 round-robin: 57344 bf16 elements less in the optimizer
+ * phase. */
+START_TEST(zero2_round_robin_changes_the_partition)
+{
+    mm_spec *a = tiny(", zero_stage: 2, data_parallel: 3", "");
+    mm_spec *b = tiny(", zero_stage: 2, data_parallel: 3",
+                      "deepspeed: {round_robin_gradients: true}\n");
+    mm_prediction pa = predict(a), pb = predict(b);
+    ck_assert_uint_eq(pa.phase_peak[MM_PHASE_OPTIMIZER] - pb.phase_peak[MM_PHASE_OPTIMIZER],
+                      2 * (1105920 - 1048576));
+    mm_prediction_free(&pa);
+    mm_prediction_free(&pb);
+    mm_spec_free(a);
+    mm_spec_free(b);
+}
+END_TEST
+
+/* find_unused_parameters: _DDPSink clones the outputs at the end of the
+ * forward, the logits (1 x 8 x V, bf16) included */
+START_TEST(ddp_find_unused_clones_the_outputs)
+{
+    mm_spec *a = tiny(", data_parallel: 2", "ddp: {find_unused_parameters: true}\n");
+    mm_spec *b = tiny(", data_parallel: 2", "ddp: {find_unused_parameters: false}\n");
+    sim sa, sb;
+    run(a, &sa, 2);
+    run(b, &sb, 2);
+    ck_assert_uint_eq(max_alive(&sa, "lm_head", MM_PHASE_FORWARD) -
+                          max_alive(&sb, "lm_head", MM_PHASE_FORWARD), 2 * 8 * V);
+    sim_free(&sa);
+    sim_free(&sb);
+    mm_spec_free(a);
+    mm_spec_free(b);
+}
+END_TEST
+
+/* what FSDP keeps gathered at most: FSDP1 forward one layer beside the root,
+ * two with forward_prefetch; backward two with BACKWARD_PRE (the default),
+ * one with NO_PREFETCH; FSDP2 without reshard_after_forward both layers. */
+START_TEST(fsdp_prefetch_and_reshard_change_the_gathered_units)
+{
+    const char *cfg[] = {"fsdp: {version: 1}\n", "fsdp: {version: 1, forward_prefetch: true}\n",
+                         "fsdp: {version: 1, backward_prefetch: NO_PREFETCH}\n",
+                         "fsdp: {version: 2, reshard_after_forward: false}\n"};
+    uint64_t want[][2] = {{ROOT + LAYER, ROOT + 2 * LAYER}, {ROOT + 2 * LAYER, ROOT + 2 * LAYER},
+                          {ROOT + LAYER, ROOT + LAYER}, {ROOT + 2 * LAYER, ROOT + 2 * LAYER}};
+    for (int i = 0; i < 4; i++) {
+        mm_spec *sp = tiny(", data_parallel: 2", cfg[i]);
+        sim s;
+        run(sp, &s, 2);
+        uint64_t f = max_alive(&s, "runtime.gathered_params", MM_PHASE_FORWARD);
+        uint64_t b = max_alive(&s, "runtime.gathered_params", MM_PHASE_BACKWARD);
+        if (i == 3) { /* FSDP2's per-parameter copies; the flat outputs come and go */
+            ck_assert_uint_ge(f, 2 * want[i][0]);
+            ck_assert_uint_ge(b, 2 * want[i][1]);
+        } else {
+            ck_assert_uint_eq(f, 2 * want[i][0]);
+            ck_assert_uint_eq(b, 2 * want[i][1]);
+        }
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
@@ -220,6 +336,10 @@ Suite *parallel_suite(void)
     tcase_add_test(tc, fsdp_shards_the_model_dtype);
     tcase_add_test(tc, zero2_optimizer_phase_by_hand);
     tcase_add_test(tc, zero3_optimizer_phase_by_hand);
+    tcase_add_test(tc, zero3_reuse_distance_keeps_layers);
+    tcase_add_test(tc, zero2_round_robin_changes_the_partition);
+    tcase_add_test(tc, ddp_find_unused_clones_the_outputs);
+    tcase_add_test(tc, fsdp_prefetch_and_reshard_change_the_gathered_units);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -33,7 +33,7 @@ static void usage(FILE *f)
           "                  default $MMGUARD_CATALOG, the installed catalog, contrib/models\n"
           "  --set           override a value of the written spec: a module by name\n"
           "                  (vision_tower, projector, language_model) or a section\n"
-          "                  (training, deepspeed, fsdp), e.g. --set training.seq_len=4096\n"
+          "                  (training, deepspeed, fsdp, ddp), e.g. --set training.seq_len=4096\n"
           "  --allow-unknown list unknown input keys instead of refusing them\n"
           "  -o FILE         write there instead of standard output\n",
           f);
@@ -51,6 +51,7 @@ static int apply_set(imp_spec *s, const char *kv)
     snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
     imp_section *t = !strcmp(sec, "training") ? &s->training : !strcmp(sec, "deepspeed")
                          ? &s->deepspeed : !strcmp(sec, "fsdp") ? &s->fsdp
+                         : !strcmp(sec, "ddp") ? &s->ddp
                          : !strcmp(sec, "framework") ? &s->framework : NULL;
     for (size_t i = 0; !t && i < s->nmod; i++)
         if (!strcmp(s->mod[i].name, sec))

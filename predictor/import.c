@@ -18,6 +18,7 @@ void imp_init(imp_spec *s)
     mm_strlcpy(s->training.name, "training", sizeof s->training.name);
     mm_strlcpy(s->deepspeed.name, "deepspeed", sizeof s->deepspeed.name);
     mm_strlcpy(s->fsdp.name, "fsdp", sizeof s->fsdp.name);
+    mm_strlcpy(s->ddp.name, "ddp", sizeof s->ddp.name);
     mm_strlcpy(s->framework.name, "framework", sizeof s->framework.name);
 }
 

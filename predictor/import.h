@@ -33,7 +33,7 @@ typedef struct imp_spec {
     char name[128];
     imp_section mod[MM_MAX_MODULES];
     size_t nmod;
-    imp_section training, deepspeed, fsdp, framework;
+    imp_section training, deepspeed, fsdp, ddp, framework;
     char sources[8][600];           /* input files with their sha256 */
     size_t nsources;
     char notes[IMP_MAX_NOTES][240]; /* "assumed: ..." / "ignored: ..." lines */

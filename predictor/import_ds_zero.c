@@ -15,7 +15,6 @@ static const imp_rule zero_rules[] = {
     {"allgather_partitions", 'i', "all-gather or broadcasts of the updated partitions: the "
                                   "same allgather_bucket_size buffers"},
     {"reduce_scatter", 'i', "reduce-scatter or all-reduce of the same reduce_bucket_size bucket"},
-    {"round_robin_gradients", 'i', "the order gradients are copied into partitions"},
     {"elastic_checkpoint", 'i', "checkpoint files"}, {"load_from_fp32_weights", 'i',
                                                       "checkpoint loading"},
     {"ignore_unused_parameters", 'i', "a check"}, {"pipeline_loading_checkpoint", 'i',
@@ -27,9 +26,6 @@ static const imp_rule zero_rules[] = {
     {"log_trace_cache_warnings", 'i', "logging"}, {"enable_sanity_checks", 'i', "checks"},
     {"use_multi_rank_bucket_allreduce", 'i', "how buckets are all-reduced, not their size"},
     {"mics_hierarchical_params_gather", 'i', "MiCS only (refused)"},
-    {"stage3_max_reuse_distance", 'd', "1e9|no mmguard spec key yet: parameters reused within "
-                                       "it stay gathered (bounded by stage3_max_live_parameters)"},
-    {"max_reuse_distance", 'd', "1e9|no mmguard spec key yet"},
     {"memory_efficient_linear", 'd', "true|ZeRO-3's linear saves its input only"},
     {"legacy_stage1", 'd', "false|the legacy stage-1 optimizer is not modelled"},
     {"zero_hpz_partition_size", 'd', "1|ZeRO++ hierarchical partitions are not modelled"},
@@ -126,6 +122,7 @@ static const zkey zkeys[] = {
     {"stage3_max_live_parameters", "max_live_parameters", S(3), 1e9, 0, 0},
     {"stage3_param_persistence_threshold", "param_persistence_threshold", S(3), 1e5, 3, 0},
     {"sub_group_size", NULL, S(3), 1e9, 0, 1},
+    {"stage3_max_reuse_distance", "max_reuse_distance", S(3), 1e9, 0, 0},
 };
 
 /* transformers trainer_config_finalize: h*h, int(0.9*h*h) (Python evaluates
@@ -184,11 +181,20 @@ static int zero_size(imp_job *j, hfc *z, const zkey *k, int stage, uint64_t hidd
 
 static int zero_flags(imp_job *j, hfc *z, int stage)
 {
-    int ov, cg;
+    int ov, cg, rr;
     char w[160];
     if (imp_bool(z, "overlap_comm", stage == 3, &ov) ||
-        imp_bool(z, "contiguous_gradients", 1, &cg))
+        imp_bool(z, "contiguous_gradients", 1, &cg) || imp_bool(z, "round_robin_gradients", 0, &rr))
         return -1;
+    /* round_robin_gradients reorders stage 2's flat groups (the partitions' contents) */
+    if (stage == 2)
+        imp_set(&j->s->deepspeed, "round_robin_gradients",
+                mm_node_get(z->map, "round_robin_gradients")
+                    ? hf_where(z, "round_robin_gradients", w, sizeof w) : "DeepSpeed's default",
+                "%s", rr ? "true" : "false");
+    else if (mm_node_get(z->map, "round_robin_gradients"))
+        imp_note(j->s, "ignored %s: only ZeRO stage 2 reorders gradients round-robin",
+                 hf_where(z, "round_robin_gradients", w, sizeof w));
     imp_set(&j->s->deepspeed, "overlap_comm", mm_node_get(z->map, "overlap_comm")
             ? hf_where(z, "overlap_comm", w, sizeof w)
             : "DeepSpeed's default: true at stage 3 only", "%s", ov ? "true" : "false");

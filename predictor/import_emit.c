@@ -76,8 +76,8 @@ char *imp_emit(const imp_spec *s)
             put(&b, "    type: %s\n", s->mod[i].type);
             section(&b, &s->mod[i], "    ");
         }
-    const imp_section *secs[] = {&s->training, &s->framework, &s->deepspeed, &s->fsdp};
-    for (size_t k = 0; k < 4; k++) {
+    const imp_section *secs[] = {&s->training, &s->framework, &s->deepspeed, &s->fsdp, &s->ddp};
+    for (size_t k = 0; k < sizeof secs / sizeof secs[0]; k++) {
         if (!secs[k]->n && k != 0)
             continue;
         put(&b, "%s:\n", secs[k]->name);

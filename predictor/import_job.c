@@ -52,6 +52,7 @@ static void llava(imp_job *j)
 
 void imp_job_finish(imp_job *j)
 {
+    imp_ddp_finish(j);
     weight_dtype(j);
     llava(j);
     imp_training_defaults(j->s, !j->lf);

@@ -47,8 +47,10 @@ int imp_trainer_finish(imp_job *j, hfc *h);
 int imp_trainer_model(imp_job *j, hfc *h);
 /* batch, precision, checkpointing, optimizer, sequence (import_trainer.c) */
 int imp_trainer_core(imp_job *j, hfc *h);
-/* attention, Liger, packing, compile, deepspeed, fsdp (import_trainer_opt.c) */
+/* attention, Liger, packing, compile, deepspeed, fsdp, ddp (import_trainer_opt.c) */
 int imp_trainer_opt(imp_job *j, hfc *h);
+/* the ddp: keys are dropped (with a note) once DeepSpeed or FSDP wraps the model */
+void imp_ddp_finish(imp_job *j);
 /* LLaVA's ModelArguments / TrainingArguments (import_llava.c) */
 int imp_llava(imp_job *j, hfc *h);
 /* LLaMA-Factory's other keys, then the trainer's (import_lf_rules.c) */

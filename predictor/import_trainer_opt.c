@@ -187,7 +187,45 @@ static int tr_fsdp(imp_job *j, hfc *h)
     return fsdp_config(j, h, shard, offload);
 }
 
+/* ddp_bucket_cap_mb, ddp_find_unused_parameters (null: torch's 25 MiB, the
+ * Trainer's not gradient_checkpointing) -> ddp: (dropped when DeepSpeed or
+ * FSDP wraps the model instead: imp_ddp_finish) */
+static int tr_ddp(imp_job *j, hfc *h)
+{
+    char w[160];
+    const mm_node *b = hf_node(h, "ddp_bucket_cap_mb"), *f = hf_node(h, "ddp_find_unused_parameters");
+    if (b && !b->is_null) {
+        uint64_t mb;
+        if (imp_u64(h, "ddp_bucket_cap_mb", 25, 1, 1u << 20, &mb))
+            return -1;
+        imp_set(&j->s->ddp, "bucket_cap_mb", hf_where(h, "ddp_bucket_cap_mb", w, sizeof w), "%llu",
+                (unsigned long long)mb);
+    }
+    if (f && !f->is_null) {
+        int fu;
+        if (imp_bool(h, "ddp_find_unused_parameters", 0, &fu))
+            return -1;
+        imp_set(&j->s->ddp, "find_unused_parameters",
+                hf_where(h, "ddp_find_unused_parameters", w, sizeof w), "%s", fu ? "true" : "false");
+    }
+    hf_mark(h, "ddp_bucket_cap_mb");
+    hf_mark(h, "ddp_find_unused_parameters");
+    return 0;
+}
+
+void imp_ddp_finish(imp_job *j)
+{
+    imp_spec *s = j->s;
+    if (!s->ddp.n || (!imp_get(&s->training, "zero_stage") && !s->fsdp.n))
+        return;
+    for (size_t i = 0; i < s->ddp.n; i++)
+        imp_note(s, "ignored %s: %s wraps the model, not DDP", s->ddp.kv[i].from,
+                 s->fsdp.n ? "FSDP" : "DeepSpeed");
+    s->ddp.n = 0;
+}
+
 int imp_trainer_opt(imp_job *j, hfc *h)
 {
-    return tr_attention(j, h) || tr_flags(j, h) || tr_deepspeed(j, h) || tr_fsdp(j, h) ? -1 : 0;
+    return tr_attention(j, h) || tr_flags(j, h) || tr_deepspeed(j, h) || tr_fsdp(j, h) ||
+           tr_ddp(j, h) ? -1 : 0;
 }

@@ -49,9 +49,6 @@ static const imp_rule trainer_rules[] = {
     {"accelerator_config", 'i', "dataloader dispatching on the host"},
     {"parallelism_config", 'r', "tensor / context parallelism is not modelled"},
     {"report_to", 'i', LOG}, {"project", 'i', LOG}, {"trackio_space_id", 'i', LOG},
-    {"ddp_find_unused_parameters", 'i', "a graph traversal, no tensors"},
-    {"ddp_bucket_cap_mb", 'i', "DDP's buckets hold a second copy of all gradients whatever "
-                               "their size"},
     {"ddp_broadcast_buffers", 'i', "buffers are broadcast in place"}, {"ddp_timeout", 'i', META},
     {"skip_memory_metrics", 'i', LOG}, {"use_legacy_prediction_loop", 'i', EVAL},
     {"push_to_hub", 'i', HUB}, {"resume_from_checkpoint", 'i', "the starting weights"},

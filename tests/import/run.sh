@@ -60,7 +60,7 @@ key optimizer adamw;  key transformers_version '"4.37.2"'
 has 'the language model'"'"'s hidden_size 4096'
 has "ignored train_batch_size: the global batch"
 has "ignored fp16.loss_scale: dynamic loss scaling"
-has "ignored zero_optimization.stage3_max_reuse_distance: 1e9 is DeepSpeed's default"
+key stage3_max_reuse_distance 1000000000
 has "ignored learning_rate: the learning rate"
 has "finetune_v1_5_flags.txt:1:1: deepspeed: --deepspeed"
 hasnt "data_parallel"
@@ -92,7 +92,7 @@ same "$T/llava-off.yaml" "$H/llava-1.5-7b-zero3-offload.yaml" --set training.dat
 # LLaMA-Factory's ds_z2_config.json: explicit buckets, overlap_comm false
 expect 0 "$M" import $LLAVA --deepspeed "$F/ds_z2_config.json"
 key reduce_bucket_size 500000000;  key allgather_bucket_size 500000000;  key overlap_comm false
-has "ignored zero_optimization.round_robin_gradients"
+key round_robin_gradients true
 has "ignored zero_optimization.allgather_partitions"
 has "ignored zero_allow_untested_optimizer"
 
@@ -125,8 +125,8 @@ has "typo.json:2:2: zero_optimisation: unknown DeepSpeed key"
 expect 0 "$M" import $LLAVA --deepspeed "$T/typo.json" --allow-unknown
 has "ignored zero_optimisation: unknown to mmguard (--allow-unknown)"
 printf '{"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0}}\n' > "$T/reuse.json"
-expect 2 "$M" import $LLAVA --deepspeed "$T/reuse.json"
-has "zero_optimization.stage3_max_reuse_distance: only 1e9 (DeepSpeed's default) is modelled"
+expect 0 "$M" import $LLAVA --deepspeed "$T/reuse.json"
+key stage3_max_reuse_distance 0
 printf '{"pipeline": {"stages": 2}, "zero_optimization": {"stage": 1}}\n' > "$T/pp.json"
 expect 2 "$M" import $LLAVA --deepspeed "$T/pp.json"
 has "pp.json:1:2: pipeline: pipeline parallelism is not modelled"
@@ -150,6 +150,13 @@ has "lora: {r: 128, alpha: 256, dropout: 0.05, target_modules: all-linear}"
 has "ignored the words before the first --flag in --args: the launcher command"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--per_device_train_batch_size 4 --frobnicate 3"
 has "--args:1:33: frobnicate: unknown trainer key"
+# DDP's keys map to ddp:, and are dropped when DeepSpeed wraps the model instead
+expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--ddp_bucket_cap_mb 50 --ddp_find_unused_parameters false"
+key bucket_cap_mb 50;  key find_unused_parameters false
+printf -- '--ddp_bucket_cap_mb 50\n' > "$T/ddp.txt"
+expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --deepspeed "$L/zero2.json" --args @"$T/ddp.txt"
+has "ignored ddp_bucket_cap_mb: DeepSpeed wraps the model, not DDP"
+hasnt "bucket_cap_mb: 50"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile True"
 has "--args:1:1: torch_compile: torch.compile is not modelled"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--optim lion_32bit"

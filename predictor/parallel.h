@@ -31,6 +31,7 @@ typedef struct par_state {
     zlayout zl;
     uint64_t z_fill;                   /* elements in the IPG bucket */
     int32_t z_xl;                      /* an extra-large gradient waiting for its reduction */
+    int32_t zpf;                       /* ZeRO-3: parameters prefetched for the next layer */
     int32_t step_mark;                 /* first tensor of the step proper */
     /* DDP (parallel_ddp.c) */
     int32_t ddp_first, ddp_cur;        /* buckets: consecutive tensor ids, the one filling */

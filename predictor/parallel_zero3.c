@@ -100,6 +100,54 @@ static int kept(const par_state *ps, uint32_t m, uint64_t l)
     return reuse_distance(ps, m, l) < ps->sp->deepspeed.max_reuse_distance;
 }
 
+static int alive(const sim *s, int32_t id)
+{
+    return id >= 0 && (size_t)id < s->nt && s->t[id].alive;
+}
+
+/* elements gathered now (the coordinator's __n_available_params) */
+static uint64_t available(const par_state *ps)
+{
+    const sim *s = ps->c->s;
+    uint64_t b = 0;
+    for (size_t i = 0; i < s->nt; i++)
+        if (s->t[i].alive && s->t[i].row == ps->r_gather && s->t[i].base < 0)
+            b += s->t[i].bytes;
+    return b / (ps->c->dt ? ps->c->dt : 1);
+}
+
+/* Fetch a layer: what was prefetched for it is part of it.  Then prefetch
+ * the next layer's parameters, at most stage3_prefetch_bucket_size elements
+ * and what stage3_max_live_parameters leaves (fetch_sub_module:
+ * max_params_to_prefetch = min(max_available - available, prefetch_bucket)). */
+static int32_t fetch_layer(par_state *ps, uint64_t n, uint32_t m, int64_t next)
+{
+    sim *s = ps->c->s;
+    const deepspeed_spec *d = &ps->sp->deepspeed;
+    sim_drop(s, ps->zpf);
+    ps->zpf = -1;
+    int32_t p = fetch(ps, n);
+    if (next < 0)
+        return p;
+    uint64_t want = fetched(ps, m, (uint64_t)next), avail = available(ps);
+    uint64_t bucket = d->prefetch_bucket_size ? d->prefetch_bucket_size
+                                              : (uint64_t)(0.9 * (double)decoder_hidden(ps->sp) *
+                                                           (double)decoder_hidden(ps->sp));
+    uint64_t room = d->max_live_parameters > avail ? d->max_live_parameters - avail : 0;
+    uint64_t pre = want < bucket ? want : bucket;
+    ps->zpf = fetch(ps, pre < room ? pre : room);
+    return p;
+}
+
+/* the layer backward reaches next: the PRE marker before tape index k */
+static int64_t next_back(const sim *s, size_t k, void (*fn)(sim *, const sim_node *, void *))
+{
+    for (size_t j = k; j-- > 0;)
+        if (s->tape[j].marker == fn && s->tape[j].aux[3] == 1)
+            return alive(s, s->tape[j].aux[2]) ? -1 : (int64_t)j;
+    return -1;
+}
+
 static void marker(sim *s, const sim_node *n, void *ctx)
 {
     par_state *ps = ctx;
@@ -109,8 +157,12 @@ static void marker(sim *s, const sim_node *n, void *ctx)
     }
     if (n->aux[3] == 1) { /* pre-backward: fetched again unless it stayed */
         int32_t p = n->aux[2];
-        if (p < 0 || !s->t[p].alive)
-            p = fetch(ps, fetched(ps, (uint32_t)n->aux[0], (uint64_t)n->aux[1]));
+        if (!alive(s, p)) {
+            int64_t j = next_back(s, (size_t)n->aux[5], marker);
+            uint32_t m = (uint32_t)n->aux[0];
+            p = fetch_layer(ps, fetched(ps, m, (uint64_t)n->aux[1]), m,
+                            j >= 0 && s->tape[j].aux[0] == n->aux[0] ? s->tape[j].aux[1] : -1);
+        }
         ps->cur_p = p;
     } else { /* post-backward: released */
         sim_drop(s, ps->cur_p);
@@ -152,9 +204,12 @@ static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
     }
     uint64_t n = fetched(ps, e->module, e->layer);
     if (e->what == SIM_LAYER_BEGIN) {
+        const module_spec *m = &ps->sp->modules[e->module];
+        uint64_t layers = m->num_hidden_layers + m->num_global_layers;
         ps->fwd_k = e->grad ? par_marker(s, ps->r_gather, marker, ps, e->module, e->layer, 0, 1) + 1
                             : 0;
-        ps->fwd_p = fetch(ps, n);
+        ps->fwd_p = fetch_layer(ps, n, e->module,
+                                e->layer + 1 < layers ? (int64_t)e->layer + 1 : -1);
         return;
     }
     int32_t p = ps->fwd_p;
@@ -177,7 +232,7 @@ static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
 void zero3_setup(par_state *ps)
 {
     sim *s = ps->c->s;
-    ps->cur_p = ps->fwd_p = ps->gathered = -1;
+    ps->cur_p = ps->fwd_p = ps->gathered = ps->zpf = -1;
     ps->fwd_k = 0;
     zero3_layout(ps, &ps->zl);
     /* the persistent parameters' full copies (mark_persistent_parameters) */
@@ -243,6 +298,8 @@ void zero3_backward_begin(par_state *ps)
 void zero3_backward_end(par_state *ps)
 {
     sim *s = ps->c->s;
+    sim_drop(s, ps->zpf);
+    ps->zpf = -1;
     sim_drop(s, ps->gathered);
     ps->gathered = -1;
     for (size_t i = 0; i < s->nt; i++)

@@ -326,6 +326,32 @@ START_TEST(fsdp_prefetch_and_reshard_change_the_gathered_units)
 }
 END_TEST
 
+/* stage 3 prefetches the next layer's parameters at a layer's fetch: at most
+ * stage3_prefetch_bucket_size elements and what stage3_max_live_parameters
+ * leaves (fetch_sub_module).  With nothing kept (reuse distance 0) the most
+ * gathered in forward is the root, layer 0 and the prefetch of layer 1 (its
+ * LAYER - 2H fetched elements, bf16). */
+START_TEST(zero3_prefetch_is_bounded)
+{
+    const char *cfg[] = {
+        "deepspeed: {stage3_max_reuse_distance: 0, stage3_prefetch_bucket_size: 1000000}\n",
+        "deepspeed: {stage3_max_reuse_distance: 0, stage3_prefetch_bucket_size: 1}\n",
+        "deepspeed: {stage3_max_reuse_distance: 0, stage3_prefetch_bucket_size: 1000000, "
+        "stage3_max_live_parameters: 1}\n"};
+    uint64_t g[3];
+    for (int i = 0; i < 3; i++) {
+        mm_spec *sp = tiny(", zero_stage: 3, data_parallel: 2", cfg[i]);
+        sim s;
+        run(sp, &s, 2);
+        g[i] = max_alive(&s, "runtime.gathered_params", MM_PHASE_FORWARD);
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+    ck_assert_uint_eq(g[0] - g[1], 2 * (LAYER - 2 * H - 1));
+    ck_assert_uint_eq(g[0] - g[2], 2 * (LAYER - 2 * H));
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
@@ -337,6 +363,7 @@ Suite *parallel_suite(void)
     tcase_add_test(tc, zero2_optimizer_phase_by_hand);
     tcase_add_test(tc, zero3_optimizer_phase_by_hand);
     tcase_add_test(tc, zero3_reuse_distance_keeps_layers);
+    tcase_add_test(tc, zero3_prefetch_is_bounded);
     tcase_add_test(tc, zero2_round_robin_changes_the_partition);
     tcase_add_test(tc, ddp_find_unused_clones_the_outputs);
     tcase_add_test(tc, fsdp_prefetch_and_reshard_change_the_gathered_units);

@@ -97,6 +97,17 @@ uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer
     return s->layer_tp[(size_t)module * MM_MAX_LAYERS + layer];
 }
 
+/* Parameters that require grad: the trainable ones, and in a trainable
+ * module those that get no gradient (a vision layer past select_layer, a
+ * tower with no images).  DeepSpeed flattens and partitions every one of
+ * them (its fp32 master and Adam partitions, its gradient partitions);
+ * torch's optimizers skip a parameter whose .grad stays None. */
+uint64_t par_requires_grad(const par_state *ps, const sim_row *R)
+{
+    const module_spec *m = &ps->sp->modules[R->module];
+    return m->trainable && !m->lora.enabled && !R->qbytes ? R->params : R->trainable;
+}
+
 /* the root unit: every parameter outside a wrapped layer */
 static void root_sizes(par_state *ps, const mm_spec *sp)
 {
@@ -157,6 +168,11 @@ static void setup(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
     }
     root_sizes(ps, sp);
     ps->P_grad = ps->P_tr;
+    if (ps->kind == PAR_ZERO) {
+        ps->P_grad = 0;
+        for (size_t r = 0; r < s->nrows; r++)
+            ps->P_grad = sim_add(s, ps->P_grad, par_requires_grad(ps, &s->rows[r]));
+    }
     if (par_is_fsdp(ps))
         ps->store = mm_dtype_bytes(sp->fsdp.model_dtype);
     else
@@ -218,11 +234,14 @@ static uint64_t row_model_states(par_state *ps, lctx *c, uint32_t r, int offl_op
     uint64_t bytes = R->qbytes ? R->qbytes : sim_mul(s, R->params, ps->store);
     if (R->params && !offl_par)
         sim_alloc(s, r, bytes, F_PARAM, zero == 3 || fsdp);
-    if (!R->trainable)
+    sim_row rg = *R; /* DeepSpeed's flat partitions cover every requires_grad parameter */
+    if (zero)
+        rg.trainable = par_requires_grad(ps, R);
+    if (!rg.trainable)
         return 0;
-    uint64_t st = row_states(ps, s, R, t->optimizer);
+    uint64_t st = row_states(ps, s, &rg, t->optimizer);
     if (zero) /* fp32 master weights */
-        st = sim_add(s, st, sim_mul(s, R->trainable, 4));
+        st = sim_add(s, st, sim_mul(s, rg.trainable, 4));
     if (paged)
         s->outside_bytes = sim_add(s, s->outside_bytes, zero || fsdp ? mm_ceil_div(st, s->dp) : st);
     else if (st && !offl_opt)

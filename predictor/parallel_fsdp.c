@@ -100,11 +100,16 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, int32_t mar
 {
     sim *s = ps->c->s;
     if (!fsdp2(ps)) {
+        uint64_t N = s->dp ? s->dp : 1, padded = sim_mul(s, mm_ceil_div(params, N), N);
         int32_t g = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->pdt), F_GRAD, 0) : -1;
         par_drop_grads(ps, mark);
         drop(s, p);
         if (g >= 0) {
+            /* a flat gradient not divisible by N is padded first (F.pad) */
+            int32_t pad = padded != params ? sim_alloc(s, ps->r_grads, sim_mul(s, padded, ps->pdt),
+                                                       F_GRAD, 0) : -1;
             int32_t sh = sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->rdt), F_GRAD, SIM_SHARDED);
+            sim_drop(s, pad);
             if (ps->rdt != ps->store) {
                 sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->store), F_GRAD, SIM_SHARDED);
                 sim_drop(s, sh);

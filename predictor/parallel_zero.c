@@ -42,20 +42,22 @@ static int in_layers(const sim_row *R)
     return strstr(R->name, "layers.") != NULL;
 }
 
-/* one row's trainable tensors (its instances) into the group's list */
-static void row_pieces(const sim_row *R, uint32_t k, pieces *out)
+/* one row's requires_grad tensors (its instances) into the group's list */
+static void row_pieces(uint64_t n, uint32_t c, uint32_t k, pieces *out)
 {
-    uint32_t c = R->trainable_count ? R->trainable_count : 1;
+    c = c ? c : 1;
     if (k < c)
-        add_piece(out, 0, R->trainable / c + (k == 0 ? R->trainable % c : 0));
+        add_piece(out, 0, n / c + (k == 0 ? n % c : 0));
 }
 
 /* The trainable tensors of one group in the order DeepSpeed flattens them:
  * model.parameters() order - per module the rows before its layers, the
  * layers one after another, the rows after (the Trainer's no-decay group:
- * the norms; biases stay with their weights). */
-static int group_pieces(sim *s, int nodecay, pieces *out)
+ * the LayerNorm / RMSNorm modules, trainer.py get_decay_parameter_names;
+ * biases stay with their weights). */
+static int group_pieces(const par_state *ps, int nodecay, pieces *out)
 {
+    sim *s = ps->c->s;
     for (uint32_t m = 0; m < MM_MAX_MODULES; m++) {
         size_t first = s->nrows;
         uint32_t most = 0;
@@ -69,9 +71,9 @@ static int group_pieces(sim *s, int nodecay, pieces *out)
                 for (size_t r = 0; r < s->nrows; r++) {
                     const sim_row *R = &s->rows[r];
                     int lay = in_layers(R), want = part == 1 ? lay : !lay && (part == 0) == (r < first);
-                    if (R->module == m && R->trainable && want &&
-                        (strstr(R->name, "norm") != NULL) == nodecay)
-                        row_pieces(R, k, out);
+                    uint64_t n = par_requires_grad(ps, R);
+                    if (R->module == m && n && want && (strstr(R->kind, "norm") != NULL) == nodecay)
+                        row_pieces(n, n == R->trainable ? R->trainable_count : R->count, k, out);
                 }
     }
     return s->oom ? -1 : 0;
@@ -137,7 +139,7 @@ int zero_layout(par_state *ps, int round_robin_order, zlayout *z)
     for (int g = 0; g < 2; g++) {
         pieces p = {.s = s};
         zlayout one;
-        if (group_pieces(s, g, &p) || (round_robin_order && round_robin(&p, N))) {
+        if (group_pieces(ps, g, &p) || (round_robin_order && round_robin(&p, N))) {
             free(p.v);
             s->oom = 1;
             return -1;
@@ -289,7 +291,7 @@ int zero3_layout(par_state *ps, zlayout *z)
     z->pieces = 2;
     for (int g = 0; g < 2; g++) {
         pieces p = {.s = s};
-        if (group_pieces(s, g, &p)) {
+        if (group_pieces(ps, g, &p)) {
             free(p.v);
             s->oom = 1;
             return -1;

@@ -383,17 +383,18 @@ end
 
 ------------------------------------------------------------------------------
 -- The MMGUARD variable the plugin publishes (spank_plugin/record.h):
--- "v=2 key=value ...", strings percent-encoded.
+-- "v=3 key=value ...", strings percent-encoded.
 ------------------------------------------------------------------------------
 
 local REC_STR = { decision = 8, spec = 1024, sha256 = 65, model = 128, gpu = 32, request = 160,
                   error = 1024, admission = 160 }
 local REC_NUM = { gpu_mem = true, usable = true, dp = true, peak = true, alloc = true, mmb = true,
-                  ctx = true, nccl = true, afix = true, slack = true, dp1 = true }
-local REC_MODEL = { "ctx", "nccl", "afix", "afrac", "slack", "dp1", "terms" }
+                  ctx = true, nccl = true, afix = true, dp1 = true }
+local REC_MODEL = { "ctx", "nccl", "afix", "afrac", "dp1", "terms", "res" }
 local REC_ORDER = { "decision", "spec", "sha256", "model", "gpu", "gpu_mem", "usable", "dp",
                     "request", "peak", "alloc", "mmb", "error", "admission", "ctx", "nccl", "afix",
-                    "afrac", "slack", "dp1", "terms" }
+                    "afrac", "dp1", "terms", "res" }
+local REC_POINTS, MAX_DEGREE = 64, 4294967295
 
 -- Percent-decode; nil for a stray '%', a control byte or too long a value.
 local function decode(v, max)
@@ -429,6 +430,19 @@ local function rec_value(m, k, v)
             m.terms[#m.terms + 1] = { F, S }
         end
         return #m.terms > 0
+    elseif k == "res" then
+        -- "FROM-TO:RESERVED:PAGED,...": ascending, disjoint degree ranges
+        m.res = {}
+        local after = 0
+        for _, e in ipairs(split(v, ",")) do
+            local a, b, r, p = e:match("^(%d+)-(%d+):(%d+):(%d+)$")
+            local from, to, res, paged = parse_uint(a), parse_uint(b), parse_uint(r), parse_uint(p)
+            if not (from and to and res and paged) or from < 1 or from > to or to > MAX_DEGREE
+                or from <= after or #m.res >= REC_POINTS then return false end
+            m.res[#m.res + 1] = { from, to, res, paged }
+            after = to
+        end
+        return #m.res > 0
     end
     return false
 end
@@ -437,8 +451,8 @@ end
 function M.parse_record(s)
     if type(s) ~= "string" then return nil, "MMGUARD missing" end
     if #s > 8192 then return nil, "MMGUARD: longer than 8192 bytes" end
-    if s:sub(1, 3) ~= "v=2" or (#s > 3 and s:sub(4, 4) ~= " ") then
-        return nil, "MMGUARD: unsupported version (want v=2)"
+    if s:sub(1, 3) ~= "v=3" or (#s > 3 and s:sub(4, 4) ~= " ") then
+        return nil, "MMGUARD: unsupported version (want v=3)"
     end
     local m, seen, rest = {}, {}, s:sub(4)
     while rest ~= "" do
@@ -446,7 +460,7 @@ function M.parse_record(s)
         tok, rest = rest:match("^ ([^ ]*)(.*)$")
         if tok == "" then return nil, "MMGUARD: empty field" end
         local k, v = tok:match("^([^=]*)=(.*)$")
-        if not (k and (REC_STR[k] or REC_NUM[k] or k == "afrac" or k == "terms")) then
+        if not (k and (REC_STR[k] or REC_NUM[k] or k == "afrac" or k == "terms" or k == "res")) then
             return nil, "MMGUARD: unknown field '" .. (k or tok):sub(1, 40) .. "'"
         end
         if seen[k] then return nil, "MMGUARD: duplicate field '" .. k .. "'" end
@@ -462,12 +476,18 @@ end
 
 -- The text of a record (after a resize).
 function M.format_record(m)
-    local parts = { "v=2" }
+    local parts = { "v=3" }
     for _, k in ipairs(REC_ORDER) do
         local v = m[k]
         if k == "terms" and v then
             local t = {}
             for i, p in ipairs(v) do t[i] = istr(p[1]) .. ":" .. istr(p[2]) end
+            v = table.concat(t, ",")
+        elseif k == "res" and v then
+            local t = {}
+            for i, p in ipairs(v) do
+                t[i] = istr(p[1]) .. "-" .. istr(p[2]) .. ":" .. istr(p[3]) .. ":" .. istr(p[4])
+            end
             v = table.concat(t, ",")
         elseif k == "afrac" and v then
             v = string.format("%.17g", v)
@@ -487,7 +507,10 @@ end
 
 -- mm_peak_for_dp() of the C library from the published model:
 --   allocated(1) = dp1, allocated(N >= 2) = max_k (F_k + ceil(S_k / N))
---   peak(N) = ceil(allocated * (1 + afrac)) + afix + slack + ctx + (N > 1 ? nccl : 0)
+--   peak(N) = ceil(allocated * (1 + afrac)) + afix + (max(R, allocated) - allocated)
+--             + ctx + (N > 1 ? nccl : 0) + P
+-- with R, P of the res range that holds N (the allocator model replayed at N);
+-- nil for an N no range holds: the record does not say, and nothing is guessed.
 -- (here the product is exact; the C code rounds it in long double).
 function M.alloc_for_dp(m, n)
     if n == 1 then return m.dp1 end
@@ -501,11 +524,17 @@ end
 
 function M.peak_for_dp(m, n)
     assert(is_int(n) and n >= 1, "N must be an integer >= 1")
+    local point
+    for _, p in ipairs(m.res) do
+        if p[1] <= n and n <= p[2] then point = p end
+    end
+    if not point then return nil end
     local alloc = M.alloc_for_dp(m, n)
     local peak = add(alloc, ceil_mul(alloc, m.afrac))
-    peak = add(add(add(peak, m.afix), m.slack), m.ctx)
+    local slack = point[3] > alloc and point[3] - alloc or 0
+    peak = add(add(add(peak, m.afix), slack), m.ctx)
     if n > 1 then peak = add(peak, m.nccl) end
-    return peak
+    return add(peak, point[4])
 end
 
 ------------------------------------------------------------------------------
@@ -939,22 +968,26 @@ local function describe(req, tres)
 end
 
 -- The peak for the request; a node range starting at one GPU also at the next
--- total (for N >= 2 the peak never grows with N), as the plugin does.
+-- total (the allocated peak never grows with N >= 2, but 1 -> 2 adds NCCL), as
+-- the plugin does.  nil and the count when the record does not cover it.
 local function judged_peak(m, req)
     local peak, at = M.peak_for_dp(m, req.gpus), req.gpus
+    if not peak then return nil, at end
     if req.kind == "node" and req.nodes_max > req.nodes_min and req.gpus == 1 then
         local n2 = M.request_total(req, req.nodes_min + 1)
         local p2 = M.peak_for_dp(m, n2)
+        if not p2 then return nil, n2 end
         if p2 > peak then peak, at = p2, n2 end
     end
     return peak, at
 end
 
--- The smallest per-node count of `gtype` (with more than `from`) that fits.
+-- The smallest per-node count of `gtype` (with more than `from`) that fits
+-- (only counts the record covers).
 local function first_fit(m, req, from, usable, maxn)
     for g = from, maxn do
         local p = M.peak_for_dp(m, g * req.nodes_min)
-        if p <= usable then return g, p end
+        if p and p <= usable then return g, p end
     end
 end
 
@@ -981,6 +1014,10 @@ function M.decide(ctx, text)
     if not mem then return fail(ctx, "GPU type '" .. gtype .. "' (the job's request) is not in the site's GPU table (add gpu." .. gtype .. "=SIZE to mmguard.conf)") end
     local usable = M.usable_bytes(mem, conf)
     local peak, at = judged_peak(m, req)
+    if not peak then
+        return fail(ctx, "the submit-time prediction does not cover " .. istr(at) .. " GPUs"
+            .. " (the caching allocator is replayed only at the counts it was asked for)")
+    end
     r.gpu_mem, r.usable, r.peak = mem, usable, peak
     local what = string.format("predicted peak %s per GPU %s %s (%s usable of %s) with %s%s",
         M.format_bytes(peak), peak <= usable and "fits" or "does not fit", gtype,

@@ -17,6 +17,7 @@
 
 typedef struct replay {
     const sim *s;
+    uint64_t n;          /* data-parallel degree the sizes are taken at */
     mm_allocator *a;
     int64_t *h;          /* handle of each sim tensor in the current step */
     int pairs;           /* optimizer states come two per parameter (Adam) */
@@ -39,8 +40,18 @@ static void alloc_pair(void *ctx, uint32_t row, uint64_t bytes)
     alloc_piece(ctx, row, bytes - bytes / 2);
 }
 
+/* bytes of event e on one of n ranks, as the sim logs them at N = n (0: the
+ * tensor does not exist there, e.g. DDP buckets at n = 1) */
+static uint64_t ev_bytes(const sim *s, const sim_ev *e, uint64_t n)
+{
+    const sim_tensor *t = &s->t[e->id];
+    if (t->sharded == SIM_MULTI)
+        return n > 1 ? t->bytes : 0;
+    return t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, n) : t->bytes;
+}
+
 /* the model states of the log's setup part, of class `cls`, per row */
-static uint64_t *setup_bytes(const sim *s, int cls, int *sharded_flat)
+static uint64_t *setup_bytes(const sim *s, uint64_t n, int cls, int *sharded_flat)
 {
     uint64_t *rb = calloc(s->nrows + 1, sizeof *rb);
     if (!rb)
@@ -48,7 +59,7 @@ static uint64_t *setup_bytes(const sim *s, int cls, int *sharded_flat)
     for (size_t i = 0; i < s->step_ev; i++) {
         const sim_ev *e = &s->ev[i];
         if (!e->is_free && e->cls == cls && e->row < s->nrows) {
-            rb[e->row] = mm_sat_add(rb[e->row], e->bytes);
+            rb[e->row] = mm_sat_add(rb[e->row], ev_bytes(s, e, n));
             if (s->t[e->id].sharded == SIM_SHARDED)
                 *sharded_flat = 1;
         }
@@ -61,7 +72,7 @@ static uint64_t *setup_bytes(const sim *s, int cls, int *sharded_flat)
 static void model_states(replay *r, int cls, int per_param)
 {
     int flat = 0;
-    uint64_t *rb = setup_bytes(r->s, cls, &flat);
+    uint64_t *rb = setup_bytes(r->s, r->n, cls, &flat);
     if (!rb) {
         r->failed = 1;
         return;
@@ -83,8 +94,9 @@ static void other_setup(replay *r)
 {
     for (size_t i = 0; i < r->s->step_ev; i++) {
         const sim_ev *e = &r->s->ev[i];
-        if (!e->is_free && e->cls != F_PARAM && e->cls != F_OPT)
-            alloc_piece(r, e->row, e->bytes);
+        uint64_t b = ev_bytes(r->s, e, r->n);
+        if (!e->is_free && e->cls != F_PARAM && e->cls != F_OPT && b)
+            alloc_piece(r, e->row, b);
     }
 }
 
@@ -98,11 +110,14 @@ static void step(replay *r, int first, int per_param)
             model_states(r, F_OPT, per_param);
             states = 1;
         }
+        uint64_t b = ev_bytes(s, e, r->n);
+        if (!b)
+            continue;
         if (e->is_free) {
             mm_allocator_release(r->a, r->h[e->id]);
             r->h[e->id] = -1;
         } else {
-            r->h[e->id] = mm_allocator_malloc(r->a, e->bytes);
+            r->h[e->id] = mm_allocator_malloc(r->a, b);
             if (r->h[e->id] == MM_ALLOC_NOMEM)
                 r->failed = 1;
         }
@@ -111,10 +126,10 @@ static void step(replay *r, int first, int per_param)
         model_states(r, F_OPT, per_param);
 }
 
-int reserve_replay(const sim *s, const mm_alloc_conf *conf, int per_param_states, int pairs,
-                   reserve_result *out)
+int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
+                   int pairs, reserve_result *out)
 {
-    replay r = {.s = s, .pairs = pairs};
+    replay r = {.s = s, .n = n ? n : 1, .pairs = pairs};
     memset(out, 0, sizeof *out);
     r.a = mm_allocator_new(conf, 0, 0);
     r.h = malloc((s->nt + 1) * sizeof *r.h);

@@ -190,22 +190,31 @@ local function record(o)
         sha256 = string.rep("ab", 32), model = "llava-1.5-7b-finetune", gpu = "h100",
         gpu_mem = 81559 * MiB, usable = 70 * GiB, dp = o.dp or 4, request = "h100:4x1-1/node",
         peak = 44 * GiB, alloc = 40 * GiB, mmb = 4,
-        ctx = GiB, nccl = GiB, afix = 512 * MiB, afrac = 0.05, slack = o.slack or 0,
+        ctx = GiB, nccl = GiB, afix = 512 * MiB, afrac = 0.05,
         dp1 = o.dp1 or 130 * GiB, terms = o.terms or { { 10 * GiB, 120 * GiB }, { 20 * GiB, 0 } },
+        res = o.res or { { 1, 4294967295, 0, 0 } },
     }
     return M.format_record(r)
 end
 local HUGE = record({ terms = { { 500 * GiB, 10 * GiB } }, dp1 = 510 * GiB })
 
-case("peak model arithmetic, allocator slack included", function()
+case("peak model arithmetic, allocator slack per replayed degree", function()
     local m = assert(M.parse_record(record()))
     -- +1: the double 0.05 is slightly above 1/20, the slack is rounded up
     eq(M.peak_for_dp(m, 1), 138 * GiB + 1, "peak(1)")
     eq(M.peak_for_dp(m, 2), 76 * GiB + 1, "peak(2)")
     eq(M.peak_for_dp(m, 4), 44 * GiB + 512 * MiB + 1, "peak(4)")
-    local s = assert(M.parse_record(record({ slack = 3 * GiB })))
-    eq(M.peak_for_dp(s, 2), 79 * GiB + 1, "slack adds to every N")
-    eq(M.peak_for_dp(s, 1), 141 * GiB + 1, "and to N=1")
+    -- reserved 133 GiB at N=1 (3 above allocated), 42 at N=2 and 3 (allocated 70 at 2:
+    -- no slack there, 50 at 3), nothing known at 4 and 5, 1 GiB paged from 6 on
+    local s = assert(M.parse_record(record({ res = { { 1, 1, 133 * GiB, 0 }, { 2, 3, 42 * GiB, 0 },
+                                                      { 6, 4294967295, 0, GiB } } })))
+    eq(M.peak_for_dp(s, 1), 141 * GiB + 1, "slack at N=1")
+    eq(M.peak_for_dp(s, 2), 76 * GiB + 1, "reserved below allocated: no slack")
+    eq(M.peak_for_dp(s, 3), 55 * GiB + 1, "peak(3)")
+    eq(M.peak_for_dp(s, 4), nil, "not replayed at 4: unknown")
+    eq(M.peak_for_dp(s, 5), nil, "nor at 5")
+    -- allocated(40) = 20 GiB: 21 + afix 0.5 + ctx 1 + nccl 1 + paged 1
+    eq(M.peak_for_dp(s, 40), 24 * GiB + 512 * MiB + 1, "paged bytes added")
     eq(M.ceil_mul(100, 0.05), 6, "100 * 0.05000000000000000277 -> 6")
     eq(M.ceil_mul(3, 0.1), 1, "0.3 -> 1")
     local q, rem = M.muldiv(9007199254740991, 999999999, 1000000000)
@@ -218,14 +227,20 @@ case("the MMGUARD record: round trip and hostile text", function()
     eq(m.spec, "/home/alice/llava \"quoted\".yaml", "decoded path")
     eq(M.format_record(m), record(), "round trip")
     has(record(), 'spec=/home/alice/llava%20"quoted".yaml ', "blanks encoded (as record.c does)")
-    for _, bad in ipairs({ "", "v=1 decision=accept", "v=2 decision=accept decision=warn", "v=2 color=red",
-        "v=2  decision=accept", "v=2 peak=12a", "v=2 peak=99999999999999999999", "v=2 spec=%0Aetc",
-        "v=2 spec=%00", "v=2 spec=ab%4", "v=2 decision=acceptable", "v=2 ctx=1 nccl=1",
-        "v=2 afrac=nan ctx=1 nccl=1 afix=1 slack=1 dp1=1 terms=1:1",
-        "v=2 afrac=0 ctx=1 nccl=1 afix=1 slack=1 dp1=1 terms=1:1," }) do
+    local model = "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res="
+    for _, bad in ipairs({ "", "v=1 decision=accept", "v=2 decision=accept", "v=3 decision=accept decision=warn",
+        "v=3 color=red", "v=3 slack=1",
+        "v=3  decision=accept", "v=3 peak=12a", "v=3 peak=99999999999999999999", "v=3 spec=%0Aetc",
+        "v=3 spec=%00", "v=3 spec=ab%4", "v=3 decision=acceptable", "v=3 ctx=1 nccl=1",
+        "v=3 afrac=nan ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res=1-1:0:0",
+        "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1, res=1-1:0:0",
+        model, model .. "1-1:0:0,", model .. "0-1:0:0", model .. "2-1:0:0", model .. "1-2:0",
+        model .. "1-2:0:0,2-3:0:0", model .. "3-4:0:0,1-2:0:0", model .. "1-4294967296:0:0",
+        model .. "1-1:0:x", model .. string.rep("1-1:0:0,", 64) .. "1-1:0:0" }) do
         eq(M.parse_record(bad), nil, "parse of '" .. bad .. "'")
     end
-    eq(M.parse_record("v=2 " .. string.rep("x", 9000)), nil, "too long")
+    assert(M.parse_record(model .. "1-1:0:0,2-3:5:6,7-4294967295:0:0"), "three ranges")
+    eq(M.parse_record("v=3 " .. string.rep("x", 9000)), nil, "too long")
 end)
 
 case("sizes", function()
@@ -425,10 +440,10 @@ case("nothing fits: reject", function()
 end)
 
 case("cannot decide (malformed record, no GPU, per socket, unknown type): on_error", function()
-    for _, o in ipairs({ { tpn = "gres:gpu:h100:1", model = "v=2 ctx=12 garbage" },
+    for _, o in ipairs({ { tpn = "gres:gpu:h100:1", model = "v=3 ctx=12 garbage" },
                           { tpn = "gres:shard:1" }, { tps = "gres:gpu:1" },
                           { tpn = "gres:gpu:v100:2" },
-                          { tpn = "gres:gpu:1", model = "v=2 decision=error error=bad%20spec" } }) do
+                          { tpn = "gres:gpu:1", model = "v=3 decision=error error=bad%20spec" } }) do
         write_conf(BASE .. "action=resize\non_error=allow\n")
         local j = job(o)
         eq(slurm_job_submit(j, {}, 1000), slurm.SUCCESS, "allow")

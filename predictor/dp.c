@@ -30,8 +30,8 @@ static uint64_t term_at(const mm_dp_term *t, uint64_t n)
 /* Mark, in need[], every point that is the (first) maximum at some N in
  * [2, DP_CHECK_N], and for N beyond it the points that could still be: the
  * largest fixed part, and any whose fixed + ceil(sharded / (DP_CHECK_N + 1))
- * exceeds it (F + ceil(S / N) only falls with N). */
-static void mark_needed(const mm_dp_term *in, size_t n, unsigned char *need)
+ * exceeds it (F + ceil(S / N) only falls with N).  For many points. */
+static void mark_winners(const mm_dp_term *in, size_t n, unsigned char *need)
 {
     for (uint64_t N = 2; N <= DP_CHECK_N; N++) {
         size_t best = 0;
@@ -54,6 +54,49 @@ static void mark_needed(const mm_dp_term *in, size_t n, unsigned char *need)
     for (size_t i = 0; i < n; i++)
         if (term_at(&in[i], DP_CHECK_N + 1) > in[top].fixed)
             need[i] = 1;
+}
+
+/* the highest line F + S x other than k at x */
+static double others_at(const mm_dp_term *in, size_t n, size_t k, double x)
+{
+    double m = -1;
+    for (size_t j = 0; j < n; j++)
+        if (j != k && (double)in[j].fixed + (double)in[j].sharded * x > m)
+            m = (double)in[j].fixed + (double)in[j].sharded * x;
+    return m;
+}
+
+/* Mark every point that can be the maximum at some N >= 2, without a
+ * division per N: F + ceil(S / N) lies less than a byte above the line
+ * F + S x at x = 1 / N, so a point whose line stays 2 bytes (1 + room for
+ * rounding) below the highest other line everywhere on x in [0, 1/2] never
+ * is.  Its line minus the upper envelope of the others is concave in x, so
+ * it suffices to look at 0, 1/2 and where two other lines cross.  A superset
+ * of the winners: the envelope stays exact.  For a few points. */
+static void mark_needed(const mm_dp_term *in, size_t n, unsigned char *need)
+{
+    double xs[2 + 16 * 15 / 2];
+    if (n > 16) {
+        mark_winners(in, n, need);
+        return;
+    }
+    for (size_t k = 0; k < n; k++) {
+        size_t nx = 0;
+        xs[nx++] = 0;
+        xs[nx++] = 0.5;
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = i + 1; j < n; j++) {
+                if (i == k || j == k || in[i].sharded == in[j].sharded)
+                    continue;
+                double x = ((double)in[i].fixed - (double)in[j].fixed) /
+                           ((double)in[j].sharded - (double)in[i].sharded);
+                if (x > 0 && x < 0.5)
+                    xs[nx++] = x;
+            }
+        for (size_t t = 0; t < nx && !need[k]; t++)
+            need[k] = (double)in[k].fixed + (double)in[k].sharded * xs[t] + 2 >
+                      others_at(in, n, k, xs[t]);
+    }
 }
 
 /* merge the two points with the closest slopes into their maximum */
@@ -88,8 +131,11 @@ static int by_sharded(const void *a, const void *b)
 size_t dp_envelope(const mm_dp_term *in, size_t n, mm_dp_term *out, int *exact)
 {
     *exact = 1;
-    if (n == 0)
-        return 0;
+    if (n <= 1) {
+        if (n)
+            out[0] = in[0];
+        return n;
+    }
     mm_dp_term *tmp = malloc(n * sizeof *tmp);
     unsigned char *need = calloc(n, 1);
     size_t k = 0;

@@ -17,7 +17,8 @@
 
 typedef struct replay {
     const sim *s;
-    uint64_t n;          /* data-parallel degree the sizes are taken at */
+    const sim_ev *ev;    /* the log with sizes at the degree replayed */
+    size_t nev, step_ev; /* its events; the first of the step proper */
     mm_allocator *a;
     int64_t *h;          /* handle of each sim tensor in the current step */
     int pairs;           /* optimizer states come two per parameter (Adam) */
@@ -40,26 +41,50 @@ static void alloc_pair(void *ctx, uint32_t row, uint64_t bytes)
     alloc_piece(ctx, row, bytes - bytes / 2);
 }
 
-/* bytes of event e on one of n ranks, as the sim logs them at N = n (0: the
- * tensor does not exist there, e.g. DDP buckets at n = 1) */
-static uint64_t ev_bytes(const sim *s, const sim_ev *e, uint64_t n)
+/* The log as the sim writes it at N = n: sharded sizes / n, DDP buckets
+ * only when n > 1 (the order of events does not depend on N).  The log
+ * itself when it was written at n; else a copy (*copy, to free). */
+static int log_at(replay *r, uint64_t n, sim_ev **copy)
 {
-    const sim_tensor *t = &s->t[e->id];
-    if (t->sharded == SIM_MULTI)
-        return n > 1 ? t->bytes : 0;
-    return t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, n) : t->bytes;
+    const sim *s = r->s;
+    *copy = NULL;
+    r->ev = s->ev, r->nev = s->nev, r->step_ev = s->step_ev;
+    if (n == s->dp)
+        return 0;
+    sim_ev *v = malloc((s->nev + 1) * sizeof *v);
+    if (!v)
+        return -1;
+    size_t k = 0;
+    for (size_t i = 0; i < s->nev; i++) {
+        const sim_tensor *t = &s->t[s->ev[i].id];
+        uint64_t b = t->sharded == SIM_MULTI     ? (n > 1 ? t->bytes : 0)
+                     : t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, n)
+                                                 : t->bytes;
+        if (i == s->step_ev)
+            r->step_ev = k;
+        if (b) { /* a tensor that does not exist at n is not logged there */
+            v[k] = s->ev[i];
+            v[k++].bytes = b;
+        }
+    }
+    if (s->step_ev >= s->nev)
+        r->step_ev = k;
+    r->ev = *copy = v;
+    r->nev = k;
+    return 0;
 }
 
 /* the model states of the log's setup part, of class `cls`, per row */
-static uint64_t *setup_bytes(const sim *s, uint64_t n, int cls, int *sharded_flat)
+static uint64_t *setup_bytes(const replay *r, int cls, int *sharded_flat)
 {
+    const sim *s = r->s;
     uint64_t *rb = calloc(s->nrows + 1, sizeof *rb);
     if (!rb)
         return NULL;
-    for (size_t i = 0; i < s->step_ev; i++) {
-        const sim_ev *e = &s->ev[i];
+    for (size_t i = 0; i < r->step_ev; i++) {
+        const sim_ev *e = &r->ev[i];
         if (!e->is_free && e->cls == cls && e->row < s->nrows) {
-            rb[e->row] = mm_sat_add(rb[e->row], ev_bytes(s, e, n));
+            rb[e->row] = mm_sat_add(rb[e->row], e->bytes);
             if (s->t[e->id].sharded == SIM_SHARDED)
                 *sharded_flat = 1;
         }
@@ -72,7 +97,7 @@ static uint64_t *setup_bytes(const sim *s, uint64_t n, int cls, int *sharded_fla
 static void model_states(replay *r, int cls, int per_param)
 {
     int flat = 0;
-    uint64_t *rb = setup_bytes(r->s, r->n, cls, &flat);
+    uint64_t *rb = setup_bytes(r, cls, &flat);
     if (!rb) {
         r->failed = 1;
         return;
@@ -92,32 +117,27 @@ static void model_states(replay *r, int cls, int per_param)
 /* the other setup tensors (accumulated .grad, DDP buckets, ZeRO partitions) */
 static void other_setup(replay *r)
 {
-    for (size_t i = 0; i < r->s->step_ev; i++) {
-        const sim_ev *e = &r->s->ev[i];
-        uint64_t b = ev_bytes(r->s, e, r->n);
-        if (!e->is_free && e->cls != F_PARAM && e->cls != F_OPT && b)
-            alloc_piece(r, e->row, b);
+    for (size_t i = 0; i < r->step_ev; i++) {
+        const sim_ev *e = &r->ev[i];
+        if (!e->is_free && e->cls != F_PARAM && e->cls != F_OPT)
+            alloc_piece(r, e->row, e->bytes);
     }
 }
 
 static void step(replay *r, int first, int per_param)
 {
-    const sim *s = r->s;
     int states = !first;
-    for (size_t i = s->step_ev; i < s->nev && !r->failed; i++) {
-        const sim_ev *e = &s->ev[i];
+    for (size_t i = r->step_ev; i < r->nev && !r->failed; i++) {
+        const sim_ev *e = &r->ev[i];
         if (!states && e->phase == MM_PHASE_OPTIMIZER) {
             model_states(r, F_OPT, per_param);
             states = 1;
         }
-        uint64_t b = ev_bytes(s, e, r->n);
-        if (!b)
-            continue;
         if (e->is_free) {
             mm_allocator_release(r->a, r->h[e->id]);
             r->h[e->id] = -1;
         } else {
-            r->h[e->id] = mm_allocator_malloc(r->a, b);
+            r->h[e->id] = mm_allocator_malloc(r->a, e->bytes);
             if (r->h[e->id] == MM_ALLOC_NOMEM)
                 r->failed = 1;
         }
@@ -129,13 +149,17 @@ static void step(replay *r, int first, int per_param)
 int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                    int pairs, reserve_result *out)
 {
-    replay r = {.s = s, .n = n ? n : 1, .pairs = pairs};
+    replay r = {.s = s, .pairs = pairs};
+    sim_ev *copy;
     memset(out, 0, sizeof *out);
+    if (log_at(&r, n ? n : 1, &copy))
+        return -1;
     r.a = mm_allocator_new(conf, 0, 0);
     r.h = malloc((s->nt + 1) * sizeof *r.h);
     if (!r.a || !r.h) {
         mm_allocator_free(r.a);
         free(r.h);
+        free(copy);
         return -1;
     }
     for (size_t i = 0; i <= s->nt; i++)
@@ -152,5 +176,6 @@ int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_
     int rc = r.failed ? -1 : 0;
     mm_allocator_free(r.a);
     free(r.h);
+    free(copy);
     return rc;
 }

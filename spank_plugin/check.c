@@ -103,17 +103,25 @@ static int load_spec(struct mmg_check *chk)
     return 0;
 }
 
-/* The degrees job_submit.lua may judge besides the request's: with
- * action=resize every per-node count it may move the job to (at most
- * MMG_RECORD_POINTS of them), so that the published record covers them - the
- * caching allocator is replayed at each (docs/plugin.md, "Cost"). */
-static size_t resize_degrees(const struct mmg_check *chk, uint32_t *ns, size_t max)
+/* The degrees job_submit.lua may judge, so that the published record covers
+ * them (the caching allocator is replayed at each; docs/plugin.md, "Cost"):
+ * the job's own request - slurmctld judges it, whatever --mm-gpus said -, a
+ * node range's next count, and every per-node count it may move the job to
+ * (action=resize) or name in a rejection's hint (when it judges another
+ * count than this check did: a job this check accepted), at most
+ * MMG_RECORD_POINTS in all. */
+static size_t ctld_degrees(const struct mmg_check *chk, uint32_t *ns, size_t max)
 {
     const struct mmg_gpureq *g = &chk->req.gpus;
-    uint32_t nodes = chk->have_req && chk->req.status == MMG_REQ_OK && g->nodes_min ? g->nodes_min : 1;
+    int known = chk->have_req && chk->req.status == MMG_REQ_OK;
+    uint32_t nodes = known && g->nodes_min ? g->nodes_min : 1;
     size_t k = 0;
-    if (chk->cfg.action != MMG_ACTION_RESIZE)
-        return 0;
+    if (known && g->gpus_min)
+        ns[k++] = g->gpus_min;
+    if (known && g->kind == MMG_PER_NODE && g->nodes_max > g->nodes_min && g->gpus_min == 1)
+        ns[k++] = mmg_gpureq_total(g, g->nodes_min + 1);
+    if (chk->cfg.action != MMG_ACTION_RESIZE && !(known && g->gpus_min != chk->dp))
+        return k;
     for (uint32_t c = 1; c <= chk->cfg.max_gpus_per_node && k < max; c++)
         if ((uint64_t)c * nodes <= UINT32_MAX)
             ns[k++] = c * nodes;
@@ -127,7 +135,7 @@ static int predict(struct mmg_check *chk)
 {
     char msg[2048];
     mm_error e;
-    uint32_t ns[MMG_RECORD_POINTS + 1];
+    uint32_t ns[MMG_RECORD_POINTS];
     size_t k;
     const struct mmg_gpureq *g = &chk->req.gpus;
     memset(&e, 0, sizeof(e));
@@ -137,7 +145,7 @@ static int predict(struct mmg_check *chk)
     }
     chk->have_pred = 1;
     chk->worst_dp = chk->dp;
-    k = resize_degrees(chk, ns, MMG_RECORD_POINTS);
+    k = ctld_degrees(chk, ns, MMG_RECORD_POINTS - 2); /* + n2 + the own N: <= 64 points */
     if (!mmg_opts.gpus && g->kind == MMG_PER_NODE && g->nodes_max > g->nodes_min &&
         chk->dp == 1)
         ns[k++] = mmg_gpureq_total(g, g->nodes_min + 1);

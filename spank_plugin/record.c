@@ -181,25 +181,41 @@ static int get_dbl(const char *s, size_t n, double *out)
     return 0;
 }
 
-/* "F:S,F:S,..." with 1..MM_MAX_TERMS terms. */
-static int get_terms(const char *s, size_t n, struct mmg_record *r)
+/* Each item of the comma-separated list [s, s+n) through item(); 1..max
+ * items, no empty one (a trailing comma included).  The count, or -1. */
+typedef int (*item_f)(const char *s, size_t n, size_t idx, struct mmg_record *r);
+static long each_item(const char *s, size_t n, size_t max, item_f item, struct mmg_record *r)
 {
-    size_t i = 0;
-    r->n_terms = 0;
+    size_t i = 0, k = 0;
     while (i < n) {
         const char *c = memchr(s + i, ',', n - i), *end = c ? c : s + n;
-        const char *colon = memchr(s + i, ':', (size_t)(end - (s + i)));
-        mm_dp_term *t = &r->terms[r->n_terms];
-        if (r->n_terms >= MM_MAX_TERMS || !colon ||
-            get_u64(s + i, (size_t)(colon - (s + i)), UINT64_MAX, &t->fixed) != 0 ||
-            get_u64(colon + 1, (size_t)(end - colon - 1), UINT64_MAX, &t->sharded) != 0)
+        if (k >= max || item(s + i, (size_t)(end - (s + i)), k, r) != 0)
             return -1;
-        r->n_terms++;
+        k++;
         i = (size_t)(end - s) + (c != NULL);
         if (c && i == n)
             return -1; /* trailing comma */
     }
-    return r->n_terms ? 0 : -1;
+    return k ? (long)k : -1;
+}
+
+/* "F:S" */
+static int get_term(const char *s, size_t n, size_t idx, struct mmg_record *r)
+{
+    const char *colon = memchr(s, ':', n);
+    mm_dp_term *t = &r->terms[idx];
+    return !colon || get_u64(s, (size_t)(colon - s), UINT64_MAX, &t->fixed) != 0 ||
+                   get_u64(colon + 1, n - (size_t)(colon - s) - 1, UINT64_MAX, &t->sharded) != 0
+               ? -1
+               : 0;
+}
+
+/* "F:S,F:S,..." with 1..MM_MAX_TERMS terms. */
+static int get_terms(const char *s, size_t n, struct mmg_record *r)
+{
+    long k = each_item(s, n, MM_MAX_TERMS, get_term, r);
+    r->n_terms = k > 0 ? (size_t)k : 0;
+    return k > 0 ? 0 : -1;
 }
 
 /* [s, s+n) split at `sep`: the part before it in *a (length *na), the rest
@@ -216,12 +232,14 @@ static int cut(const char **s, size_t *n, char sep, size_t *na)
 }
 
 /* "FROM-TO:RESERVED:PAGED" with 1 <= FROM <= TO, after the previous TO */
-static int get_point(const char *s, size_t n, uint32_t after, mm_dp_point *q)
+static int get_point(const char *s, size_t n, size_t idx, struct mmg_record *r)
 {
     const char *a = s, *b, *c;
     size_t na, nb, nc;
     uint64_t from, to;
-    if (cut(&s, &n, '-', &na) != 0)
+    uint32_t after = idx ? r->points[idx - 1].n_to : 0;
+    mm_dp_point *q = &r->points[idx];
+    if ((idx && after == UINT32_MAX) || cut(&s, &n, '-', &na) != 0)
         return -1;
     b = s;
     if (cut(&s, &n, ':', &nb) != 0)
@@ -239,20 +257,9 @@ static int get_point(const char *s, size_t n, uint32_t after, mm_dp_point *q)
 /* 1..MMG_RECORD_POINTS points, ascending and disjoint */
 static int get_points(const char *s, size_t n, struct mmg_record *r)
 {
-    size_t i = 0;
-    r->n_points = 0;
-    while (i < n) {
-        const char *c = memchr(s + i, ',', n - i), *end = c ? c : s + n;
-        uint32_t after = r->n_points ? r->points[r->n_points - 1].n_to : 0;
-        if (r->n_points >= MMG_RECORD_POINTS || (r->n_points && after == UINT32_MAX) ||
-            get_point(s + i, (size_t)(end - (s + i)), after, &r->points[r->n_points]) != 0)
-            return -1;
-        r->n_points++;
-        i = (size_t)(end - s) + (c != NULL);
-        if (c && i == n)
-            return -1; /* trailing comma */
-    }
-    return r->n_points ? 0 : -1;
+    long k = each_item(s, n, MMG_RECORD_POINTS, get_point, r);
+    r->n_points = k > 0 ? (size_t)k : 0;
+    return k > 0 ? 0 : -1;
 }
 
 static int get_value(struct mmg_record *r, const struct key *k, const char *v, size_t n)

@@ -72,11 +72,15 @@ static double others_at(const mm_dp_term *in, size_t n, size_t k, double x)
  * rounding) below the highest other line everywhere on x in [0, 1/2] never
  * is.  Its line minus the upper envelope of the others is concave in x, so
  * it suffices to look at 0, 1/2 and where two other lines cross.  A superset
- * of the winners: the envelope stays exact.  For a few points. */
+ * of the winners: the envelope stays exact.  For a few points whose bytes a
+ * double holds to the byte (below 2^52). */
 static void mark_needed(const mm_dp_term *in, size_t n, unsigned char *need)
 {
     double xs[2 + 16 * 15 / 2];
-    if (n > 16) {
+    int small = n <= 16;
+    for (size_t i = 0; i < n && small; i++)
+        small = in[i].fixed < (1ull << 52) && in[i].sharded < (1ull << 52);
+    if (!small) {
         mark_winners(in, n, need);
         return;
     }

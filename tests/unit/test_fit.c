@@ -245,6 +245,9 @@ START_TEST(envelope_is_exact)
         seventeen[i] = (mm_dp_term){.fixed = 1000 + (uint64_t)i * 37 % 101,
                                     .sharded = (uint64_t)(i * 53 % 17) * 1000};
     check_envelope(seventeen, 17, out, 1);
+    /* bytes a double does not hold to the byte (absurd, but valid): N by N */
+    const mm_dp_term huge[] = {{(1ull << 60) + 1, 3}, {1ull << 60, (1ull << 40) + 7}, {5, 1ull << 61}};
+    check_envelope(huge, 3, out, 1);
     /* twelve lines, each the maximum somewhere: merged, never below */
     mm_dp_term many[12];
     for (int i = 0; i < 12; i++)

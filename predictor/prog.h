@@ -23,6 +23,7 @@ typedef struct lctx {
     int per_layer;       /* rows registered now belong to the repeated layers */
     int amp;             /* torch.autocast around the forward */
     int zero;            /* DeepSpeed ZeRO stage */
+    int deepspeed;       /* the DeepSpeed engine runs the step (it casts every parameter) */
     int dead;            /* layer output never reaches the loss */
     int unused;          /* module does not run (no images): no grads, no states */
     int nofold;          /* simulate every layer (tests, the allocator model) */

@@ -72,6 +72,8 @@ typedef struct sim_row {
     uint64_t params, trainable;
     uint64_t qbytes;           /* quantized base (QLoRA): storage bytes of all instances */
     uint64_t mat_rows, mat_cols; /* a matrix parameter's shape per instance (Adafactor) */
+    uint8_t pesz;              /* bytes per parameter when not the model's (PEFT's fp32
+                                  adapters on a 16-bit model), 0 = the model's */
 } sim_row;
 
 typedef struct sim {

@@ -64,6 +64,7 @@ typedef struct lora_spec {
     double alpha;
     double dropout;
     uint32_t targets;
+    int autocast_adapter_dtype; /* PEFT's default: 16-bit adapters are upcast to fp32 */
 } lora_spec;
 
 /* Visual tokens per image: how the processor cuts an image (HF

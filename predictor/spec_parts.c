@@ -19,6 +19,7 @@ static const keydesc lora_keys[] = {
     {"dropout", K_FLOAT, L(dropout), 0, 0.999, NULL, 0, 0, 0},
     {"lora_dropout", K_FLOAT, L(dropout), 0, 0.999, NULL, 0, 0, 0},
     {"target_modules", K_SPECIAL, 0, 0, 0, NULL, 0, 1, 0},
+    {"autocast_adapter_dtype", K_BOOL, L(autocast_adapter_dtype), 0, 1, NULL, 0, 0, 0},
 };
 #undef L
 
@@ -101,6 +102,7 @@ int spec_lora(dctx *c, const mm_node *v, module_spec *ms, const char *prefix)
     l->enabled = 1;
     l->dropout = 0.05;
     l->alpha = -1;
+    l->autocast_adapter_dtype = 1;
     unsigned char seen[sizeof lora_keys / sizeof lora_keys[0]] = {0};
     size_t n = sizeof lora_keys / sizeof lora_keys[0];
     if (key_decode_map(c, v, lora_keys, n, l, lp, 0, NULL, seen) ||

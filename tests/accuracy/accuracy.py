@@ -115,7 +115,8 @@ def module_overrides(row):
         tm = lc["target_modules"]
         mods[-1]["lora"] = {"r": lc["r"], "lora_alpha": lc["lora_alpha"],
                             "lora_dropout": lc["lora_dropout"],
-                            "target_modules": LORA_ALL if tm == "language-linear" else tm}
+                            "target_modules": LORA_ALL if tm == "language-linear" else tm,
+                            "autocast_adapter_dtype": bool(lc.get("autocast_adapter_dtype", True))}
     return mods
 
 

@@ -41,9 +41,11 @@ void op_param(lctx *c, uint32_t r, uint64_t n, int trainable)
     R->count++;
     if (n > c->largest_param)
         c->largest_param = n;
+    uint64_t gb = R->pesz && !c->amp ? R->pesz : c->gdt; /* the .grad's dtype */
     if (trainable && c->per_layer && c->s->layer_tp && c->layer < MM_MAX_LAYERS)
         c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
-            sim_add(c->s, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
+            sim_add(c->s, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer],
+                    sim_mul(c->s, n, gb));
 }
 
 uint64_t op_mul(lctx *c, uint64_t a, uint64_t b)

@@ -116,7 +116,7 @@ typedef struct sim {
     sim_row *rows;
     size_t nrows, caprows;
     uint64_t largest_param;    /* largest single parameter tensor (optimizer temporaries) */
-    uint64_t *layer_tp;        /* trainable parameters per (module, layer): MM_MAX_MODULES x
+    uint64_t *layer_tp;        /* trainable gradient bytes per (module, layer): MM_MAX_MODULES x
                                   MM_MAX_LAYERS, filled by the counting pass */
     /* event log for the allocator model (log = 1) */
     int log;

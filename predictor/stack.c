@@ -85,7 +85,7 @@ static uint64_t folded_wgrad(lctx *c, uint64_t from, uint64_t to)
     uint64_t n = 0;
     for (uint64_t l = from; l < to && l < MM_MAX_LAYERS; l++)
         n = sim_add(c->s, n, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + l]);
-    return op_mul(c, n, c->gdt);
+    return n;
 }
 
 /* saved: the folded groups left tensors for backward (else the growth was a

@@ -504,7 +504,10 @@ START_TEST(folding_is_exact)
             ck_assert_uint_eq(a.peak_bytes, b.peak_bytes);
             ck_assert_int_eq(a.peak_phase, b.peak_phase);
             for (int ph = 0; ph < MM_PHASE_COUNT; ph++)
-                ck_assert_uint_eq(a.phase_peak[ph], b.phase_peak[ph]);
+                ck_assert_msg(a.phase_peak[ph] == b.phase_peak[ph], "%s variant %zu phase %d: "
+                              "%llu folded, %llu simulated", names[i], v, ph,
+                              (unsigned long long)a.phase_peak[ph],
+                              (unsigned long long)b.phase_peak[ph]);
             ck_assert_uint_eq(a.allocated_dp1, b.allocated_dp1);
             for (uint32_t n = 2; n <= 64; n *= 2)
                 ck_assert_uint_eq(mm_peak_for_dp(&a, n), mm_peak_for_dp(&b, n));

@@ -91,6 +91,8 @@ static int32_t experts_grouped(lctx *c, int32_t z, int32_t w, uint32_t r)
     int32_t gu2 = op_plain(c, rgu, gu, -1, op_mul(c, S, 2 * I), dt); /* masked_fill */
     op_drop(c, gu);
     int32_t gate = op_view(c, rgu, gu2, op_mul3(c, S, I, dt)), up = op_view(c, rgu, gu2, op_mul3(c, S, I, dt));
+    n = op_node(c, rgu, gate, gu2, -1, -1, 0); /* chunk(2): SplitBackward cats the two grads */
+    sim_node_out(c->s, n, up);
     op_drop(c, gu2);
     int32_t act = op_activation(c, "layers.mlp.experts.act_fn", gate, op_mul(c, S, I), m->act);
     int32_t prod = op_mul_saved(c, rgu, act, up, op_mul(c, S, I), dt);

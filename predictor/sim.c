@@ -317,7 +317,7 @@ int32_t sim_view(sim *s, uint32_t row, int32_t base, uint64_t vbytes)
     int32_t id = (int32_t)s->nt++;
     s->t[id] = (sim_tensor){.bytes = 0, .vbytes = vbytes, .base = base, .row = row,
                             .cls = s->t[base].cls, .alive = 1, .holds = 1, .grad = -1,
-                            .esz = s->t[base].esz};
+                            .esz = s->t[base].esz, .rg = s->t[base].rg};
     s->t[base].holds++;
     return id;
 }

@@ -478,7 +478,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
         result["preprocessor"] = json.loads(p.to_json_string())
     if tracer:
         lines = []
-        tracer.report(out=lines.append, top=40)
+        tracer.report(out=lines.append, top=int(os.environ.get("TRUTH_TRACE_TOP", "40")))
         tracer.op_totals(out=lines.append, top=40)
         result["trace"] = lines
     return result

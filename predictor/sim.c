@@ -541,6 +541,27 @@ static void node_backward(sim *s, const sim_node *n)
         drop_grad(s, n->outs[i]);
 }
 
+uint64_t sim_alive_temp(const sim *s, const char *except_kind)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < s->nt; i++) {
+        const sim_tensor *t = &s->t[i];
+        if (t->alive && t->bytes && (t->cls == F_ACT || t->cls == F_TEMP) &&
+            (!s->rows || strcmp(s->rows[t->row].kind, except_kind)))
+            n += t->bytes;
+    }
+    return n;
+}
+
+/* the graph is freed: a gradient no node consumed (of a leaf activation that was
+ * made to require grad, e.g. enable_input_require_grads' embedding output) dies
+ * with its tensor */
+void sim_release_grads(sim *s)
+{
+    for (size_t i = 0; i < s->nt; i++)
+        drop_grad(s, (int32_t)i);
+}
+
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx)
 {
     for (size_t k = to; k-- > from;) {

@@ -89,6 +89,9 @@ typedef struct sim {
     uint64_t live_fixed, live_sharded, live_multi;
     uint64_t fact_fixed[F_NFACT], fact_sharded[F_NFACT], fact_multi[F_NFACT];
     uint64_t peak_dp1;         /* the allocated peak the same step has at N = 1 */
+    uint64_t leftover;         /* activations and temporaries still alive when the
+                                  optimizer starts (the batch aside): 0 unless the
+                                  engine or a formula leaks (tests/unit/test_engine.c) */
     /* peak tracking */
     mm_phase phase;
     const char *event_label;   /* current op, for the peak description */
@@ -163,6 +166,10 @@ uint64_t sim_live(const sim *s);
 /* Backward over tape[from, to) in reverse.  `recompute` re-runs a checkpointed
  * layer (implemented by layers.c) and returns its recomputed output. */
 typedef int32_t (*sim_recompute_fn)(sim *s, const sim_node *ckpt, void *ctx);
+/* bytes of live activations / temporaries whose row kind is not `except_kind` */
+uint64_t sim_alive_temp(const sim *s, const char *except_kind);
+/* after backward: drop the gradients nothing consumed */
+void sim_release_grads(sim *s);
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx);
 
 /* Per-parameter tensors in model order: module by module, layer by layer, the

@@ -96,7 +96,11 @@ static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
     const training_spec *t = &sp->training;
     uint32_t rin = sim_row_get(s, llm, "inputs", "inputs");
     sim_label(s, "inputs", rin);
-    uint64_t bs = sim_mul(s, t->micro_batch_size, t->seq_len);
+    /* HF Trainer: the step's micro-batches are fetched to the device up front and
+     * held until after optimizer.step() (trainer.py _inner_training_loop,
+     * get_batch_samples; accelerate DataLoaderShard send_to_device) */
+    uint64_t ga = t->grad_accum ? t->grad_accum : 1;
+    uint64_t bs = sim_mul3(s, t->micro_batch_size, t->seq_len, ga);
     int32_t in = sim_alloc(s, rin, sim_mul(s, bs, 3 * 8), F_TEMP, 0);
     const module_spec *v = mm_spec_module(sp, MOD_VISION);
     if (v && c->images) {
@@ -107,7 +111,7 @@ static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
                                                                     tk));
         c->pixels = sim_alloc(s, sim_row_get(s, (uint32_t)(v - sp->modules), "pixel_values",
                                              "inputs"),
-                              sim_mul(s, px, 4), F_TEMP, 0);
+                              sim_mul3(s, px, 4, ga), F_TEMP, 0);
         if (c->pixels >= 0)
             s->t[c->pixels].esz = 4;
     }
@@ -161,11 +165,13 @@ int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
     sim_set_phase(s, MM_PHASE_BACKWARD);
     par_backward_begin(&ps, &c);
     sim_backward(s, 0, s->ntape, prog_recompute, &c);
+    sim_release_grads(s);
     sim_drop(s, loss);
     par_backward_end(&ps, &c);
     if (s->oom || s->overflow)
         return finish(s, sp, scratch, &c, err);
     sim_set_phase(s, MM_PHASE_OPTIMIZER);
+    s->leftover = sim_alive_temp(s, "inputs");
     par_optimizer(&ps, &c);
     sim_drop(s, in);
     sim_drop(s, c.pixels);

@@ -17,5 +17,6 @@ Suite *hardening_suite(void);
 Suite *alloc_suite(void);
 Suite *reserve_suite(void);
 Suite *import_suite(void);
+Suite *engine_suite(void);
 
 #endif

@@ -268,6 +268,7 @@ static void fam_qwen3_moe(module_spec *m)
 {
     fam_qwen3(m);
     m->experts_per_tok = 8;
+    m->lora_experts = 1; /* peft transformers_weight_conversion.py: qwen3_moe -> qwen2_moe */
 }
 
 /* Mixtral: Llama with 8 experts, top-2 */
@@ -277,6 +278,7 @@ static void fam_mixtral(module_spec *m)
     m->num_experts = 8;
     m->experts_per_tok = 2;
     m->router_fp32 = 1;
+    m->lora_experts = 1; /* peft _MOE_TARGET_MODULE_MAPPING["mixtral"] */
 }
 
 /* Qwen2-MoE: Qwen2 with routed experts plus a gated shared expert */
@@ -284,6 +286,7 @@ static void fam_qwen2_moe(module_spec *m)
 {
     fam_qwen2(m);
     m->shared_expert_gate = 1;
+    m->lora_experts = 1; /* peft _MOE_TARGET_MODULE_MAPPING["qwen2_moe"] */
 }
 
 /* Gemma 3 text: Gemma RMSNorm (1 + w, fp32), four norms per layer, per-head

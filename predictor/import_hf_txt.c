@@ -137,6 +137,9 @@ static int moe(hfc *h, const text_class *tc, imp_section *m)
     if (I)
         imp_set(m, "moe_intermediate_size", hf_where(h, "moe_intermediate_size", w, sizeof w),
                 "%llu", (unsigned long long)I);
+    if (!strcmp(tc->model_type, "qwen3_vl_moe_text")) /* not in peft's v4 -> v5 MoE conversion */
+        imp_set(m, "lora_targets_experts", "qwen3_vl_moe: PEFT's all-linear leaves its experts "
+                "alone (transformers conversion_mapping.py has no v4 layout for it)", "false");
     if (sh)
         imp_set(m, "shared_expert_intermediate_size",
                 hf_where(h, "shared_expert_intermediate_size", w, sizeof w), "%llu",

@@ -35,6 +35,13 @@ int32_t op_linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t 
 /* ops_lora.c: PEFT's LoRA around a linear's output y; returns the result */
 int32_t op_lora(lctx *c, const char *name, uint32_t r, int32_t x, int32_t y, uint64_t rows,
                 uint64_t in, uint64_t out);
+/* the LoRA adapters' parameter dtype, and their rows (name.lora_A / lora_B) of row r */
+uint64_t op_lora_bytes(const lctx *c);
+void op_lora_rows(lctx *c, const char *name, uint32_t r, uint64_t ae);
+/* moe_lora.c: PEFT ParamWrapper on an (E, out, in) stack of row r: the
+ * parametrized weight W' (a new tensor), or -1 when LoRA does not target it */
+int32_t moe_lora_weight(lctx *c, const char *name, uint32_t r, uint32_t bit, uint64_t E,
+                        uint64_t out, uint64_t in, uint64_t rank_mult);
 /* elementwise, nothing saved (add, scalar mul, cast, copy) */
 int32_t op_plain(lctx *c, uint32_t r, int32_t a, int32_t b, uint64_t elems, uint64_t bytes);
 /* a + b where backward passes the gradient through (residual connections) */

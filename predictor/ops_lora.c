@@ -22,7 +22,7 @@ static uint64_t esz_of(const lctx *c, int32_t id)
 }
 
 /* the adapters' parameter dtype */
-static uint64_t adapter_bytes(const lctx *c)
+uint64_t op_lora_bytes(const lctx *c)
 {
     const lora_spec *L = &c->m->lora;
     if (L->autocast_adapter_dtype && c->wdt < F32 && !c->deepspeed)
@@ -30,7 +30,7 @@ static uint64_t adapter_bytes(const lctx *c)
     return c->wdt;
 }
 
-static void adapter_rows(lctx *c, const char *name, uint32_t r, uint64_t ae)
+void op_lora_rows(lctx *c, const char *name, uint32_t r, uint64_t ae)
 {
     if (!c->s->rows[r].lora_a) { /* first use: create the adapter rows once */
         char an[MM_MAX_NAME], bn[MM_MAX_NAME];
@@ -98,8 +98,8 @@ static int32_t branch(lctx *c, uint32_t r, int32_t x, uint64_t rows, uint64_t in
 int32_t op_lora(lctx *c, const char *name, uint32_t r, int32_t x, int32_t y, uint64_t rows,
                 uint64_t in, uint64_t out)
 {
-    uint64_t ae = adapter_bytes(c), ye = esz_of(c, y), ro = op_mul(c, rows, out);
-    adapter_rows(c, name, r, ae);
+    uint64_t ae = op_lora_bytes(c), ye = esz_of(c, y), ro = op_mul(c, rows, out);
+    op_lora_rows(c, name, r, ae);
     int32_t xc = x;
     if (esz_of(c, x) != ae) /* _cast_input_dtype: alive until forward() returns */
         xc = op_plain(c, r, x, -1, op_mul(c, rows, in), ae);

@@ -118,6 +118,8 @@ typedef struct module_spec {
     layer_set dense;              /* MoE models: layers with a dense MLP */
     experts_impl experts;
     int router_fp32;              /* routing weights stay fp32 (Mixtral) */
+    int lora_experts;             /* LoRA "all-linear" also wraps the expert stacks and the
+                                     router (PEFT's transformers-v5 MoE conversion) */
     double moe_imbalance;         /* eager experts: busiest expert's share / fair share */
     int router_logits;            /* output_router_logits: aux loss keeps every layer's logits */
     layer_set cross;              /* Mllama: cross-attention layers */

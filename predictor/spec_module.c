@@ -73,6 +73,7 @@ static const keydesc module_keys[] = {
     {"bidirectional_images", K_BOOL, M(bidirectional_images), 0, 1, NULL, D, 0, 0},
     {"num_experts", K_UINT, M(num_experts), 0, 4096, NULL, D, 0, 0},
     {"num_experts_per_tok", K_UINT, M(experts_per_tok), 1, 4096, NULL, D, 0, 0},
+    {"lora_targets_experts", K_BOOL, M(lora_experts), 0, 1, NULL, D, 0, 0},
     {"moe_intermediate_size", K_UINT, M(moe_intermediate_size), 1, 1 << 20, NULL, D, 0, 0},
     {"shared_expert_intermediate_size", K_UINT, M(shared_expert_intermediate_size), 0, 1 << 20,
      NULL, D, 0, 0},

@@ -37,17 +37,23 @@ static const struct target_name target_names[] = {
     {"qkv", LT_QKV, V},          {"gate_proj", LT_GATE, V | D}, {"up_proj", LT_UP, V | D},
     {"down_proj", LT_DOWN, V | D}, {"fc1", LT_FC1, V},          {"fc2", LT_FC2, V},
     {"linear", LT_MLP_ALL, C},
+    {"experts", LT_EXPERTS, D},  {"router", LT_ROUTER, D},
 };
 #define NTARGETS (sizeof target_names / sizeof target_names[0])
 
 /* "all-linear" as PEFT means it: every nn.Linear of the module but the output
- * layer (lm_head); MoE experts are 3-D parameters, not Linear layers */
+ * layer (lm_head).  MoE experts are 3-D parameters and the router a custom
+ * module in transformers 5, not Linear layers, but for the models PEFT converts
+ * from their v4 layout (peft/utils/transformers_weight_conversion.py,
+ * _resolve_string_target_modules) all-linear wraps them too (ParamWrapper). */
 static uint32_t all_linear(const module_spec *ms)
 {
     uint32_t all = 0;
     for (size_t i = 0; i < NTARGETS; i++)
         if (target_names[i].kinds & (1u << ms->kind))
             all |= target_names[i].bit;
+    if (!ms->num_experts || !ms->lora_experts)
+        all &= ~(uint32_t)(LT_EXPERTS | LT_ROUTER);
     if (ms->kind == MOD_VISION)
         all &= ms->qkv_fused ? ~(uint32_t)(LT_Q | LT_K | LT_V) : ~(uint32_t)LT_QKV;
     if (ms->kind == MOD_VISION && ms->mlp == MLP_GATED)
@@ -78,8 +84,9 @@ static int decode_targets(dctx *c, const mm_node *v, const module_spec *ms, uint
             if (!(target_names[q].kinds & (1u << ms->kind)))
                 continue;
             cands[nc++] = target_names[q].name;
+            uint32_t moe = ms->num_experts ? LT_EXPERTS | LT_ROUTER : 0;
             if (strcmp(e->str, target_names[q].name) == 0 &&
-                (target_names[q].bit & all_linear(ms)))
+                (target_names[q].bit & (all_linear(ms) | moe)))
                 break;
         }
         if (q == NTARGETS) {

@@ -54,6 +54,8 @@ static int32_t embeddings(lctx *c, uint64_t *seq_out)
         op_wgrad(c, n, op_mul(c, h, kin));
     }
     op_drop(c, px);
+    if (!tw && tower_input_grads(c) && !c->counting && pe >= 0)
+        c->s->t[pe].rg = 1; /* enable_input_require_grads() hooks patch_embedding */
     int32_t x = tile_embed(c, "pre_tile_positional_embedding", pe, op_mul(c, tiles, h),
                            op_mul(c, nt, P), 1);
     uint32_t rc = op_row(c, "class_embedding", "embedding");

@@ -72,6 +72,9 @@ int32_t mllama_vision(lctx *c);
 int32_t deepstack_add(lctx *c, int32_t x, uint64_t l);
 
 void prog_enter_module(lctx *c, uint32_t mi);
+/* enable_input_require_grads() reaches the vision tower's patch embedding
+ * (transformers >= 5: every sub-model's input embeddings are hooked) */
+int tower_input_grads(const lctx *c);
 int32_t prog_forward(lctx *c);
 int32_t prog_recompute(sim *s, const sim_node *ckpt, void *ctx);
 

@@ -37,6 +37,8 @@ static int32_t patch_embed(lctx *c, uint64_t rows)
         op_wgrad(c, n, sim_add(c->s, op_mul(c, h, kin), m->patch_bias ? h : 0));
     }
     op_drop(c, px);
+    if (!tw && tower_input_grads(c) && !c->counting && pe >= 0)
+        c->s->t[pe].rg = 1; /* output.requires_grad_(True): the frozen tower keeps a graph */
     return pe;
 }
 

@@ -189,8 +189,10 @@ static void event(sim *s)
 {
     s->nevents++;
     uint64_t live = sim_live(s);
-    if (live > s->phase_peak[s->phase])
+    if (live > s->phase_peak[s->phase]) {
         s->phase_peak[s->phase] = live;
+        s->phase_peak_event[s->phase] = s->nevents;
+    }
     if (live > s->peak) {
         s->peak = live;
         s->peak_event = s->nevents;

@@ -103,6 +103,7 @@ typedef struct sim {
     uint32_t peak_row;
     const char *peak_label;
     uint64_t phase_peak[MM_PHASE_COUNT];
+    uint64_t phase_peak_event[MM_PHASE_COUNT]; /* the event of each phase's peak */
     /* snapshot at a given event (second pass) */
     uint64_t snap_at;          /* 0 = none */
     int snapped;

@@ -67,37 +67,35 @@ def adapters(linears, r, layers, targets):
     return layers * sum(r * (linears[t][0] + linears[t][1]) for t in targets)
 
 
-# the LLaMA/Vicuna decoders of LLaVA-1.5 (lmsys/vicuna-{7,13}b-v1.5 config.json)
-LLAVA7_DEC = decoder_linears(4096, 32, 32, 128, 11008)
-LLAVA13_DEC = decoder_linears(5120, 40, 40, 128, 13824)
 # LLaVA-1.5 (liuhaotian, vocab 32000): count_params.py on llava-hf/llava-1.5-7b-hf's config
 # (../shared/import/llava-1.5-7b-hf) with text_config.vocab_size 32000, and for 13B also
-# hidden 5120, 40 layers, 40 heads, intermediate 13824 (vicuna-13b-v1.5): transformers 5.17.0
-LLAVA7 = dict(vision=303507456, projector=20979712, lm=6607343616 + 131072000)
-LLAVA13 = dict(vision=303507456, projector=31467520, lm=12852024320 + 163840000)
+# hidden 5120, 40 layers, 40 heads, intermediate 13824 (vicuna-13b-v1.5): transformers 5.17.0.
+# The decoders' LoRA layers: lmsys/vicuna-{7,13}b-v1.5's config.json.
+LLAVA = {
+    "7b": dict(vision=303507456, projector=20979712, lm=6607343616 + 131072000,
+               dec=decoder_linears(4096, 32, 32, 128, 11008), layers=32),
+    "13b": dict(vision=303507456, projector=31467520, lm=12852024320 + 163840000,
+                dec=decoder_linears(5120, 40, 40, 128, 13824), layers=40),
+}
 LLAVA_SRC = ("transformers 5.17.0 meta-device count of llava-hf/llava-1.5-7b-hf's config with "
              "vicuna's vocab 32000 (LLaVA adds no token for v1.5)")
 
+
+def llava(size, mode):
+    """finetune: projector + LLM; lora: projector + r 128 adapters on the 7 projections
+    (scripts/v1_5/finetune_lora.sh); pretrain: the projector"""
+    c = LLAVA[size]
+    f = dict(id=f"liuhaotian/llava-v1.5-{size}", params=c["vision"] + c["projector"] + c["lm"],
+             src=LLAVA_SRC, trainable=c["projector"] + (c["lm"] if mode == "finetune" else 0))
+    if mode == "lora":
+        f["adapters"] = adapters(c["dec"], 128, c["layers"], ALL7)
+    return f
+
+
 FACTS = {
     # preset: hf id, exact base count, its source, trainable (exact), adapters (exact)
-    "llava-1.5-7b-finetune.yaml": dict(
-        id="liuhaotian/llava-v1.5-7b", params=sum(LLAVA7.values()), src=LLAVA_SRC,
-        trainable=LLAVA7["projector"] + LLAVA7["lm"]),
-    "llava-1.5-7b-lora.yaml": dict(
-        id="liuhaotian/llava-v1.5-7b", params=sum(LLAVA7.values()), src=LLAVA_SRC,
-        adapters=adapters(LLAVA7_DEC, 128, 32, ALL7), trainable=LLAVA7["projector"]),
-    "llava-1.5-7b-pretrain.yaml": dict(
-        id="liuhaotian/llava-v1.5-7b", params=sum(LLAVA7.values()), src=LLAVA_SRC,
-        trainable=LLAVA7["projector"]),
-    "llava-1.5-13b-finetune.yaml": dict(
-        id="liuhaotian/llava-v1.5-13b", params=sum(LLAVA13.values()), src=LLAVA_SRC,
-        trainable=LLAVA13["projector"] + LLAVA13["lm"]),
-    "llava-1.5-13b-lora.yaml": dict(
-        id="liuhaotian/llava-v1.5-13b", params=sum(LLAVA13.values()), src=LLAVA_SRC,
-        adapters=adapters(LLAVA13_DEC, 128, 40, ALL7), trainable=LLAVA13["projector"]),
-    "llava-1.5-13b-pretrain.yaml": dict(
-        id="liuhaotian/llava-v1.5-13b", params=sum(LLAVA13.values()), src=LLAVA_SRC,
-        trainable=LLAVA13["projector"]),
+    **{f"llava-1.5-{s}-{m}.yaml": llava(s, m)
+       for s in LLAVA for m in ("finetune", "lora", "pretrain")},
     # catalog qwen2-vl-7b-instruct.json; = PARAMS.md total_size / 2
     "qwen2-vl-7b-full.yaml": dict(
         id="Qwen/Qwen2-VL-7B-Instruct", params=8291375616,

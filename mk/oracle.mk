@@ -22,6 +22,7 @@ check-oracle:
 accuracy: $(BUILD)/mmguard
 	$(ACCURACY_PY) tests/accuracy/accuracy.py --mmguard $(BUILD)/mmguard --data $(ORACLE_DATA) $(ACCURACY_ARGS)
 	$(call gpu_accuracy,)
+	@$(MAKE) --no-print-directory published
 
 check-accuracy: $(BUILD)/mmguard
 	$(ACCURACY_PY) tests/accuracy/accuracy.py --mmguard $(BUILD)/mmguard --data $(ORACLE_DATA) --check $(ACCURACY_ARGS)

@@ -131,7 +131,7 @@ static void masks(lctx *c, int has_images)
     /* Mllama _prepare_cross_attention_mask: an additive (B, 1, S, image tokens)
      * mask in the model dtype, for every attention kind */
     if (m->merge == MERGE_CROSS_ATTENTION && has_images)
-        c->mask = op_new(c, r, op_mul(c, op_mul(c, c->B, c->S),
+        c->mask_cross = op_new(c, r, op_mul(c, op_mul(c, c->B, c->S),
                                       c->vt.seq * c->vt.tiles * (c->images / c->B)),
                          esz_of(c, c->cos));
 }
@@ -157,7 +157,8 @@ int32_t decoder_module(lctx *c, int32_t image_features)
     op_drop(c, c->mask);
     op_drop(c, c->mask_sliding);
     op_drop(c, c->cross_states);
-    c->cos = c->sin = c->mask = c->mask_sliding = c->cross_states = -1;
+    op_drop(c, c->mask_cross);
+    c->cos = c->sin = c->mask = c->mask_sliding = c->cross_states = c->mask_cross = -1;
     for (size_t i = 0; i < c->ntaps; i++)
         op_drop(c, c->taps[i]);
     int32_t z = op_norm(c, "norm", x, c->T, m->hidden_size, m->norm, 1);

@@ -418,7 +418,7 @@ static int32_t layernorm(lctx *c, uint32_t r, int32_t x, uint64_t rows, uint64_t
         op_wgrad(c, n, 2 * w);
     op_drop(c, mean);
     op_drop(c, rstd);
-    if (xi != x)
+    if (c->amp) /* to_fp32's copy, or its hold on an fp32 x */
         op_drop(c, xi);
     return y;
 }

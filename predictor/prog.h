@@ -45,6 +45,7 @@ typedef struct lctx {
     vis_tokens vt;       /* tokens of one image */
     uint64_t images;     /* images in the micro-batch */
     int32_t cos, sin, mask, mask_sliding, pixels, cross_states;
+    int32_t mask_cross;  /* Mllama: the cross-attention mask (B, 1, S, image tokens) */
     int32_t taps[MAX_TAPS];   /* DeepStack / Mllama intermediate hidden states */
     size_t ntaps;
     uint64_t win_chunks;  /* Qwen2.5-VL: windows per batch for window-attention layers */

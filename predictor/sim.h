@@ -58,7 +58,8 @@ typedef struct sim_node {
     uint64_t wgrad_bytes;             /* weight gradient this node creates */
     uint64_t bwd_tmp;                 /* transient working set of its backward */
     uint32_t ckpt_layer;              /* layer index for the recompute */
-    int32_t aux[6];                   /* checkpoint: input, cos, sin, mask, sliding mask, cross states */
+    int32_t aux[7];                   /* checkpoint: input, cos, sin, mask, sliding mask, cross
+                                         states, cross-attention mask */
     const void *ckpt_prog;            /* layer program to re-run */
 } sim_node;
 

@@ -133,6 +133,8 @@ static int32_t run_layer(lctx *c, int32_t x, uint64_t l)
         }
         op_save(c, n, c->cross_states);
         n->aux[5] = c->cross_states;
+        op_save(c, n, c->mask_cross);
+        n->aux[6] = c->mask_cross;
     }
     return y;
 }

@@ -372,14 +372,12 @@ def check(run):
         want = base.get(ident) or base.get(FACTS.get(target, {}).get("id"))
         run.ok(want is None or d["parameters_count"] == want,
                f"catalog: {ident}: parameters_count {d['parameters_count']}, not {want}")
-        # a LoRA preset's modules come without their adapters but with `trainable: false`
-        # (import_preset.c): nothing trains unless the job's files say what does
-        if FACTS.get(target, {}).get("adapters") and d["trainable_count"] == 0:
-            run.skipped.append(f"catalog: {ident} ({target}) imports with nothing trainable: "
-                               "known gap, the preset's trainable: false is kept without its lora")
-        elif FACTS.get(target, {}).get("adapters"):
-            run.ok(False, f"catalog: {ident}: the LoRA-preset gap is fixed "
-                   "(trainable_count > 0): drop the known-gap branch in tests/presets")
+        # a LoRA preset's modules come without its adapters and without the
+        # `trainable: false` that froze the base for them (import_preset.c): the
+        # imported model trains in full unless the job's files say otherwise
+        if FACTS.get(target, {}).get("adapters"):
+            run.ok(d["trainable_count"] > 0, f"catalog: {ident} ({target}) imports with nothing "
+                   "trainable: the preset's trainable: false came without its lora")
     check_modules(run, tmp)
     check_round_trips(run, tmp)
     check_specs(run, tmp)

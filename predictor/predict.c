@@ -197,7 +197,7 @@ int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned
     s.rows = NULL;
     s.layer_tp = NULL;
     s.nrows = s.caprows = 0;
-    uint64_t host = s.host_bytes, outside = s.outside_bytes;
+    uint64_t host = sim_add(&s, s.host_bytes, s.host_act_peak), outside = s.outside_bytes;
     uint64_t largest = s.largest_param;
     sim_free(&s);
 
@@ -346,6 +346,8 @@ char *mm_prediction_json(const mm_prediction *p, int pretty)
     json_object_object_add(o, "peak_bytes", j_u64(p->peak_bytes));
     json_object_object_add(o, "allocated_peak_bytes", j_u64(p->allocated_peak_bytes));
     json_object_object_add(o, "reserved_peak_bytes", j_u64(p->reserved_peak_bytes));
+    json_object_object_add(o, "host_peak_bytes", j_u64(p->host_peak_bytes));
+    json_object_object_add(o, "paged_bytes", j_u64(p->paged_bytes));
     json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
     json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));
     json_object *pp = json_object_new_object();

@@ -114,7 +114,7 @@ int32_t prog_recompute(sim *s, const sim_node *ck, void *ctx)
     c->cross_states = ck->aux[5];
     c->mask_cross = ck->aux[6];
     int32_t x = ck->aux[0];
-    if (c->spec->training.ckpt.offload && x >= 0) { /* copied back from the host */
+    if ((ck->host_saved & 1) && x >= 0) { /* the input comes back from the host */
         x = op_new(c, ck->row, sim_grad_bytes(c->s, ck->aux[0]), c->s->t[ck->aux[0]].esz);
         if (x >= 0)
             c->s->t[x].rg = 1;

@@ -28,6 +28,7 @@ typedef struct sim_tensor {
     uint32_t holds;      /* Python references (variables, tuples, caches) */
     uint32_t refs;       /* autograd saved-variable references */
     uint32_t vrefs;      /* saved views of this tensor (it counts as an activation) */
+    uint32_t hrefs;      /* saved references whose copy waits on the host */
     int32_t grad;        /* tensor id of its gradient, -1 none */
 } sim_tensor;
 
@@ -54,6 +55,10 @@ typedef struct sim_node {
     uint8_t wgrad_sharded;
     uint8_t wgrad_transient;          /* ZeRO-2/3: reduced into a bucket, then freed */
     uint8_t free_first;               /* folded layers: release saved before the grads */
+    uint8_t host_saved;               /* saved[i] waits on the host (bit i): activation
+                                         offloading, offloaded checkpoint inputs; a
+                                         folded node's come back one group at a time
+                                         (its bwd_tmp) */
     uint32_t wgrad_row;
     uint64_t wgrad_bytes;             /* weight gradient this node creates */
     uint64_t bwd_tmp;                 /* transient working set of its backward */
@@ -132,6 +137,9 @@ typedef struct sim {
     int oom;                   /* allocation failure */
     int32_t ckpt_extra;        /* a recompute's own input copy (offloaded checkpoints) */
     uint64_t host_bytes;       /* per rank, on the host: offloaded states and activations */
+    int offload_acts;          /* forward saves of >= 1 KiB go to the host (activation
+                                  offloading); their device copies die with their holds */
+    uint64_t host_act, host_act_peak; /* activations on the host now / at most */
     uint64_t outside_bytes;    /* on the GPU outside the caching allocator (paged optimizers) */
 } sim;
 
@@ -155,6 +163,10 @@ uint64_t sim_grad_bytes(const sim *s, int32_t id);
 uint64_t sim_live_fixed(const sim *s);
 void sim_hold(sim *s, int32_t id);
 void sim_drop(sim *s, int32_t id);   /* release one hold */
+/* a tensor that only ever exists on the host (folded offloaded activations) */
+int32_t sim_host_tensor(sim *s, uint32_t row, uint64_t bytes);
+/* save id for backward with its copy on the host (offloaded) */
+void sim_save_host(sim *s, sim_node *n, int32_t id);
 void sim_save(sim *s, sim_node *n, int32_t id);
 sim_node *sim_node_new(sim *s, uint32_t row, int32_t out);
 /* a transient working set: allocate, record the event, free */

@@ -89,19 +89,26 @@ static uint64_t folded_wgrad(lctx *c, uint64_t from, uint64_t to)
 }
 
 /* saved: the folded groups left tensors for backward (else the growth was a
- * held tuple of hidden states, released with it) */
-static int32_t ballast(lctx *c, uint64_t delta, uint64_t from, uint64_t to, uint64_t M,
-                       int saved)
+ * held tuple of hidden states, released with it); hdelta: what one group left
+ * on the host (activation offloading) */
+static int32_t ballast(lctx *c, uint64_t delta, uint64_t hdelta, uint64_t from, uint64_t to,
+                       uint64_t M, int saved)
 {
     uint32_t r = op_row(c, "layers.folded", "folded");
     op_label(c, "folded layers", r);
     int32_t b = sim_alloc(c->s, r, op_mul(c, delta, M), F_TEMP, 0);
     if (b < 0 || !saved)
         return b;
+    int32_t hb = sim_host_tensor(c->s, r, op_mul(c, hdelta, M));
     sim_node *n = sim_node_new(c->s, r, -1);
     if (n) {
         n->free_first = 1;
+        int off = c->s->offload_acts;
+        c->s->offload_acts = 0; /* the device part stays on the device */
         sim_save(c->s, n, b);
+        c->s->offload_acts = off;
+        sim_save_host(c->s, n, hb);
+        n->bwd_tmp = hdelta; /* each group's tensors come back for its own backward */
         n->wgrad_bytes = folded_wgrad(c, from, to);
     }
     sim_drop(c->s, b); /* now held by the node alone */
@@ -123,8 +130,10 @@ static int32_t run_layer(lctx *c, int32_t x, uint64_t l)
         n->ckpt = 1;
         n->ckpt_layer = (uint32_t)l;
         n->ckpt_prog = (const void *)c->m;
-        if (!k->offload)
-            op_save(c, n, x); /* offload: the input waits in pinned host memory */
+        if (k->offload) /* save_on_cpu(pin_memory=True): the input waits on the host */
+            sim_save_host(c->s, n, x);
+        else
+            op_save(c, n, x);
         n->aux[0] = x;
         int32_t aux[4] = {c->cos, c->sin, c->mask, c->mask_sliding};
         for (int i = 0; i < 4; i++) {
@@ -144,18 +153,20 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
     fold_plan f;
     plan_fold(c, first, count, &f);
     uint64_t g1 = f.start + f.period, g2 = f.start + 2 * f.period;
-    uint64_t last = f.start + (f.groups - 1) * f.period, before = 0;
+    uint64_t last = f.start + (f.groups - 1) * f.period, before = 0, hbefore = 0;
     size_t tape0 = 0;
     size_t nk = 0, nds = 0;
     c->fold_from = c->fold_to = 0;
     for (uint64_t l = first; l < first + count; l++) {
         if (f.on && l == g1) {
             before = sim_live_fixed(c->s);
+            hbefore = c->s->host_act;
             tape0 = c->s->ntape;
         }
         if (f.on && l == g2) {
             uint64_t delta = sim_live_fixed(c->s) - before, M = f.groups - 3;
-            int32_t b = ballast(c, delta, g2, last, M, c->s->ntape > tape0);
+            int32_t b = ballast(c, delta, c->s->host_act - hbefore, g2, last, M,
+                                c->s->ntape > tape0);
             c->fold_from = g2;
             c->fold_to = last;
             if (keep)

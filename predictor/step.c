@@ -35,6 +35,7 @@ static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const
     parallel_kind par = step_parallel(sp);
     c->zero = par == PAR_ZERO ? t->zero_stage : par == PAR_DDP ? 0 : 3;
     c->deepspeed = par == PAR_ZERO;
+    s->offload_acts = t->activation_offload;
     c->grads_accumulate = t->grad_accum > 1 || t->optimizer_in_backward;
     c->grads_sharded = par == PAR_ZERO && t->zero_stage == 2 && !sp->deepspeed.contiguous_gradients &&
                        !sp->deepspeed.offload_optimizer && t->grad_accum == 1;

@@ -3,6 +3,7 @@
  * training variants that change what lives when: after backward nothing of the
  * step but the batch is alive (a leak is a formula that never releases a
  * tensor, or a gradient no node consumes), with layer folding and without. */
+#include "predict.h"
 #include "step.h"
 #include "unit.h"
 #include "mmguard.h"
@@ -21,6 +22,9 @@ static const char *const variants[][3] = {
     {"training.zero_stage=0", "training.data_parallel=1", "training.gradient_accumulation_steps=2"},
     {"training.zero_stage=2", "training.data_parallel=4", NULL},
     {"training.zero_stage=3", "training.data_parallel=8", NULL},
+    {"training.activation_offloading=true", "training.gradient_checkpointing=false", NULL},
+    {"training.activation_offloading=true", "training.gradient_checkpointing=true", NULL},
+    {"training.gradient_checkpointing={enabled: true, offload: true}", NULL, NULL},
 };
 
 static void check_spec(const char *path)
@@ -40,6 +44,9 @@ static void check_spec(const char *path)
             ck_assert_msg(sm.leftover == 0, "%s variant %zu%s: %llu bytes of the step still "
                           "alive when the optimizer starts", path, v, nofold ? " (no folding)" : "",
                           (unsigned long long)sm.leftover);
+            ck_assert_msg(sm.host_act == 0, "%s variant %zu%s: %llu bytes still on the host "
+                          "after backward", path, v, nofold ? " (no folding)" : "",
+                          (unsigned long long)sm.host_act);
             sim_free(&sm);
         }
         mm_spec_free(s);
@@ -74,12 +81,44 @@ START_TEST(nothing_leaks_into_the_optimizer)
 }
 END_TEST
 
+/* torchtune/TRL activation offloading: what leaves the device waits on the
+ * host (host_peak_bytes), and the device peak drops by no more than that */
+START_TEST(offloaded_activations_wait_on_the_host)
+{
+    const char *names[] = {"llama-3.1-8b-full", "qwen2.5-vl-7b-lora", "llava-1.5-7b-finetune"};
+    for (size_t i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, names[i]);
+        mm_error e;
+        mm_prediction a, b;
+        mm_spec *s = mm_spec_load_file(path, &e);
+        ck_assert_msg(s != NULL, "%s", e.msg);
+        ck_assert(mm_spec_set(s, "training.gradient_checkpointing=false", &e) == 0);
+        ck_assert_msg(mm_predict(s, &a, &e) == 0, "%s", e.msg);
+        ck_assert(mm_spec_set(s, "training.activation_offloading=true", &e) == 0);
+        ck_assert_msg(mm_predict(s, &b, &e) == 0, "%s", e.msg);
+        ck_assert_msg(b.allocated_peak_bytes < a.allocated_peak_bytes, "%s: offloading did not "
+                      "lower the device peak", names[i]);
+        ck_assert_msg(b.host_peak_bytes > a.host_peak_bytes &&
+                      b.host_peak_bytes - a.host_peak_bytes >=
+                          a.allocated_peak_bytes - b.allocated_peak_bytes,
+                      "%s: %llu bytes left the device but only %llu arrived on the host",
+                      names[i], (unsigned long long)(a.allocated_peak_bytes - b.allocated_peak_bytes),
+                      (unsigned long long)(b.host_peak_bytes - a.host_peak_bytes));
+        mm_prediction_free(&a);
+        mm_prediction_free(&b);
+        mm_spec_free(s);
+    }
+}
+END_TEST
+
 Suite *engine_suite(void)
 {
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("leaks");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, nothing_leaks_into_the_optimizer);
+    tcase_add_test(tc, offloaded_activations_wait_on_the_host);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -492,6 +492,9 @@ START_TEST(folding_is_exact)
         {"training.precision=fp32", "training.attention=sdpa", "training.gradient_checkpointing=false"},
         {"vision_tower.trainable=true", "vision_tower.select_layer=10", "training.zero_stage=1"},
         {"training.images_per_sample=0", NULL, NULL},
+        {"training.activation_offloading=true", "training.gradient_checkpointing=false", NULL},
+        {"training.activation_offloading=true", "training.zero_stage=2", NULL},
+        {"training.gradient_checkpointing={enabled: true, offload: true}", NULL, NULL},
     };
     for (size_t i = 0; i < 3; i++) {
         for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -510,6 +513,10 @@ START_TEST(folding_is_exact)
                               (unsigned long long)a.phase_peak[ph],
                               (unsigned long long)b.phase_peak[ph]);
             ck_assert_uint_eq(a.allocated_dp1, b.allocated_dp1);
+            ck_assert_msg(a.host_peak_bytes == b.host_peak_bytes, "%s variant %zu: host %llu "
+                          "folded, %llu simulated", names[i], v,
+                          (unsigned long long)a.host_peak_bytes,
+                          (unsigned long long)b.host_peak_bytes);
             for (uint32_t n = 2; n <= 64; n *= 2)
                 ck_assert_uint_eq(mm_peak_for_dp(&a, n), mm_peak_for_dp(&b, n));
             for (size_t m = 0; m < a.n_modules; m++) {

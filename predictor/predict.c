@@ -9,6 +9,7 @@
 #include "predict.h"
 #include "reserve.h"
 #include "step.h"
+#include "tokens.h"
 #include "util.h"
 
 #include <json-c/json.h>
@@ -159,6 +160,26 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
     return mm_predict_ex(sp, out, err, 0);
 }
 
+/* the worst image, for users and the presets table */
+static void image_info(const mm_spec *sp, mm_prediction *out)
+{
+    const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    uint64_t h, w;
+    vis_tokens vt;
+    mm_error e;
+    if (!v || !sp->training.images_per_sample)
+        return;
+    tokens_worst_image(sp, v, &h, &w);
+    if (tokens_per_image(sp, h, w, &vt, &e))
+        return;
+    out->image_height = (uint32_t)h;
+    out->image_width = (uint32_t)w;
+    out->image_tiles = vt.tiles;
+    out->image_patches = vt.patches;
+    out->image_tokens = vt.llm_tokens;
+}
+
+
 int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned flags)
 {
     int nofold = (flags & MM_PREDICT_NOFOLD) != 0;
@@ -243,6 +264,7 @@ int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned
     out->data_parallel = (uint32_t)N;
     out->micro_batch_size = (uint32_t)t->micro_batch_size;
     out->seq_len = (uint32_t)t->seq_len;
+    image_info(sp, out);
 
     /* modules and layer rows */
     out->modules = calloc(sp->n_modules, sizeof *out->modules);
@@ -360,6 +382,15 @@ char *mm_prediction_json(const mm_prediction *p, int pretty)
     json_object_object_add(o, "data_parallel", j_u64(p->data_parallel));
     json_object_object_add(o, "micro_batch_size", j_u64(p->micro_batch_size));
     json_object_object_add(o, "seq_len", j_u64(p->seq_len));
+    if (p->image_height) {
+        json_object *im = json_object_new_object();
+        json_object_object_add(im, "height", j_u64(p->image_height));
+        json_object_object_add(im, "width", j_u64(p->image_width));
+        json_object_object_add(im, "tiles", j_u64(p->image_tiles));
+        json_object_object_add(im, "patches", j_u64(p->image_patches));
+        json_object_object_add(im, "tokens", j_u64(p->image_tokens));
+        json_object_object_add(o, "image", im);
+    }
     json_object *ov = json_object_new_object();
     json_object_object_add(ov, "cuda_context", j_u64(p->overheads.cuda_context));
     json_object_object_add(ov, "nccl", j_u64(p->overheads.nccl));

@@ -472,12 +472,11 @@ def tokens_per_image(path, doc):
         side = int(v["image_size"]) // int(v["patch_size"])
         return (f"0 in the sequence; {v['max_num_tiles']} tiles x {side * side + 1} patches "
                 "cross-attended")
-    rc, _, err = mm("predict", path, "--set", "training.seq_len=1")
-    m = re.search(r"the (\d+) image tokens \((\d+) images x (\d+) tokens of a (\d+x\d+) image\)",
-                  err)
-    if rc == 0 or not m:
-        raise SystemExit(f"{path}: no image-token count from mmguard: {err.strip()}")
-    return f"{m.group(3)} ({m.group(4)})"
+    d, err = predict(path)
+    im = d.get("image") if d else None
+    if not im:
+        raise SystemExit(f"{path}: no image in mmguard's prediction: {err}")
+    return f"{im['tokens']} ({im['height']}x{im['width']})"
 
 
 def blocks(doc):

@@ -34,6 +34,7 @@ typedef struct lctx {
     int early_stop;      /* non-reentrant recompute: stop at the last saved tensor */
     int recompute;       /* re-running a checkpointed layer in backward */
     int gated;           /* Mllama global encoder: tanh gates on both branches */
+    int force_tw;        /* a modules_to_save copy: trainable in a frozen module */
     attn_kind attn;
     uint64_t dt;         /* activation dtype bytes */
     uint64_t wdt;        /* weight dtype bytes (fp32 under autocast) */

@@ -65,6 +65,7 @@ typedef struct lora_spec {
     double dropout;
     uint32_t targets;
     int autocast_adapter_dtype; /* PEFT's default: 16-bit adapters are upcast to fp32 */
+    int save_embed, save_head;  /* modules_to_save: embed_tokens / lm_head train as copies */
 } lora_spec;
 
 /* Visual tokens per image: how the processor cuts an image (HF

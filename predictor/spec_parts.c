@@ -20,6 +20,7 @@ static const keydesc lora_keys[] = {
     {"lora_dropout", K_FLOAT, L(dropout), 0, 0.999, NULL, 0, 0, 0},
     {"target_modules", K_SPECIAL, 0, 0, 0, NULL, 0, 1, 0},
     {"autocast_adapter_dtype", K_BOOL, L(autocast_adapter_dtype), 0, 1, NULL, 0, 0, 0},
+    {"modules_to_save", K_SPECIAL, 0, 0, 0, NULL, 0, 0, 0},
 };
 #undef L
 
@@ -101,6 +102,33 @@ static int decode_targets(dctx *c, const mm_node *v, const module_spec *ms, uint
     return 0;
 }
 
+/* PEFT modules_to_save: whole modules that train as copies beside the frozen
+ * originals (ModulesToSaveWrapper); the decoder's embed_tokens and lm_head */
+static int decode_save(dctx *c, const mm_node *v, module_spec *ms, const char *path)
+{
+    static const char *const names[] = {"embed_tokens", "lm_head"};
+    if (v->type != MM_NODE_SEQ)
+        return key_fail(c, v, path, "expected a list of module names (embed_tokens, lm_head)");
+    if (v->n && ms->kind != MOD_DECODER)
+        return key_fail(c, v, path, "only the language model's embed_tokens and lm_head can "
+                        "be saved as trainable copies");
+    for (size_t i = 0; i < v->n; i++) {
+        const mm_node *e = v->vals[i];
+        if (e->type != MM_NODE_SCALAR || e->is_null)
+            return key_fail(c, e, path, "expected a module name, got %s", key_type_name(e));
+        if (!strcmp(e->str, names[0]))
+            ms->lora.save_embed = 1;
+        else if (!strcmp(e->str, names[1]))
+            ms->lora.save_head = 1;
+        else {
+            const char *sug = mm_suggest(e->str, names, 2);
+            return key_fail(c, e, path, "'%s' is not embed_tokens or lm_head%s%s%s", e->str,
+                            sug ? " (did you mean '" : "", sug ? sug : "", sug ? "'?)" : "");
+        }
+    }
+    return 0;
+}
+
 int spec_lora(dctx *c, const mm_node *v, module_spec *ms, const char *prefix)
 {
     char lp[128], tp[160];
@@ -117,6 +145,9 @@ int spec_lora(dctx *c, const mm_node *v, module_spec *ms, const char *prefix)
         return -1;
     if (decode_targets(c, mm_node_get(v, "target_modules"), ms, &l->targets,
                        key_path(tp, sizeof tp, lp, "target_modules")))
+        return -1;
+    const mm_node *ms_node = mm_node_get(v, "modules_to_save");
+    if (ms_node && decode_save(c, ms_node, ms, key_path(tp, sizeof tp, lp, "modules_to_save")))
         return -1;
     if (l->alpha < 0)
         l->alpha = (double)l->r; /* alpha only scales B's output: no bytes depend on it */

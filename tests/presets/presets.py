@@ -140,7 +140,8 @@ FACTS = {
         adapters=adapters(decoder_linears(5376, 32, 16, 128, 21504), 16, 62, ALL7)
         + adapters(siglip_linears(1152, 4304), 16, 27, ["q_proj", "k_proj", "v_proj",
                                                          "out_proj", "fc1", "fc2"]),
-        trainable=0),
+        # modules_to_save: trainable copies of embed_tokens and of the (tied) lm_head
+        saved=2 * 262208 * 5376, trainable=0),
     "llama-3.2-11b-vision-full.yaml": dict(
         id="meta-llama/Llama-3.2-11B-Vision-Instruct", params=10670220835,
         src="catalog llama-3.2-11b-vision-instruct.json", trainable=10670220835),
@@ -345,11 +346,11 @@ def check(run):
         fact = FACTS.get(name)
         if not fact:
             continue
-        want = fact["params"] + fact.get("adapters", 0)
+        want = fact["params"] + fact.get("adapters", 0) + fact.get("saved", 0)
         run.ok(d["parameters_count"] == want,
                f"{name}: parameters_count {d['parameters_count']}, the model has "
                f"{fact['params']} ({fact['src']}) + {fact.get('adapters', 0)} adapter parameters")
-        want_t = fact["trainable"] + fact.get("adapters", 0)
+        want_t = fact["trainable"] + fact.get("adapters", 0) + fact.get("saved", 0)
         run.ok(d["trainable_count"] == want_t,
                f"{name}: trainable_count {d['trainable_count']}, its mode trains {want_t}")
         doc = read_preset(path)

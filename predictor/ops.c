@@ -18,7 +18,7 @@
 /* trainable here: the module is, and this layer's output reaches the loss */
 int op_trainable(const lctx *c)
 {
-    return (c->m->trainable || c->force_tw) && !c->dead && !c->unused;
+    return (c->m->trainable || c->force_tw) && !c->force_frozen && !c->dead && !c->unused;
 }
 
 uint32_t op_row(lctx *c, const char *name, const char *kind)

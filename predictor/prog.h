@@ -35,6 +35,7 @@ typedef struct lctx {
     int recompute;       /* re-running a checkpointed layer in backward */
     int gated;           /* Mllama global encoder: tanh gates on both branches */
     int force_tw;        /* a modules_to_save copy: trainable in a frozen module */
+    int force_frozen;    /* frozen in a trainable module (DeepStack mergers) */
     attn_kind attn;
     uint64_t dt;         /* activation dtype bytes */
     uint64_t wdt;        /* weight dtype bytes (fp32 under autocast) */

@@ -137,6 +137,8 @@ typedef struct module_spec {
     uint64_t window_size;         /* Qwen2.5-VL window attention, in pixels */
     layer_set full_attention;     /* Qwen2.5-VL fullatt_block_indexes */
     layer_set deepstack;          /* Qwen3-VL deepstack_visual_indexes */
+    int deepstack_trainable;      /* connector: its DeepStack mergers train (default: as it) */
+    int deepstack_frozen;         /* derived: deepstack_trainable given false */
     uint64_t num_global_layers;   /* Mllama global (gated) encoder */
     layer_set taps;               /* Mllama intermediate_layers_indices */
     uint64_t max_num_tiles;       /* Mllama tile embeddings */

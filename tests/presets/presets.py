@@ -114,16 +114,16 @@ FACTS = {
         id="Qwen/Qwen2.5-VL-72B-Instruct", params=73410777344,
         src="catalog qwen2.5-vl-72b-instruct.json (a reconstructed config)",
         adapters=adapters(decoder_linears(8192, 64, 8, 128, 29568), 8, 80, ALL7), trainable=0),
-    # the spec's connector holds visual.merger + the 3 DeepStack mergers (the recipe trains
-    # the merger only: a gap the preset states)
+    # the spec's connector holds visual.merger + the 3 DeepStack mergers; the recipe trains
+    # the merger only (deepstack_trainable: false)
     "qwen3-vl-8b-full.yaml": dict(
         id="Qwen/Qwen3-VL-8B-Instruct", params=8767123696,
         src="catalog qwen3-vl-8b-instruct.json",
-        trainable=40119040 + 120377856 + 7568405504 + 622329856),
+        trainable=40119040 + 7568405504 + 622329856),
     "qwen3-vl-30b-a3b-full.yaml": dict(
         id="Qwen/Qwen3-VL-30B-A3B-Instruct", params=31070754032,
         src="catalog qwen3-vl-30b-a3b-instruct.json",
-        trainable=30679808 + 92060160 + 30220957696 + 311164928),
+        trainable=30679808 + 30220957696 + 311164928),
     # catalog internvl3-8b.json (the converted InternVLConfig); = PARAMS.md total_size / 2
     "internvl3-8b-full.yaml": dict(
         id="OpenGVLab/InternVL3-8B", params=7944373760,

@@ -197,6 +197,8 @@ local function default_conf()
         action = "reject", margin = { percent = 0, num = 0, den = 1, bytes = 0 }, reserve = 0,
         gpus = gpus, n_gpus = n, default_gpu = "h100", on_error = "reject", require = "off",
         max_gpus_per_node = 8, resize_types = {}, ctld_log = nil, log = nil, syslog = false,
+        host_mem = "check", host_overhead = 3 * GiB, def_mem_per_node = 0, def_mem_per_cpu = 0,
+        def_mem_per_gpu = 0, node_mem = 0,
     }
 end
 M.default_conf = default_conf
@@ -209,7 +211,9 @@ end
 local BOOL = { yes = true, ["true"] = true, ["1"] = true, on = true,
                no = false, ["false"] = false, ["0"] = false, off = false }
 local CHOICES = { action = { "reject", "warn", "resize" }, on_error = { "reject", "allow" },
-                  require = { "off", "warn", "reject" } }
+                  require = { "off", "warn", "reject" }, host_mem = { "check", "warn", "off" } }
+local SLURM_MEM_KEYS = { def_mem_per_node = true, def_mem_per_cpu = true, def_mem_per_gpu = true,
+                         node_mem = true }
 
 -- "7.5%": digits, one '.', at most 6 decimals, below 100 -> num, den (percent
 -- = num / den), as the plugin keeps it.
@@ -270,16 +274,29 @@ local function set_resize_types(conf, v, where)
     conf.resize_types = list
 end
 
+-- def_mem_per_node / _cpu / _gpu, node_mem: slurm.conf's values (MiB there),
+-- so a unit is required; none or 0 unsets (config.c's set_slurm_mem).
+local function set_slurm_mem(conf, key, v, where)
+    if v == "none" or v == "0" then conf[key] = 0; return nil end
+    if v:match("%d$") then
+        return where .. ": " .. key .. ": '" .. v .. "' needs a unit (slurm.conf counts in MiB: DefMemPerCPU=4000 is " .. v .. "MiB here)"
+    end
+    local b, err = M.parse_size(v)
+    if not b then return where .. ": " .. key .. ": invalid size '" .. v .. "': " .. err end
+    conf[key] = b
+end
+
 -- One key=value; nil, or the message "WHERE: KEY: problem".
 local function set_key(conf, key, v, where)
     if CHOICES[key] then
         for _, c in ipairs(CHOICES[key]) do if v == c then conf[key] = v; return nil end end
         return where .. ": " .. key .. ": invalid value '" .. v .. "' (" .. table.concat(CHOICES[key], "|") .. ")"
     elseif key == "margin" then return set_margin(conf, v, where)
-    elseif key == "reserve" then
+    elseif key == "reserve" or key == "host_overhead" then
         local b, err = M.parse_size(v)
-        if not b then return where .. ": reserve: invalid size '" .. v .. "': " .. err end
-        conf.reserve = b
+        if not b then return where .. ": " .. key .. ": invalid size '" .. v .. "': " .. err end
+        conf[key] = b
+    elseif SLURM_MEM_KEYS[key] then return set_slurm_mem(conf, key, v, where)
     elseif key:sub(1, 4) == "gpu." then return set_gpu(conf, key, v, where)
     elseif key == "log" or key == "ctld_log" then return set_path(conf, key, v, where)
     elseif key == "resize_types" then return set_resize_types(conf, v, where)
@@ -317,6 +334,9 @@ local function finish_conf(conf, name)
     end
     for _, t in ipairs(conf.resize_types) do
         if not conf.gpus[t] then return name .. ": resize_types: unknown GPU type '" .. t .. "'" end
+    end
+    if conf.def_mem_per_cpu > 0 and conf.def_mem_per_node > 0 then
+        return name .. ": def_mem_per_cpu: mutually exclusive with def_mem_per_node (as DefMemPerCPU and DefMemPerNode in slurm.conf)"
     end
     if M.usable_bytes(conf.gpus[conf.default_gpu], conf) == 0 then
         return name .. ": margin/reserve leave no usable memory on " .. conf.default_gpu

@@ -624,6 +624,109 @@ function M.request_total(req, nodes)
     return req.count * nodes
 end
 
+------------------------------------------------------------------------------
+-- Host memory: what the busiest GPU node of the job gets, from the 22.05
+-- job_desc fields (min_mem_per_node, min_mem_per_cpu: exact where the raw
+-- pn_min_memory with its MEM_PER_CPU bit 2^63 is not, in a double; mem_per_tres
+-- "gres:gpu:MB"; cpus_per_task, cpus_per_tres, pn_min_cpus) and the site's
+-- defaults.  The twin of the plugin's mmg_mem_eval() (spank_plugin/memreq.c):
+-- the "mem" cases of tests/unit/request_cases.txt drive both.
+------------------------------------------------------------------------------
+
+local MB = MiB                     -- Slurm's MB is 2^20 bytes
+
+-- min(a * b, 2^53 - 1): a request that large holds anything (both readers).
+local function sat(a, b)
+    if a == 0 or b == 0 then return 0 end
+    if a > idiv(MAXSIZE, b) then return MAXSIZE end
+    return a * b
+end
+
+-- "gres:gpu:N" (mem_per_tres, cpus_per_tres) -> N, else nil.
+local function gpu_tres_value(s)
+    if type(s) ~= "string" then return nil end
+    for _, e in ipairs(split(s, ",")) do
+        local n = e:gsub("^gres[:/]", "", 1):match("^gpu:(%d+)$")
+        if n then return parse_uint(n) end
+    end
+    return nil
+end
+
+-- The memory fields of job_desc: {node=MB|nil, cpu=MB|nil, gpu=MB|nil, cpt, cpg, mincpus}.
+function M.mem_fields(j)
+    local function mb(v) return type(v) == "number" and v >= 0 and v < 2 ^ 63 and v or nil end
+    return { node = mb(j.min_mem_per_node), cpu = mb(j.min_mem_per_cpu),
+             gpu = gpu_tres_value(j.mem_per_tres), cpt = given(j.cpus_per_task, NO_VAL16),
+             cpg = gpu_tres_value(j.cpus_per_tres), mincpus = given(j.pn_min_cpus, NO_VAL16) }
+end
+
+-- GPUs on the busiest node (memreq.c busiest_ranks) and the CPUs it gets at least.
+local function busiest(j, req, maxgpn)
+    local nodes, ntpn, ranks = req.nodes_min, given(j.ntasks_per_node, NO_VAL16)
+    if req.kind == "node" then ranks = req.count
+    elseif req.kind == "task" and ntpn then ranks = req.count * ntpn
+    elseif nodes <= 1 then ranks = req.gpus
+    else
+        local even = ceil_div(req.gpus, nodes)
+        local rest = req.gpus > nodes - 1 and req.gpus - (nodes - 1) or 1
+        if maxgpn and rest > maxgpn then rest = maxgpn end
+        ranks = math.max(rest, even)
+    end
+    return ranks
+end
+
+local function node_cpus(j, req, f, ranks)
+    local ntpn, ntasks, tasks = given(j.ntasks_per_node, NO_VAL16), given(j.num_tasks), 1
+    if ntpn then tasks = ntpn
+    elseif req.kind == "task" then tasks = idiv(ranks, req.count)
+    elseif ntasks then tasks = idiv(ntasks, req.nodes_min) end
+    if tasks == 0 then tasks = 1 end
+    return math.max(tasks * (f.cpt or 1), (f.cpg or 0) * ranks, f.mincpus or 0)
+end
+
+-- What the node gets: "sized", n | "whole", n (the whole node, node_mem not
+-- set); n = {kind = node|cpu|gpu|whole, from_default, per_mb, ranks, cpus, have}.
+function M.host_request(j, req, site)
+    local f = M.mem_fields(j)
+    local n = { ranks = busiest(j, req, site.max_gpus_per_node), from_default = false }
+    n.cpus = node_cpus(j, req, f, n.ranks)
+    if f.node or f.cpu then
+        n.kind, n.per_mb = f.node and "node" or "cpu", f.node or f.cpu
+        n.have = sat(n.per_mb, MB)
+        if n.kind == "cpu" then n.have = sat(n.have, n.cpus) end
+    elseif f.gpu and f.gpu > 0 then
+        n.kind, n.per_mb, n.have = "gpu", f.gpu, sat(sat(f.gpu, MB), n.ranks)
+    else
+        n.from_default = true
+        if site.def_mem_per_gpu > 0 then
+            n.kind, n.per_mb, n.have = "gpu", idiv(site.def_mem_per_gpu, MB), sat(site.def_mem_per_gpu, n.ranks)
+        elseif site.def_mem_per_cpu > 0 then
+            n.kind, n.per_mb, n.have = "cpu", idiv(site.def_mem_per_cpu, MB), sat(site.def_mem_per_cpu, n.cpus)
+        else
+            n.kind, n.per_mb, n.have = "node", idiv(site.def_mem_per_node, MB), site.def_mem_per_node
+        end
+    end
+    if n.have > 0 then return "sized", n end
+    n.kind = "whole"
+    if site.node_mem == 0 then return "whole", n end
+    n.have = site.node_mem
+    return "sized", n
+end
+
+-- The request that holds `need` bytes, in the kind's unit (memreq.c mmg_mem_ask):
+-- MB, and its text ("160G", "900M").
+function M.mem_ask(n, need)
+    local div = 1
+    if not n.from_default and n.kind == "cpu" then div = math.max(n.cpus, 1)
+    elseif not n.from_default and n.kind == "gpu" then div = math.max(n.ranks, 1) end
+    local mb = ceil_div(ceil_div(need, div), MB)
+    if mb >= 1024 then
+        local g = ceil_div(mb, 1024)
+        return g * 1024, istr(g) .. "G"
+    end
+    return mb, istr(mb) .. "M"
+end
+
 -- "h100:2x1-1/node": the plugin's request field, for comparing the two.
 function M.request_code(req)
     local t = req.type or "gpu"

@@ -163,6 +163,7 @@ case("GPU requests: every case of tests/unit/request_cases.txt", function()
     local cases = load_table(root .. "/tests/unit/request_cases.txt")
     assert(#cases >= 20, "too few cases")
     for _, tc in ipairs(cases) do
+      if tc.expect:sub(1, 4) ~= "mem " then   -- host memory: the next case
         local req, status, why = M.eval_request(job_fields(tc.text))
         if req then
             local got = string.format("ok gpus=%s type=%s nodes=%s-%s", M.istr(req.gpus), req.type or "",
@@ -175,7 +176,58 @@ case("GPU requests: every case of tests/unit/request_cases.txt", function()
             if not want then error(tc.name .. ": unknown (" .. why .. "), want " .. tc.expect) end
             if why:sub(1, #want) ~= want then error(tc.name .. ": '" .. why .. "', want '" .. want .. "...'") end
         end
+      end
     end
+end)
+
+-- The "mem" cases: job_desc memory fields as 22.05 shows them to Lua, the
+-- site's defaults, the host need and the size to ask for.
+local function mem_case_fields(text)
+    local j = job_fields("")
+    local site = { def_mem_per_node = 0, def_mem_per_cpu = 0, def_mem_per_gpu = 0, node_mem = 0,
+                   max_gpus_per_node = 8 }
+    local host, ovh = 0, 3221225472
+    local sitekeys = { dmn = "def_mem_per_node", dmc = "def_mem_per_cpu", dmg = "def_mem_per_gpu",
+                       node_mem = "node_mem", maxgpn = "max_gpus_per_node" }
+    local jobkeys = { mpn = "min_mem_per_node", mpc = "min_mem_per_cpu", cpt = "cpus_per_task",
+                      mincpus = "pn_min_cpus" }
+    local rest = {}
+    for k, v in text:gmatch("(%S+)=(%S*)") do
+        if sitekeys[k] then site[sitekeys[k]] = tonumber(v)
+        elseif jobkeys[k] then j[jobkeys[k]] = tonumber(v)
+        elseif k == "mpg" then j.mem_per_tres = "gres:gpu:" .. v
+        elseif k == "cpg" then j.cpus_per_tres = "gres:gpu:" .. v
+        elseif k == "host" then host = tonumber(v)
+        elseif k == "ovh" then ovh = tonumber(v)
+        else rest[#rest + 1] = k .. "=" .. v end
+    end
+    for k, v in pairs(job_fields(table.concat(rest, " "))) do j[k] = v end
+    return j, site, host, ovh
+end
+
+case("host memory: every mem case of tests/unit/request_cases.txt", function()
+    local n = 0
+    for _, tc in ipairs(load_table(root .. "/tests/unit/request_cases.txt")) do
+        if tc.expect:sub(1, 4) == "mem " then
+            n = n + 1
+            local j, site, host, ovh = mem_case_fields(tc.text)
+            local req, _, why = M.eval_request(j)
+            if not req then error(tc.name .. ": " .. tostring(why)) end
+            local st, node = M.host_request(j, req, site)
+            local got
+            if st == "whole" then
+                got = string.format("mem whole ranks=%s cpus=%s", M.istr(node.ranks), M.istr(node.cpus))
+            else
+                local need = node.ranks * (host + ovh)
+                local _, ask = M.mem_ask(node, need)
+                got = string.format("mem sized kind=%s default=%s ranks=%s cpus=%s have=%s need=%s fits=%s ask=%s",
+                    node.kind, node.from_default and "yes" or "no", M.istr(node.ranks), M.istr(node.cpus),
+                    M.istr(node.have), M.istr(need), need <= node.have and "yes" or "no", ask)
+            end
+            eq(got, tc.expect, tc.name)
+        end
+    end
+    assert(n >= 15, "too few mem cases")
 end)
 
 -- ---- arithmetic and the published record ------------------------------------------

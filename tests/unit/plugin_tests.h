@@ -22,5 +22,6 @@ void table_free(struct table_case *cases, size_t n);
 
 TCase *request_tcase(void);
 TCase *record_tcase(void);
+TCase *memreq_tcase(void);
 
 #endif

@@ -233,5 +233,6 @@ Suite *config_suite(void)
     suite_add_tcase(s, tc);
     suite_add_tcase(s, request_tcase());
     suite_add_tcase(s, record_tcase());
+    suite_add_tcase(s, memreq_tcase());
     return s;
 }

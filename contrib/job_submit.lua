@@ -409,10 +409,10 @@ end
 local REC_STR = { decision = 8, spec = 1024, sha256 = 65, model = 128, gpu = 32, request = 160,
                   error = 1024, admission = 160 }
 local REC_NUM = { gpu_mem = true, usable = true, dp = true, peak = true, alloc = true, mmb = true,
-                  ctx = true, nccl = true, afix = true, slack = true, dp1 = true }
+                  host = true, ctx = true, nccl = true, afix = true, slack = true, dp1 = true }
 local REC_MODEL = { "ctx", "nccl", "afix", "afrac", "slack", "dp1", "terms" }
 local REC_ORDER = { "decision", "spec", "sha256", "model", "gpu", "gpu_mem", "usable", "dp",
-                    "request", "peak", "alloc", "mmb", "error", "admission", "ctx", "nccl", "afix",
+                    "request", "peak", "alloc", "mmb", "host", "error", "admission", "ctx", "nccl", "afix",
                     "afrac", "slack", "dp1", "terms" }
 
 -- Percent-decode; nil for a stray '%', a control byte or too long a value.

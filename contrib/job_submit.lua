@@ -984,6 +984,7 @@ local function finish(ctx, decision, reason, rc)
         { "time_limit_minutes", r.time_limit_minutes }, { "requested_tres", r.requested_tres },
         { "new_tres", r.new_tres }, { "new_gpu", r.new_gpu }, { "new_gpus", r.new_gpus },
         { "new_peak_bytes", r.new_peak }, { "new_usable_bytes", r.new_usable },
+        { "host", r.host and { raw = M.json_object(r.host) } or nil },
     })
     M.log_info(string.format("mmguard: job %s uid %s: %s: %s", tostring(r.job_name), tostring(r.uid),
         decision, reason))
@@ -1081,6 +1082,59 @@ local function first_fit(m, req, from, usable, maxn)
     end
 end
 
+-- The GPU processes' host memory against the job's memory request (the
+-- plugin's hostmem.c): {reason, hint, block = reject, warn = warn, log = the
+-- ctld_log "host" object}.  The per-process host bytes were predicted at the
+-- plugin's N (m.dp): every byte the predictor offloads is partitioned over
+-- the ranks, so at another N they are ceil(host * dp / N).
+local HOST_FLAG = { node = "--mem", cpu = "--mem-per-cpu", gpu = "--mem-per-gpu", whole = "--mem" }
+local HOST_DEFKEY = { node = "def_mem_per_node", cpu = "def_mem_per_cpu", gpu = "def_mem_per_gpu" }
+
+local function host_request_text(n)
+    local count = n.kind == "cpu" and n.cpus or n.ranks
+    local unit = string.format(" x %s %s%s", istr(count), n.kind == "cpu" and "CPU" or "GPU", count == 1 and "" or "s")
+    if n.kind == "whole" then
+        return "a whole node: " .. (n.from_default and "no --mem and no def_mem_* default" or "--mem=0") ..
+            ", node_mem in mmguard.conf"
+    elseif n.from_default then
+        return string.format("no --mem: the site's %s=%s%s", HOST_DEFKEY[n.kind], M.format_bytes(n.per_mb * MB),
+            n.kind == "node" and "" or unit)
+    end
+    local what = string.format("%s=%sM", HOST_FLAG[n.kind], istr(n.per_mb))
+    if n.kind == "node" then return what end
+    return what .. unit
+end
+
+function M.host_check(job, m, req, conf)
+    if conf.host_mem == "off" or not m.dp then return {} end
+    local per_rank = m.host or 0
+    if req.gpus ~= m.dp and per_rank > 0 then
+        local q, rem = muldiv(per_rank, m.dp, req.gpus)
+        per_rank = q + (rem and 1 or 0)
+    end
+    local st, n = M.host_request(job, req, conf)
+    local need = add(0, n.ranks * add(per_rank, conf.host_overhead))
+    local log = { { "result", "unchecked" }, { "peak_bytes_per_process", per_rank },
+                  { "overhead_bytes", conf.host_overhead }, { "processes", n.ranks },
+                  { "need_bytes", need }, { "have_bytes", nil } }
+    local h = { log = log }
+    if st == "whole" then return h end
+    local _, ask = M.mem_ask(n, need)
+    local reqtext = host_request_text(n)
+    log[1][2], log[6][2] = need <= n.have and "fits" or "misfit", n.have
+    log[#log + 1], log[#log + 2] = { "request", reqtext }, { "ask", ask }
+    local text = string.format("predicted host memory %s per node (%s GPU process%s x (%s offloaded + %s runtime))",
+        M.format_bytes(need), istr(n.ranks), n.ranks == 1 and "" or "es", M.format_bytes(per_rank),
+        M.format_bytes(conf.host_overhead))
+    if need <= n.have then return h end
+    h.reason = string.format("%s does not fit the %s the job gets (%s)", text, M.format_bytes(n.have), reqtext)
+    h.hint = n.kind == "whole" and "fewer GPU processes per node (more nodes) or less CPU offload"
+        or ((n.from_default and "--mem" or HOST_FLAG[n.kind]) .. "=" .. ask)
+    h.block = conf.host_mem == "check" and conf.action ~= "warn"
+    h.warn = not h.block
+    return h
+end
+
 function M.decide(ctx, text)
     local job, conf, r = ctx.job, ctx.conf, ctx.rec
     local m, err = M.parse_record(text)
@@ -1109,7 +1163,16 @@ function M.decide(ctx, text)
         M.format_bytes(peak), peak <= usable and "fits" or "does not fit", gtype,
         M.format_bytes(usable), M.format_bytes(mem), describe(req, tres),
         at ~= req.gpus and ("; highest with " .. istr(at) .. " GPUs") or "")
-    if peak <= usable then return finish(ctx, "accept", what, ctx.SUCCESS) end
+    local host = M.host_check(job, m, req, conf)
+    r.host = host.log
+    if host.block then
+        log_user("mmguard: job rejected: " .. host.reason .. "; to fit: " .. host.hint)
+        return finish(ctx, "reject", what .. "; " .. host.reason, ctx.ERROR)
+    elseif host.warn then
+        log_user("mmguard: WARNING: " .. host.reason .. "; to fit: " .. host.hint)
+        what = what .. "; " .. host.reason
+    end
+    if peak <= usable then return finish(ctx, host.warn and "warn" or "accept", what, ctx.SUCCESS) end
     if conf.action == "warn" then
         log_user("mmguard: WARNING: " .. what .. "; the job may run out of GPU memory")
         return finish(ctx, "warn", what, ctx.SUCCESS)

@@ -44,14 +44,16 @@ static void describe(struct mmg_check *chk)
     static const char *const defkey[] = { "def_mem_per_node", "def_mem_per_cpu", "def_mem_per_gpu" };
     spell(chk, NULL, 1, own, sizeof(own));
     if (m->kind == MMG_MEMK_WHOLE)
-        snprintf(h->request, sizeof(h->request), "a whole node (%s; node_mem in mmguard.conf)",
-                 m->from_default ? "no memory request and no def_mem_* default" : own);
+        snprintf(h->request, sizeof(h->request), "a whole node: %s, node_mem in mmguard.conf",
+                 m->from_default ? "no --mem and no def_mem_* default" : own);
     else if (m->from_default) {
+        uint32_t k = m->kind == MMG_MEMK_CPU ? m->cpus : m->ranks;
         mm_format_bytes(m->per_mb * MMG_MB, b, sizeof(b));
-        snprintf(h->request, sizeof(h->request), "the site's default for a job without --mem "
-                 "(%s=%s in mmguard.conf%s)", defkey[m->kind], b,
-                 m->kind == MMG_MEMK_CPU ? " x its CPUs" : m->kind == MMG_MEMK_GPU ? " x its GPUs"
-                                                                                    : "");
+        if (m->kind == MMG_MEMK_NODE)
+            snprintf(h->request, sizeof(h->request), "no --mem: the site's %s=%s", defkey[0], b);
+        else
+            snprintf(h->request, sizeof(h->request), "no --mem: the site's %s=%s x %" PRIu32
+                     " %s%s", defkey[m->kind], b, k, kind_unit[m->kind], k == 1 ? "" : "s");
     } else if (m->kind == MMG_MEMK_NODE)
         snprintf(h->request, sizeof(h->request), "%s", own);
     else

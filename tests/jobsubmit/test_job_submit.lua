@@ -241,7 +241,7 @@ local function record(o)
         decision = o.decision or "accept", spec = "/home/alice/llava \"quoted\".yaml",
         sha256 = string.rep("ab", 32), model = "llava-1.5-7b-finetune", gpu = "h100",
         gpu_mem = 81559 * MiB, usable = 70 * GiB, dp = o.dp or 4, request = "h100:4x1-1/node",
-        peak = 44 * GiB, alloc = 40 * GiB, mmb = 4,
+        peak = 44 * GiB, alloc = 40 * GiB, mmb = 4, host = o.host,
         ctx = GiB, nccl = GiB, afix = 512 * MiB, afrac = 0.05, slack = o.slack or 0,
         dp1 = o.dp1 or 130 * GiB, terms = o.terms or { { 10 * GiB, 120 * GiB }, { 20 * GiB, 0 } },
     }
@@ -330,7 +330,9 @@ local function job(o)
         tres_per_task = o.tpt, tres_per_socket = o.tps,
         ntasks_per_node = o.ntasks_per_node or 65534.0, num_tasks = o.num_tasks or 4294967294.0,
         spank_job_env = spank, environment = o.env or { PATH = "/usr/bin" },
-        admin_comment = o.admin_comment,
+        admin_comment = o.admin_comment, min_mem_per_node = o.mem, min_mem_per_cpu = o.mem_per_cpu,
+        mem_per_tres = o.mem_per_tres, cpus_per_task = o.cpus_per_task or 65534.0,
+        pn_min_cpus = 65534.0,
     }
 end
 
@@ -474,6 +476,75 @@ case("nothing fits: reject", function()
     eq(slurm_job_submit(j, {}, 1000), slurm.ERROR, "rc")
     eq(j.tres_per_node, "gres:gpu:h100:1", "untouched")
     has(user_msgs[1], "no resize fits", "msg")
+end)
+
+-- ---- host memory -------------------------------------------------------------------
+
+-- 30 GiB offloaded per process at the plugin's 4 GPUs (record dp=4)
+local HOSTREC = record({ host = 30 * GiB })
+local function host_log() return (last_log() or ""):match('"host":(%b{})') end
+
+case("host memory: --mem too small for the offloaded states: rejected, with the size to ask for", function()
+    write_conf(BASE .. "action=reject\n")
+    local j = job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 65536.0 })
+    eq(slurm_job_submit(j, {}, 1000), slurm.ERROR, "rc")
+    has(user_msgs[1], "job rejected: predicted host memory 132.0 GiB per node (4 GPU processes x (30.0 GiB offloaded + 3.0 GiB runtime)) does not fit the 64.0 GiB the job gets (--mem=65536M)", "message")
+    has(user_msgs[1], "to fit: --mem=132G", "the size to ask for")
+    eq(last_decision(), "reject", "decision")
+    has(host_log(), '"result":"misfit"', "logged")
+    has(host_log(), '"need_bytes":141733920768', "need")
+    has(host_log(), '"have_bytes":68719476736', "have")
+end)
+
+case("host memory: enough --mem passes; host_mem=off and action=warn", function()
+    write_conf(BASE .. "action=reject\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 140000.0 }), {}, 1000), slurm.SUCCESS, "fits")
+    eq(last_decision(), "accept", "accept")
+    has(host_log(), '"result":"fits"', "logged")
+    eq(#user_msgs, 0, "silent")
+    write_conf(BASE .. "action=reject\nhost_mem=off\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 1024.0 }), {}, 1000), slurm.SUCCESS, "off")
+    eq(host_log(), nil, "not checked")
+    for _, c in ipairs({ "action=warn\n", "action=reject\nhost_mem=warn\n" }) do
+        write_conf(BASE .. c)
+        eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 1024.0 }), {}, 1000), slurm.SUCCESS, c)
+        has(user_msgs[#user_msgs], "WARNING: predicted host memory", "warned")
+        eq(last_decision(), "warn", "decision")
+    end
+    -- action=resize: nothing resizes memory; slurmctld rejects (the plugin only warned)
+    write_conf(BASE .. "action=resize\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 1024.0 }), {}, 1000), slurm.ERROR, "resize")
+end)
+
+case("host memory: per GPU, per CPU, site defaults, the whole node", function()
+    write_conf(BASE .. "action=reject\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem_per_tres = "gres:gpu:20480" }), {}, 1000), slurm.ERROR, "per GPU")
+    has(user_msgs[#user_msgs], "(--mem-per-gpu=20480M x 4 GPUs); to fit: --mem-per-gpu=33G", "per GPU ask")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem_per_cpu = 8192.0, cpus_per_task = 8.0,
+        num_tasks = 4.0, ntasks_per_node = 4.0 }), {}, 1000), slurm.SUCCESS, "per CPU: 4 x 8 CPUs x 8 GiB")
+    has(host_log(), '"request":"--mem-per-cpu=8192M x 32 CPUs"', "per CPU")
+    -- no request and no default: the whole node, not checked
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC }), {}, 1000), slurm.SUCCESS, "whole node")
+    has(host_log(), '"result":"unchecked"', "unchecked")
+    -- the site's DefMemPerGPU, asked back as --mem
+    write_conf(BASE .. "action=reject\ndef_mem_per_gpu=16GiB\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC }), {}, 1000), slurm.ERROR, "default per GPU")
+    has(user_msgs[#user_msgs], "the 64.0 GiB the job gets (no --mem: the site's def_mem_per_gpu=16.0 GiB x 4 GPUs); to fit: --mem=132G", "default")
+    -- --mem=0 with node_mem: the node's memory is all there is
+    write_conf(BASE .. "action=reject\nnode_mem=100GiB\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 0.0 }), {}, 1000), slurm.ERROR, "whole node too small")
+    has(user_msgs[#user_msgs], "the 100.0 GiB the job gets (a whole node: --mem=0, node_mem in mmguard.conf); to fit: fewer GPU processes per node", "whole")
+end)
+
+case("host memory at another GPU count: the offloaded bytes are shared by the ranks", function()
+    write_conf(BASE .. "action=reject\n")
+    -- 8 GPUs: 30 GiB x 4 / 8 = 15 GiB per process, 8 x 18 GiB = 144 GiB > 136.7 GiB
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:8", model = HOSTREC, mem = 140000.0 }), {}, 1000), slurm.ERROR, "N=8")
+    has(user_msgs[#user_msgs], "144.0 GiB per node (8 GPU processes x (15.0 GiB offloaded + 3.0 GiB runtime))", "scaled")
+    -- on 2 nodes of 4: 30 GiB x 4 / 8 per process, 4 per node
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", nodes = 2.0, model = HOSTREC, mem = 80000.0 }), {}, 1000), slurm.SUCCESS, "2 nodes")
+    has(host_log(), '"processes":4', "per node")
+    has(host_log(), '"need_bytes":77309411328', "4 x 18 GiB")
 end)
 
 case("cannot decide (malformed record, no GPU, per socket, unknown type): on_error", function()

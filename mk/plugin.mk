@@ -56,6 +56,8 @@ check-slurm: $(PLUGIN_SO) $(BUILD)/mmguard $(REQUEST_TOOL)
 	PLUGIN=$(abspath $(PLUGIN_SO)) MMGUARD_CLI=$(abspath $(BUILD)/mmguard) sh tests/slurm/test_plugin.sh
 	PLUGIN=$(abspath $(PLUGIN_SO)) REQUEST_TOOL=$(abspath $(REQUEST_TOOL)) \
 	  JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) sh tests/slurm/test_request.sh
+	PLUGIN=$(abspath $(PLUGIN_SO)) JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) \
+	  sh tests/slurm/test_hostmem.sh
 
 demo:
 	sh scripts/install-deps.sh build slurm

@@ -78,6 +78,11 @@ accepted "sbatch --mem=160G" $SB --gres=gpu:h100:4 --mem=160G "$work/gpus.sh"
 expect "the decision log has the host object" \
     sh -c "python3 -c \"import json; r = json.loads(open('$LOG').read().splitlines()[-1])['host']; \
 assert r['result'] == 'fits' and r['processes'] == 4 and r['have_bytes'] == 160 << 30, r\""
+run sbatch -o "$work/host.out" --mm-model="$SPEC" --gres=gpu:h100:4 --mem=160G \
+    --wrap 'echo host=$MMGUARD_HOST_PEAK_BYTES'
+_st=$(wait_job "$(jobid)")
+expect "the job's tasks see MMGUARD_HOST_PEAK_BYTES (34.8 GiB per process, $_st)" \
+    grep -qx 'host=37328428032' "$work/host.out"
 refused "#SBATCH --mem=64G" "64.0 GiB the job gets \(--mem=64G, #SBATCH line 3 of mem64.sh\)" \
     "#SBATCH --mem=152G (mem64.sh line 3)" $SB "$work/mem64.sh"
 accepted "#SBATCH --mem=160G" $SB "$work/mem160.sh"

@@ -58,10 +58,10 @@ $(FUZZ_DIR)/plugin/%.o: spank_plugin/%.c $(wildcard spank_plugin/*.h) $(HDRS)
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 
-$(FUZZ_DIR)/fuzz_request: tests/fuzz/fuzz_request.c tests/fuzz/fuzz_common.h $(FUZZ_REQ_OBJS)
+$(FUZZ_DIR)/fuzz_request: tests/fuzz/fuzz_request.c tests/fuzz/fuzz_common.h tests/fuzz/fuzz_split.h $(FUZZ_REQ_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_REQ_OBJS) -o $@
 
-$(FUZZ_DIR)/fuzz_memreq: tests/fuzz/fuzz_memreq.c tests/fuzz/fuzz_common.h $(FUZZ_REQ_OBJS) $(FUZZ_DIR)/plugin/memreq.o
+$(FUZZ_DIR)/fuzz_memreq: tests/fuzz/fuzz_memreq.c tests/fuzz/fuzz_common.h tests/fuzz/fuzz_split.h $(FUZZ_REQ_OBJS) $(FUZZ_DIR)/plugin/memreq.o
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_REQ_OBJS) $(FUZZ_DIR)/plugin/memreq.o -o $@
 
 $(FUZZ_DIR)/fuzz_record: tests/fuzz/fuzz_record.c tests/fuzz/fuzz_common.h $(FUZZ_DIR)/plugin/record.o $(FUZZ_LIB_OBJS)

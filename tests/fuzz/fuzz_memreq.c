@@ -11,44 +11,10 @@
 #include <string.h>
 
 #include "fuzz_common.h"
+#include "fuzz_split.h"
 #include "memreq.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static char *part(const uint8_t **d, size_t *n)
-{
-    const uint8_t *nul = memchr(*d, '\0', *n);
-    size_t len = nul ? (size_t)(nul - *d) : *n;
-    char *s = malloc(len + 1);
-    if (!s)
-        FUZZ_FAIL("out of memory");
-    memcpy(s, *d, len);
-    s[len] = '\0';
-    *d += len + (nul != NULL);
-    *n -= len + (nul != NULL);
-    return s;
-}
-
-static char **lines(char *s, const char *first, int *count)
-{
-    size_t n = 2;
-    for (char *p = s; *p; p++)
-        n += *p == '\n';
-    char **v = calloc(n + 1, sizeof *v);
-    int k = 0;
-    if (!v)
-        FUZZ_FAIL("out of memory");
-    if (first)
-        v[k++] = (char *)first;
-    for (char *p = s, *nl; p && *p; p = nl) {
-        nl = strchr(p, '\n');
-        if (nl)
-            *nl++ = '\0';
-        v[k++] = p;
-    }
-    *count = k;
-    return v;
-}
 
 /* The site and the prediction from decimal numbers (bounded as mmguard.conf is). */
 static void site_of(const char *s, struct mmg_memsite *site, uint64_t *host, uint64_t *ovh)
@@ -105,38 +71,15 @@ static void use(struct mmg_reqin *r, const char *sitetext)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const mmg_tool tools[] = { MMG_TOOL_SBATCH, MMG_TOOL_SALLOC, MMG_TOOL_SRUN };
-    struct mmg_reqin *r;
-    char *script, *env, *args, *site, **envp, **argv;
-    int nenv, nargs;
+    struct fuzz_input in;
     uint64_t mb;
     if (size < 1 || size > 65536)
         return 0;
-    r = malloc(sizeof *r);
-    if (!r)
-        FUZZ_FAIL("out of memory");
-    mmg_reqin_init(r, tools[data[0] % 3]);
-    data++;
-    size--;
-    script = part(&data, &size);
-    env = part(&data, &size);
-    args = part(&data, &size);
-    site = part(&data, &size);
-    envp = lines(env, NULL, &nenv);
-    argv = lines(args, mmg_tool_name(r->tool), &nargs);
-    (void)mmg_script_apply(r, script, strlen(script));
-    mmg_env_apply(r, envp);
-    (void)mmg_args_apply(r, nargs, argv, MMG_FROM_ARGS, NULL);
-    for (int i = 0; i < nargs; i++)
-        if (mmg_str_to_mbytes(argv[i], &mb) == 0 && mb > (uint64_t)INT64_MAX)
+    fuzz_input_read(&in, data, size);
+    for (int i = 0; i < in.nargs; i++)
+        if (mmg_str_to_mbytes(in.argv[i], &mb) == 0 && mb > (uint64_t)INT64_MAX)
             FUZZ_FAIL("a size beyond what strtoll reads");
-    use(r, site);
-    free(envp);
-    free(argv);
-    free(script);
-    free(env);
-    free(args);
-    free(site);
-    free(r);
+    use(in.r, in.last); /* the last part: the site */
+    fuzz_input_free(&in);
     return 0;
 }

@@ -5,7 +5,6 @@
  * variables, and the evaluation shared with job_submit.lua (the "mem" cases of
  * tests/unit/request_cases.txt). */
 #include <check.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,19 +17,7 @@ static struct mmg_reqin in;
 static struct mmg_memjob mj;
 static char err[512];
 
-static int args(mmg_tool tool, const char *a0, ...)
-{
-    char *av[32];
-    int ac = 0;
-    va_list ap;
-    va_start(ap, a0);
-    for (const char *a = a0; a && ac < 31; a = va_arg(ap, const char *))
-        av[ac++] = (char *)a;
-    va_end(ap);
-    av[ac] = NULL;
-    mmg_reqin_init(&in, tool);
-    return mmg_args_apply(&in, ac, av, MMG_FROM_ARGS, NULL);
-}
+#define args(...) reqin_args(&in, __VA_ARGS__)
 
 /* ---- the table shared with job_submit.lua ------------------------------------ */
 

@@ -1215,6 +1215,10 @@ local function fix_environment(job, old_text, new, per_job, m)
     local admission = string.format("resized %s -> %s", old_text, new.text)
     env["MMGUARD_ADMISSION"] = admission
     if type(env["SLURM_SPANK_MMGUARD"]) == "string" then
+        if m.host and m.dp and m.dp ~= new.total then   -- the offloaded bytes, shared by the new ranks
+            local q, rem = muldiv(m.host, m.dp, new.total)
+            m.host = q + (rem and 1 or 0)
+        end
         m.dp, m.peak, m.alloc = new.total, new.peak, M.alloc_for_dp(m, new.total)
         m.gpu, m.gpu_mem, m.usable, m.mmb, m.admission = new.type, new.mem, new.usable, nil, admission
         m.request = new.code

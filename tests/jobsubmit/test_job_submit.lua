@@ -468,6 +468,10 @@ case("resize: --gpus (tres_per_job)", function()
     eq(j.tres_per_node, nil, "no per-node request added")
     eq(env.SLURM_GPUS, "3", "env")
     eq(j.num_tasks, 3, "tasks follow")
+    -- the offloaded host bytes per process follow the new count: 30 GiB x 2 / 3
+    local env2 = { SLURM_SPANK_MMGUARD = record({ dp = 2, host = 30 * GiB }) }
+    eq(slurm_job_submit(job({ tpj = "gres:gpu:2", env = env2, num_tasks = 2.0, model = record({ dp = 2, host = 30 * GiB }) }), {}, 1000), slurm.SUCCESS, "rc")
+    eq(assert(M.parse_record(env2.SLURM_SPANK_MMGUARD)).host, 20 * GiB, "record: host per process at 3 GPUs")
 end)
 
 case("nothing fits: reject", function()

@@ -1085,8 +1085,11 @@ end
 -- The GPU processes' host memory against the job's memory request (the
 -- plugin's hostmem.c): {reason, hint, block = reject, warn = warn, log = the
 -- ctld_log "host" object}.  The per-process host bytes were predicted at the
--- plugin's N (m.dp): every byte the predictor offloads is partitioned over
--- the ranks, so at another N they are ceil(host * dp / N).
+-- plugin's N (m.dp) and are F + S / dp: offloaded optimizer states and
+-- parameters S are partitioned over the ranks, offloaded activations F are
+-- each rank's own.  The record has only their sum, so at another N this takes
+-- the bound that holds whatever the split: host (N > dp: it only shrinks) or
+-- ceil(host * dp / N) (N < dp: it grows at most that much); exact at N = dp.
 local HOST_FLAG = { node = "--mem", cpu = "--mem-per-cpu", gpu = "--mem-per-gpu", whole = "--mem" }
 local HOST_DEFKEY = { node = "def_mem_per_node", cpu = "def_mem_per_cpu", gpu = "def_mem_per_gpu" }
 
@@ -1108,7 +1111,7 @@ end
 function M.host_check(job, m, req, conf)
     if conf.host_mem == "off" or not m.dp then return {} end
     local per_rank = m.host or 0
-    if req.gpus ~= m.dp and per_rank > 0 then
+    if req.gpus < m.dp and per_rank > 0 then
         local q, rem = muldiv(per_rank, m.dp, req.gpus)
         per_rank = q + (rem and 1 or 0)
     end
@@ -1215,10 +1218,6 @@ local function fix_environment(job, old_text, new, per_job, m)
     local admission = string.format("resized %s -> %s", old_text, new.text)
     env["MMGUARD_ADMISSION"] = admission
     if type(env["SLURM_SPANK_MMGUARD"]) == "string" then
-        if m.host and m.dp and m.dp ~= new.total then   -- the offloaded bytes, shared by the new ranks
-            local q, rem = muldiv(m.host, m.dp, new.total)
-            m.host = q + (rem and 1 or 0)
-        end
         m.dp, m.peak, m.alloc = new.total, new.peak, M.alloc_for_dp(m, new.total)
         m.gpu, m.gpu_mem, m.usable, m.mmb, m.admission = new.type, new.mem, new.usable, nil, admission
         m.request = new.code

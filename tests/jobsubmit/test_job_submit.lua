@@ -468,10 +468,10 @@ case("resize: --gpus (tres_per_job)", function()
     eq(j.tres_per_node, nil, "no per-node request added")
     eq(env.SLURM_GPUS, "3", "env")
     eq(j.num_tasks, 3, "tasks follow")
-    -- the offloaded host bytes per process follow the new count: 30 GiB x 2 / 3
+    -- the host bytes per process stay (an upper bound at more GPUs)
     local env2 = { SLURM_SPANK_MMGUARD = record({ dp = 2, host = 30 * GiB }) }
     eq(slurm_job_submit(job({ tpj = "gres:gpu:2", env = env2, num_tasks = 2.0, model = record({ dp = 2, host = 30 * GiB }) }), {}, 1000), slurm.SUCCESS, "rc")
-    eq(assert(M.parse_record(env2.SLURM_SPANK_MMGUARD)).host, 20 * GiB, "record: host per process at 3 GPUs")
+    eq(assert(M.parse_record(env2.SLURM_SPANK_MMGUARD)).host, 30 * GiB, "record: host per process kept")
 end)
 
 case("nothing fits: reject", function()
@@ -540,15 +540,17 @@ case("host memory: per GPU, per CPU, site defaults, the whole node", function()
     has(user_msgs[#user_msgs], "the 100.0 GiB the job gets (a whole node: --mem=0, node_mem in mmguard.conf); to fit: fewer GPU processes per node", "whole")
 end)
 
-case("host memory at another GPU count: the offloaded bytes are shared by the ranks", function()
+case("host memory at another GPU count: an upper bound whatever the offload", function()
     write_conf(BASE .. "action=reject\n")
-    -- 8 GPUs: 30 GiB x 4 / 8 = 15 GiB per process, 8 x 18 GiB = 144 GiB > 136.7 GiB
-    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:8", model = HOSTREC, mem = 140000.0 }), {}, 1000), slurm.ERROR, "N=8")
-    has(user_msgs[#user_msgs], "144.0 GiB per node (8 GPU processes x (15.0 GiB offloaded + 3.0 GiB runtime))", "scaled")
-    -- on 2 nodes of 4: 30 GiB x 4 / 8 per process, 4 per node
-    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", nodes = 2.0, model = HOSTREC, mem = 80000.0 }), {}, 1000), slurm.SUCCESS, "2 nodes")
+    -- 2 GPUs (fewer than the plugin's 4): partitioned states grow at most 4/2: 60 GiB each
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:2", model = HOSTREC, mem = 120000.0 }), {}, 1000), slurm.ERROR, "N=2")
+    has(user_msgs[1], "126.0 GiB per node (2 GPU processes x (60.0 GiB offloaded + 3.0 GiB runtime))", "scaled up")
+    -- 8 GPUs: offloaded activations do not shrink with N: kept at 30 GiB
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:8", model = HOSTREC, mem = 280000.0 }), {}, 1000), slurm.SUCCESS, "N=8")
+    has(host_log(), '"need_bytes":283467841536', "8 x 33 GiB")
+    -- on 2 nodes of 4: 4 processes per node
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", nodes = 2.0, model = HOSTREC, mem = 140000.0 }), {}, 1000), slurm.SUCCESS, "2 nodes")
     has(host_log(), '"processes":4', "per node")
-    has(host_log(), '"need_bytes":77309411328', "4 x 18 GiB")
 end)
 
 case("cannot decide (malformed record, no GPU, per socket, unknown type): on_error", function()

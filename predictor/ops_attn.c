@@ -137,6 +137,14 @@ static int32_t fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
     uint64_t qe = op_mul3(c, B, o->S, op_mul(c, a, o->d));
     uint64_t S_lse = flash ? o->S : round_up(o->S, 32);
     uint64_t lse = op_mul3(c, B, a, S_lse);
+    /* a bool mask (HF's sdpa masks) becomes a q-dtype bias each call
+     * (attention.cpp convert_boolean_attn_mask), its last dim padded to 16 for
+     * the memory-efficient kernel (preprocess_mask / pad_bias), which saves it */
+    int32_t bias = -1;
+    if (!flash && o->mask >= 0 && c->s->t[o->mask].esz == 1) {
+        uint64_t skv = o->Skv ? o->Skv : o->S, bq = B / (o->chunks ? o->chunks : 1);
+        bias = op_new(c, r, op_mul3(c, bq, o->S, round_up(skv, 16)), dt);
+    }
     int32_t out = op_new(c, r, qe, dt);
     int32_t l = op_new(c, r, lse, F32);
     sim_node *n = op_node(c, r, out, q, k, v, 0);
@@ -145,6 +153,8 @@ static int32_t fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
     op_save(c, n, v);
     op_save(c, n, out);
     op_save(c, n, l);
+    op_save(c, n, bias);
+    op_drop(c, bias);
     if (n) {
         uint64_t tmp;
         if (flash) {

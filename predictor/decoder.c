@@ -136,6 +136,29 @@ static void masks(lctx *c, int has_images)
                          esz_of(c, c->cos));
 }
 
+/* use_cache without gradient checkpointing: every attention layer's k / v are
+ * cat'ed into a DynamicCache (cache_utils.py DynamicLayer.update: a copy, in the
+ * keys' dtype - fp32 after an fp32 rotary under autocast; a sliding layer keeps
+ * a view of the full cat) that the model output holds until compute_loss
+ * returns.  Allocated after the last layer: the forward's end is where it
+ * counts (the loss). */
+static void kv_cache(lctx *c)
+{
+    const module_spec *m = c->m;
+    const training_spec *t = &c->spec->training;
+    uint32_t r = op_row(c, "kv_cache", "cache");
+    if (!t->use_cache || t->ckpt.enabled || c->counting)
+        return;
+    uint64_t ke = c->amp ? F32 : c->dt, kvd = op_mul(c, m->num_key_value_heads, m->head_dim);
+    uint64_t img = c->vt.seq * c->vt.tiles * (c->B ? c->images / c->B : 0), n = 0;
+    for (uint64_t l = 0; l < m->num_hidden_layers && l < MM_MAX_LAYERS; l++)
+        n = sim_add(c->s, n, op_mul(c, c->B, lset_has(&m->cross, l) ? img : c->S));
+    op_label(c, "kv cache (use_cache)", r);
+    int32_t kv = op_new(c, r, op_mul3(c, n, kvd, 2), ke);
+    op_hold_forward(c, kv);
+    op_drop(c, kv);
+}
+
 int32_t decoder_module(lctx *c, int32_t image_features)
 {
     const module_spec *m = c->m;
@@ -151,6 +174,7 @@ int32_t decoder_module(lctx *c, int32_t image_features)
     c->per_layer = 1;
     x = stack_run(c, x, 0, m->num_hidden_layers, NULL);
     c->per_layer = 0;
+    kv_cache(c);
     /* the forward's own references end here; checkpoints that saved them keep them */
     op_drop(c, c->cos);
     op_drop(c, c->sin);

@@ -218,25 +218,33 @@ int32_t op_activation(lctx *c, const char *name, int32_t x, uint64_t elems, act_
 
 /* autocast's cast of a weight: trainable fp32 leaves are cached until the
  * autocast region ends (autocast_mode.cpp cached_cast: requires_grad leaf) */
-int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable)
+/* another reference to id that lives until the forward ends (autocast's cast
+ * cache, the KV cache of the model output) */
+void op_hold_forward(lctx *c, int32_t id)
 {
-    if (!c->amp || c->wdt == c->dt)
-        return -1;
-    int32_t w = op_new(c, r, np, c->dt);
-    if (w < 0 || !trainable || c->recompute)
-        return w;
+    if (id < 0 || c->counting)
+        return;
     if (c->n_amp == c->cap_amp) {
         size_t cap = c->cap_amp ? c->cap_amp * 2 : 256;
         int32_t *p = realloc(c->amp_cache, cap * sizeof *p);
         if (!p) {
             c->s->oom = 1;
-            return w;
+            return;
         }
         c->amp_cache = p;
         c->cap_amp = cap;
     }
-    op_hold(c, w);
-    c->amp_cache[c->n_amp++] = w;
+    op_hold(c, id);
+    c->amp_cache[c->n_amp++] = id;
+}
+
+int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable)
+{
+    if (!c->amp || c->wdt == c->dt)
+        return -1;
+    int32_t w = op_new(c, r, np, c->dt);
+    if (w >= 0 && trainable && !c->recompute)
+        op_hold_forward(c, w);
     return w;
 }
 

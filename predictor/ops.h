@@ -23,6 +23,8 @@ void op_save(lctx *c, sim_node *n, int32_t id);
 void op_wgrad(lctx *c, sim_node *n, uint64_t elems);
 /* the same with a gradient of gdt bytes per element */
 void op_wgrad_e(lctx *c, sim_node *n, uint64_t elems, uint64_t gdt);
+/* hold id until the forward ends */
+void op_hold_forward(lctx *c, int32_t id);
 /* autocast's cast of an fp32 weight to the compute dtype (-1 when none) */
 int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable);
 void op_label(lctx *c, const char *l, uint32_t r);

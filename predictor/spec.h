@@ -189,6 +189,8 @@ typedef struct training_spec {
     uint64_t loss_chunks;
     uint64_t logits_to_keep;      /* 0 = all */
     int packing;                  /* padding-free: sequences packed, no mask */
+    int use_cache;                /* the model's use_cache: without gradient checkpointing
+                                     a training forward fills a KV cache (DynamicCache) */
     double max_grad_norm;         /* 0 = no clipping */
     int activation_offload;       /* every saved activation to host (torchtune-style) */
     int optimizer_in_backward;    /* step fused into backward (per-parameter hooks) */

@@ -145,6 +145,8 @@ static void fam_mllama(module_spec *m)
     m->aspect_ratio_ids = 8;
     m->num_global_layers = 8;
     m->hidden_tuple = 0;
+    m->no_ckpt = 1; /* MllamaVisionEncoderLayer is a plain nn.Module, not a
+                       GradientCheckpointingLayer: never checkpointed, not counted */
 }
 
 /* ---- connectors -------------------------------------------------------------------- */

@@ -23,11 +23,13 @@
 static int ckpt_here(const lctx *c, uint64_t l)
 {
     const ckpt_spec *k = &c->spec->training.ckpt;
-    if (!c->ckpt || !c->grad || c->counting || c->recompute)
+    if (!c->ckpt || !c->grad || c->counting || c->recompute || c->m->no_ckpt)
         return 0;
+    /* modeling_utils.py _set_gradient_checkpointing counts every
+     * GradientCheckpointingLayer in module order (the tower's before the LLM's) */
     uint64_t base = 0;
     const module_spec *v = mm_spec_module(c->spec, MOD_VISION);
-    if (c->m->kind == MOD_DECODER && v)
+    if (c->m->kind == MOD_DECODER && v && !v->no_ckpt)
         base = v->num_hidden_layers + v->num_global_layers;
     return (base + l) % (k->every_n_layers ? k->every_n_layers : 1) == 0;
 }

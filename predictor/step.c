@@ -103,8 +103,13 @@ static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
      * get_batch_samples; accelerate DataLoaderShard send_to_device) */
     uint64_t ga = t->grad_accum ? t->grad_accum : 1;
     uint64_t bs = sim_mul3(s, t->micro_batch_size, t->seq_len, ga);
-    int32_t in = sim_alloc(s, rin, sim_mul(s, bs, 3 * 8), F_TEMP, 0);
+    uint64_t ids = sim_mul(s, bs, 3 * 8);
     const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    if (v && c->images && v->img.kind == IMG_SPLIT) /* Idefics3ImageProcessor's int64
+                                                       pixel_attention_mask: every tile pixel */
+        ids = sim_add(s, ids, sim_mul3(s, sim_mul(s, c->images, c->vt.tiles),
+                                       sim_mul(s, v->image_size, v->image_size), 8 * ga));
+    int32_t in = sim_alloc(s, rin, ids, F_TEMP, 0);
     if (v && c->images) {
         uint64_t tk = v->temporal_patch_size ? v->temporal_patch_size : 1;
         uint64_t px = sim_mul3(s, c->images, c->vt.patches, sim_mul3(s, v->num_channels,

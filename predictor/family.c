@@ -97,6 +97,8 @@ static void fam_qwen3_vl(module_spec *m)
     m->num_position_embeddings = 2304;
     m->img.min_pixels = 65536;
     m->img.max_pixels = 16777216;
+    m->no_input_hook = 1; /* Qwen3VLVisionModel exposes no input embeddings: 5.x's
+                             enable_input_require_grads skips it */
 }
 
 /* InternVLVisionModel (InternViT-300M): CLS, learned positions, conv bias,

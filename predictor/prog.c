@@ -56,7 +56,7 @@ static int module_needs_grad(const module_spec *m)
 
 int tower_input_grads(const lctx *c)
 {
-    return c->input_grads && c->spec->framework.tf_major >= 5;
+    return c->input_grads && c->spec->framework.tf_major >= 5 && !c->m->no_input_hook;
 }
 
 /* The forward in compute order.  Returns the loss. */

@@ -156,6 +156,10 @@ typedef struct mm_prediction {
     mm_dp_point *dp_points;
     size_t n_modules;
     mm_module_result *modules;
+    /* the worst image the spec admits (0 without a vision tower or images):
+     * its size, ViT tiles, patches over all tiles, tokens in the language model */
+    uint32_t image_height, image_width;
+    uint64_t image_tiles, image_patches, image_tokens;
 } mm_prediction;
 
 /* Predict; 0 ok, -1 error (err filled, e.g. arithmetic overflow). */

@@ -56,8 +56,9 @@ static uint64_t adafactor_bytes(sim *s, const sim_row *R)
 
 static uint64_t row_states(par_state *ps, sim *s, const sim_row *R, optimizer_kind o)
 {
+    uint64_t sdt = R->pesz > ps->sdt ? R->pesz : ps->sdt; /* zeros_like(param) */
     uint64_t st = o == OPT_ADAFACTOR ? adafactor_bytes(s, R)
-                                     : sim_mul(s, R->trainable, state_bytes(o, ps->sdt));
+                                     : sim_mul(s, R->trainable, state_bytes(o, sdt));
     if (o == OPT_ADAMW_8BIT || o == OPT_PAGED_ADAMW_8BIT) /* fp32 absmax per 256 values, x2 */
         st = sim_add(s, st, sim_mul(s, (R->trainable + 255) / 256, 8));
     return st;
@@ -152,7 +153,7 @@ void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
     size_t nrows = s->nrows;
     for (size_t r = 0; r < nrows; r++) {
         sim_row *R = &s->rows[r];
-        uint64_t bytes = R->qbytes ? R->qbytes : sim_mul(s, R->params, ps->store);
+        uint64_t bytes = R->qbytes ? R->qbytes : sim_mul(s, R->params, R->pesz ? R->pesz : ps->store);
         if (R->params && !offl_par)
             sim_alloc(s, (uint32_t)r, bytes, F_PARAM, zero == 3 || fsdp);
         if (!R->trainable)
@@ -301,7 +302,7 @@ static void foreach_sqrt(sim *s, uint32_t r_step, uint64_t sdt)
         return;
     }
     for (size_t r = 0; r < s->nrows; r++)
-        rb[r] = sim_mul(s, s->rows[r].trainable, sdt);
+        rb[r] = sim_mul(s, s->rows[r].trainable, s->rows[r].pesz > sdt ? s->rows[r].pesz : sdt);
     sim_each_piece(s, rb, 1, alloc_piece, &l);
     for (size_t i = 0; i < l.n; i++)
         sim_drop(s, l.ids[i]);

@@ -8,6 +8,7 @@
  * overrides each of them. */
 #include "predict.h"
 #include "dp.h"
+#include "tokens.h"
 #include "util.h"
 
 #include <json-c/json.h>
@@ -47,6 +48,25 @@ static void set_factor(mm_factors *f, const uint64_t *v)
     f->optimizer_states = v[F_OPT];
     f->activations = v[F_ACT];
     f->temporaries = v[F_TEMP];
+}
+
+/* the worst image, for users and the presets table */
+static void image_info(const mm_spec *sp, mm_prediction *out)
+{
+    const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    uint64_t h, w;
+    vis_tokens vt;
+    mm_error e;
+    if (!v || !sp->training.images_per_sample)
+        return;
+    tokens_worst_image(sp, v, &h, &w);
+    if (tokens_per_image(sp, h, w, &vt, &e))
+        return;
+    out->image_height = (uint32_t)h;
+    out->image_width = (uint32_t)w;
+    out->image_tiles = vt.tiles;
+    out->image_patches = vt.patches;
+    out->image_tokens = vt.llm_tokens;
 }
 
 static mm_overheads overheads_of(const mm_spec *sp)
@@ -105,7 +125,7 @@ static int first_run(const mm_spec *sp, mm_prediction *out, run1 *r, int nofold,
     s.rows = NULL;
     s.layer_tp = NULL;
     s.nrows = s.caprows = 0;
-    r->host = s.host_bytes;
+    r->host = sim_add(&s, s.host_bytes, s.host_act_peak);
     r->outside = s.outside_bytes;
     r->largest = s.largest_param;
     sim_free(&s);
@@ -201,6 +221,7 @@ static void device_figures(const mm_spec *sp, const run1 *r, mm_prediction *out)
     out->data_parallel = (uint32_t)t->data_parallel;
     out->micro_batch_size = (uint32_t)t->micro_batch_size;
     out->seq_len = (uint32_t)t->seq_len;
+    image_info(sp, out);
 }
 
 int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
@@ -351,6 +372,18 @@ static json_object *dp_model_json(const mm_prediction *p)
     return dp;
 }
 
+/* the worst image of a prediction (README "JSON output") */
+static json_object *image_json(const mm_prediction *p)
+{
+    json_object *im = json_object_new_object();
+    json_object_object_add(im, "height", j_u64(p->image_height));
+    json_object_object_add(im, "width", j_u64(p->image_width));
+    json_object_object_add(im, "tiles", j_u64(p->image_tiles));
+    json_object_object_add(im, "patches", j_u64(p->image_patches));
+    json_object_object_add(im, "tokens", j_u64(p->image_tokens));
+    return im;
+}
+
 char *mm_prediction_json(const mm_prediction *p, int pretty)
 {
     json_object *o = json_object_new_object();
@@ -358,6 +391,8 @@ char *mm_prediction_json(const mm_prediction *p, int pretty)
     json_object_object_add(o, "peak_bytes", j_u64(p->peak_bytes));
     json_object_object_add(o, "allocated_peak_bytes", j_u64(p->allocated_peak_bytes));
     json_object_object_add(o, "reserved_peak_bytes", j_u64(p->reserved_peak_bytes));
+    json_object_object_add(o, "host_peak_bytes", j_u64(p->host_peak_bytes));
+    json_object_object_add(o, "paged_bytes", j_u64(p->paged_bytes));
     json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
     json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));
     json_object *pp = json_object_new_object();
@@ -370,6 +405,8 @@ char *mm_prediction_json(const mm_prediction *p, int pretty)
     json_object_object_add(o, "data_parallel", j_u64(p->data_parallel));
     json_object_object_add(o, "micro_batch_size", j_u64(p->micro_batch_size));
     json_object_object_add(o, "seq_len", j_u64(p->seq_len));
+    if (p->image_height)
+        json_object_object_add(o, "image", image_json(p));
     json_object *ov = json_object_new_object();
     json_object_object_add(ov, "cuda_context", j_u64(p->overheads.cuda_context));
     json_object_object_add(ov, "nccl", j_u64(p->overheads.nccl));

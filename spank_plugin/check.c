@@ -229,11 +229,13 @@ void mmg_check_run(struct mmg_check *chk, mmg_tool tool, int ac, char **av)
         chk->fit.fits = 1;
         chk->fit.max_micro_batch = mb;
         chk->have_fit = mb > 0;
-        return;
+    } else {
+        mmg_explain_misfit(chk);
+        if (chk->decision == MMG_WARN)
+            mmg_check_line(chk, "action=%s: submitting anyway", mmg_action_name(chk->cfg.action));
     }
-    mmg_explain_misfit(chk);
-    if (chk->decision == MMG_WARN)
-        mmg_check_line(chk, "action=%s: submitting anyway", mmg_action_name(chk->cfg.action));
+    /* the GPU processes' host memory against the job's --mem (host_mem=) */
+    mmg_host_check(chk);
 }
 
 void mmg_check_free(struct mmg_check *chk)

@@ -38,6 +38,8 @@ struct mmg_record {
     uint64_t peak, alloc;     /* peak= alloc=  predicted device / allocated peak at dp */
     int has_mmb;
     uint32_t mmb;             /* mmb=       largest micro-batch that fits at dp */
+    uint64_t host;            /* host=      predicted host bytes per GPU process at dp
+                                            (CPU offload; absent: 0) */
     char error[1024];         /* error=     decision error: the message */
     char admission[160];      /* admission= set by job_submit.lua when it resized */
     /* the per-GPU peak at the degrees N it covers (mm_peak_for_dp): */

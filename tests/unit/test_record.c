@@ -32,6 +32,7 @@ static void sample(struct mmg_record *x)
     x->alloc = 60000000000ull;
     x->has_mmb = 1;
     x->mmb = 0;
+    x->host = 18664214016ull;
     x->has_model = 1;
     x->ctx = 808452096;
     x->nccl = 1ull << 30;
@@ -55,12 +56,13 @@ START_TEST(round_trip)
     /* strings are percent-encoded: no blank, no '%' of their own */
     ck_assert_ptr_nonnull(strstr(text, " spec=/home/a%20b/%25llava%C3%A9.yaml "));
     ck_assert_ptr_nonnull(strstr(text, " model=llava=1%20x "));
-    ck_assert_ptr_nonnull(strstr(text, " mmb=0 "));
+    ck_assert_ptr_nonnull(strstr(text, " mmb=0 host=18664214016 "));
     ck_assert_msg(mmg_record_parse(text, &back, err, sizeof(err)) == 0, "%s", err);
     ck_assert_str_eq(back.spec, r.spec);
     ck_assert_str_eq(back.model, r.model);
     ck_assert_uint_eq(back.peak, r.peak);
     ck_assert_uint_eq(back.dp, 2);
+    ck_assert_uint_eq(back.host, 18664214016ull);
     ck_assert(back.has_mmb && back.mmb == 0);
     ck_assert(back.has_model && back.afrac == 0.05);
     ck_assert_uint_eq(back.n_terms, 2);

@@ -101,8 +101,14 @@ deps:
 deps-build:
 	sh scripts/install-deps.sh build
 
+# predictor speed: wall time (noisy on a shared VM) and, with valgrind,
+# instructions per prediction (bench/instructions.sh), for a 7B LLaVA and the
+# largest model of the catalog (Qwen2.5-VL-72B, 80 decoder layers)
+BENCH_SPECS := contrib/models/llava-1.5-7b-finetune.yaml bench/qwen2.5-vl-72b-zero3.yaml
 bench: $(BUILD)/mmguard
-	$(BUILD)/mmguard bench contrib/models/llava-1.5-7b-finetune.yaml
+	@for s in $(BENCH_SPECS); do echo "== $$s"; $(BUILD)/mmguard bench $$s --iterations 300 || exit 1; done
+	@if command -v valgrind >/dev/null; then MMGUARD=$(BUILD)/mmguard sh bench/instructions.sh $(BENCH_SPECS); \
+	 else echo "(valgrind not installed: no instruction counts)"; fi
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/mmguard/models

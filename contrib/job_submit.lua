@@ -197,6 +197,8 @@ local function default_conf()
         action = "reject", margin = { percent = 0, num = 0, den = 1, bytes = 0 }, reserve = 0,
         gpus = gpus, n_gpus = n, default_gpu = "h100", on_error = "reject", require = "off",
         max_gpus_per_node = 8, resize_types = {}, ctld_log = nil, log = nil, syslog = false,
+        host_mem = "check", host_overhead = 3 * GiB, def_mem_per_node = 0, def_mem_per_cpu = 0,
+        def_mem_per_gpu = 0, node_mem = 0,
     }
 end
 M.default_conf = default_conf
@@ -209,7 +211,9 @@ end
 local BOOL = { yes = true, ["true"] = true, ["1"] = true, on = true,
                no = false, ["false"] = false, ["0"] = false, off = false }
 local CHOICES = { action = { "reject", "warn", "resize" }, on_error = { "reject", "allow" },
-                  require = { "off", "warn", "reject" } }
+                  require = { "off", "warn", "reject" }, host_mem = { "check", "warn", "off" } }
+local SLURM_MEM_KEYS = { def_mem_per_node = true, def_mem_per_cpu = true, def_mem_per_gpu = true,
+                         node_mem = true }
 
 -- "7.5%": digits, one '.', at most 6 decimals, below 100 -> num, den (percent
 -- = num / den), as the plugin keeps it.
@@ -270,16 +274,29 @@ local function set_resize_types(conf, v, where)
     conf.resize_types = list
 end
 
+-- def_mem_per_node / _cpu / _gpu, node_mem: slurm.conf's values (MiB there),
+-- so a unit is required; none or 0 unsets (config.c's set_slurm_mem).
+local function set_slurm_mem(conf, key, v, where)
+    if v == "none" or v == "0" then conf[key] = 0; return nil end
+    if v:match("%d$") then
+        return where .. ": " .. key .. ": '" .. v .. "' needs a unit (slurm.conf counts in MiB: DefMemPerCPU=4000 is " .. v .. "MiB here)"
+    end
+    local b, err = M.parse_size(v)
+    if not b then return where .. ": " .. key .. ": invalid size '" .. v .. "': " .. err end
+    conf[key] = b
+end
+
 -- One key=value; nil, or the message "WHERE: KEY: problem".
 local function set_key(conf, key, v, where)
     if CHOICES[key] then
         for _, c in ipairs(CHOICES[key]) do if v == c then conf[key] = v; return nil end end
         return where .. ": " .. key .. ": invalid value '" .. v .. "' (" .. table.concat(CHOICES[key], "|") .. ")"
     elseif key == "margin" then return set_margin(conf, v, where)
-    elseif key == "reserve" then
+    elseif key == "reserve" or key == "host_overhead" then
         local b, err = M.parse_size(v)
-        if not b then return where .. ": reserve: invalid size '" .. v .. "': " .. err end
-        conf.reserve = b
+        if not b then return where .. ": " .. key .. ": invalid size '" .. v .. "': " .. err end
+        conf[key] = b
+    elseif SLURM_MEM_KEYS[key] then return set_slurm_mem(conf, key, v, where)
     elseif key:sub(1, 4) == "gpu." then return set_gpu(conf, key, v, where)
     elseif key == "log" or key == "ctld_log" then return set_path(conf, key, v, where)
     elseif key == "resize_types" then return set_resize_types(conf, v, where)
@@ -317,6 +334,9 @@ local function finish_conf(conf, name)
     end
     for _, t in ipairs(conf.resize_types) do
         if not conf.gpus[t] then return name .. ": resize_types: unknown GPU type '" .. t .. "'" end
+    end
+    if conf.def_mem_per_cpu > 0 and conf.def_mem_per_node > 0 then
+        return name .. ": def_mem_per_cpu: mutually exclusive with def_mem_per_node (as DefMemPerCPU and DefMemPerNode in slurm.conf)"
     end
     if M.usable_bytes(conf.gpus[conf.default_gpu], conf) == 0 then
         return name .. ": margin/reserve leave no usable memory on " .. conf.default_gpu
@@ -383,17 +403,18 @@ end
 
 ------------------------------------------------------------------------------
 -- The MMGUARD variable the plugin publishes (spank_plugin/record.h):
--- "v=2 key=value ...", strings percent-encoded.
+-- "v=3 key=value ...", strings percent-encoded.
 ------------------------------------------------------------------------------
 
 local REC_STR = { decision = 8, spec = 1024, sha256 = 65, model = 128, gpu = 32, request = 160,
                   error = 1024, admission = 160 }
 local REC_NUM = { gpu_mem = true, usable = true, dp = true, peak = true, alloc = true, mmb = true,
-                  ctx = true, nccl = true, afix = true, slack = true, dp1 = true }
-local REC_MODEL = { "ctx", "nccl", "afix", "afrac", "slack", "dp1", "terms" }
+                  host = true, ctx = true, nccl = true, afix = true, dp1 = true }
+local REC_MODEL = { "ctx", "nccl", "afix", "afrac", "dp1", "terms", "res" }
 local REC_ORDER = { "decision", "spec", "sha256", "model", "gpu", "gpu_mem", "usable", "dp",
-                    "request", "peak", "alloc", "mmb", "error", "admission", "ctx", "nccl", "afix",
-                    "afrac", "slack", "dp1", "terms" }
+                    "request", "peak", "alloc", "mmb", "host", "error", "admission", "ctx", "nccl",
+                    "afix", "afrac", "dp1", "terms", "res" }
+local REC_POINTS, MAX_DEGREE = 64, 4294967295
 
 -- Percent-decode; nil for a stray '%', a control byte or too long a value.
 local function decode(v, max)
@@ -429,6 +450,19 @@ local function rec_value(m, k, v)
             m.terms[#m.terms + 1] = { F, S }
         end
         return #m.terms > 0
+    elseif k == "res" then
+        -- "FROM-TO:RESERVED:PAGED,...": ascending, disjoint degree ranges
+        m.res = {}
+        local after = 0
+        for _, e in ipairs(split(v, ",")) do
+            local a, b, r, p = e:match("^(%d+)-(%d+):(%d+):(%d+)$")
+            local from, to, res, paged = parse_uint(a), parse_uint(b), parse_uint(r), parse_uint(p)
+            if not (from and to and res and paged) or from < 1 or from > to or to > MAX_DEGREE
+                or from <= after or #m.res >= REC_POINTS then return false end
+            m.res[#m.res + 1] = { from, to, res, paged }
+            after = to
+        end
+        return #m.res > 0
     end
     return false
 end
@@ -437,8 +471,8 @@ end
 function M.parse_record(s)
     if type(s) ~= "string" then return nil, "MMGUARD missing" end
     if #s > 8192 then return nil, "MMGUARD: longer than 8192 bytes" end
-    if s:sub(1, 3) ~= "v=2" or (#s > 3 and s:sub(4, 4) ~= " ") then
-        return nil, "MMGUARD: unsupported version (want v=2)"
+    if s:sub(1, 3) ~= "v=3" or (#s > 3 and s:sub(4, 4) ~= " ") then
+        return nil, "MMGUARD: unsupported version (want v=3)"
     end
     local m, seen, rest = {}, {}, s:sub(4)
     while rest ~= "" do
@@ -446,7 +480,7 @@ function M.parse_record(s)
         tok, rest = rest:match("^ ([^ ]*)(.*)$")
         if tok == "" then return nil, "MMGUARD: empty field" end
         local k, v = tok:match("^([^=]*)=(.*)$")
-        if not (k and (REC_STR[k] or REC_NUM[k] or k == "afrac" or k == "terms")) then
+        if not (k and (REC_STR[k] or REC_NUM[k] or k == "afrac" or k == "terms" or k == "res")) then
             return nil, "MMGUARD: unknown field '" .. (k or tok):sub(1, 40) .. "'"
         end
         if seen[k] then return nil, "MMGUARD: duplicate field '" .. k .. "'" end
@@ -462,12 +496,18 @@ end
 
 -- The text of a record (after a resize).
 function M.format_record(m)
-    local parts = { "v=2" }
+    local parts = { "v=3" }
     for _, k in ipairs(REC_ORDER) do
         local v = m[k]
         if k == "terms" and v then
             local t = {}
             for i, p in ipairs(v) do t[i] = istr(p[1]) .. ":" .. istr(p[2]) end
+            v = table.concat(t, ",")
+        elseif k == "res" and v then
+            local t = {}
+            for i, p in ipairs(v) do
+                t[i] = istr(p[1]) .. "-" .. istr(p[2]) .. ":" .. istr(p[3]) .. ":" .. istr(p[4])
+            end
             v = table.concat(t, ",")
         elseif k == "afrac" and v then
             v = string.format("%.17g", v)
@@ -487,7 +527,10 @@ end
 
 -- mm_peak_for_dp() of the C library from the published model:
 --   allocated(1) = dp1, allocated(N >= 2) = max_k (F_k + ceil(S_k / N))
---   peak(N) = ceil(allocated * (1 + afrac)) + afix + slack + ctx + (N > 1 ? nccl : 0)
+--   peak(N) = ceil(allocated * (1 + afrac)) + afix + (max(R, allocated) - allocated)
+--             + ctx + (N > 1 ? nccl : 0) + P
+-- with R, P of the res range that holds N (the allocator model replayed at N);
+-- nil for an N no range holds: the record does not say, and nothing is guessed.
 -- (here the product is exact; the C code rounds it in long double).
 function M.alloc_for_dp(m, n)
     if n == 1 then return m.dp1 end
@@ -501,11 +544,17 @@ end
 
 function M.peak_for_dp(m, n)
     assert(is_int(n) and n >= 1, "N must be an integer >= 1")
+    local point
+    for _, p in ipairs(m.res) do
+        if p[1] <= n and n <= p[2] then point = p end
+    end
+    if not point then return nil end
     local alloc = M.alloc_for_dp(m, n)
     local peak = add(alloc, ceil_mul(alloc, m.afrac))
-    peak = add(add(add(peak, m.afix), m.slack), m.ctx)
+    local slack = point[3] > alloc and point[3] - alloc or 0
+    peak = add(add(add(peak, m.afix), slack), m.ctx)
     if n > 1 then peak = add(peak, m.nccl) end
-    return peak
+    return add(peak, point[4])
 end
 
 ------------------------------------------------------------------------------
@@ -602,6 +651,109 @@ function M.request_total(req, nodes)
     if req.kind == "job" then return req.count end
     if req.kind == "task" then return req.count * req.tasks end
     return req.count * nodes
+end
+
+------------------------------------------------------------------------------
+-- Host memory: what the busiest GPU node of the job gets, from the 22.05
+-- job_desc fields (min_mem_per_node, min_mem_per_cpu: exact where the raw
+-- pn_min_memory with its MEM_PER_CPU bit 2^63 is not, in a double; mem_per_tres
+-- "gres:gpu:MB"; cpus_per_task, cpus_per_tres, pn_min_cpus) and the site's
+-- defaults.  The twin of the plugin's mmg_mem_eval() (spank_plugin/memreq.c):
+-- the "mem" cases of tests/unit/request_cases.txt drive both.
+------------------------------------------------------------------------------
+
+local MB = MiB                     -- Slurm's MB is 2^20 bytes
+
+-- min(a * b, 2^53 - 1): a request that large holds anything (both readers).
+local function sat(a, b)
+    if a == 0 or b == 0 then return 0 end
+    if a > idiv(MAXSIZE, b) then return MAXSIZE end
+    return a * b
+end
+
+-- "gres:gpu:N" (mem_per_tres, cpus_per_tres) -> N, else nil.
+local function gpu_tres_value(s)
+    if type(s) ~= "string" then return nil end
+    for _, e in ipairs(split(s, ",")) do
+        local n = e:gsub("^gres[:/]", "", 1):match("^gpu:(%d+)$")
+        if n then return parse_uint(n) end
+    end
+    return nil
+end
+
+-- The memory fields of job_desc: {node=MB|nil, cpu=MB|nil, gpu=MB|nil, cpt, cpg, mincpus}.
+function M.mem_fields(j)
+    local function mb(v) return type(v) == "number" and v >= 0 and v < 2 ^ 63 and v or nil end
+    return { node = mb(j.min_mem_per_node), cpu = mb(j.min_mem_per_cpu),
+             gpu = gpu_tres_value(j.mem_per_tres), cpt = given(j.cpus_per_task, NO_VAL16),
+             cpg = gpu_tres_value(j.cpus_per_tres), mincpus = given(j.pn_min_cpus, NO_VAL16) }
+end
+
+-- GPUs on the busiest node (memreq.c busiest_ranks) and the CPUs it gets at least.
+local function busiest(j, req, maxgpn)
+    local nodes, ntpn, ranks = req.nodes_min, given(j.ntasks_per_node, NO_VAL16)
+    if req.kind == "node" then ranks = req.count
+    elseif req.kind == "task" and ntpn then ranks = req.count * ntpn
+    elseif nodes <= 1 then ranks = req.gpus
+    else
+        local even = ceil_div(req.gpus, nodes)
+        local rest = req.gpus > nodes - 1 and req.gpus - (nodes - 1) or 1
+        if maxgpn and rest > maxgpn then rest = maxgpn end
+        ranks = math.max(rest, even)
+    end
+    return ranks
+end
+
+local function node_cpus(j, req, f, ranks)
+    local ntpn, ntasks, tasks = given(j.ntasks_per_node, NO_VAL16), given(j.num_tasks), 1
+    if ntpn then tasks = ntpn
+    elseif req.kind == "task" then tasks = idiv(ranks, req.count)
+    elseif ntasks then tasks = idiv(ntasks, req.nodes_min) end
+    if tasks == 0 then tasks = 1 end
+    return math.max(tasks * (f.cpt or 1), (f.cpg or 0) * ranks, f.mincpus or 0)
+end
+
+-- What the node gets: "sized", n | "whole", n (the whole node, node_mem not
+-- set); n = {kind = node|cpu|gpu|whole, from_default, per_mb, ranks, cpus, have}.
+function M.host_request(j, req, site)
+    local f = M.mem_fields(j)
+    local n = { ranks = busiest(j, req, site.max_gpus_per_node), from_default = false }
+    n.cpus = node_cpus(j, req, f, n.ranks)
+    if f.node or f.cpu then
+        n.kind, n.per_mb = f.node and "node" or "cpu", f.node or f.cpu
+        n.have = sat(n.per_mb, MB)
+        if n.kind == "cpu" then n.have = sat(n.have, n.cpus) end
+    elseif f.gpu and f.gpu > 0 then
+        n.kind, n.per_mb, n.have = "gpu", f.gpu, sat(sat(f.gpu, MB), n.ranks)
+    else
+        n.from_default = true
+        if site.def_mem_per_gpu > 0 then
+            n.kind, n.per_mb, n.have = "gpu", idiv(site.def_mem_per_gpu, MB), sat(site.def_mem_per_gpu, n.ranks)
+        elseif site.def_mem_per_cpu > 0 then
+            n.kind, n.per_mb, n.have = "cpu", idiv(site.def_mem_per_cpu, MB), sat(site.def_mem_per_cpu, n.cpus)
+        else
+            n.kind, n.per_mb, n.have = "node", idiv(site.def_mem_per_node, MB), site.def_mem_per_node
+        end
+    end
+    if n.have > 0 then return "sized", n end
+    n.kind = "whole"
+    if site.node_mem == 0 then return "whole", n end
+    n.have = site.node_mem
+    return "sized", n
+end
+
+-- The request that holds `need` bytes, in the kind's unit (memreq.c mmg_mem_ask):
+-- MB, and its text ("160G", "900M").
+function M.mem_ask(n, need)
+    local div = 1
+    if not n.from_default and n.kind == "cpu" then div = math.max(n.cpus, 1)
+    elseif not n.from_default and n.kind == "gpu" then div = math.max(n.ranks, 1) end
+    local mb = ceil_div(ceil_div(need, div), MB)
+    if mb >= 1024 then
+        local g = ceil_div(mb, 1024)
+        return g * 1024, istr(g) .. "G"
+    end
+    return mb, istr(mb) .. "M"
 end
 
 -- "h100:2x1-1/node": the plugin's request field, for comparing the two.
@@ -861,6 +1013,7 @@ local function finish(ctx, decision, reason, rc)
         { "time_limit_minutes", r.time_limit_minutes }, { "requested_tres", r.requested_tres },
         { "new_tres", r.new_tres }, { "new_gpu", r.new_gpu }, { "new_gpus", r.new_gpus },
         { "new_peak_bytes", r.new_peak }, { "new_usable_bytes", r.new_usable },
+        { "host", r.host and { raw = M.json_object(r.host) } or nil },
     })
     M.log_info(string.format("mmguard: job %s uid %s: %s: %s", tostring(r.job_name), tostring(r.uid),
         decision, reason))
@@ -939,23 +1092,83 @@ local function describe(req, tres)
 end
 
 -- The peak for the request; a node range starting at one GPU also at the next
--- total (for N >= 2 the peak never grows with N), as the plugin does.
+-- total (the allocated peak never grows with N >= 2, but 1 -> 2 adds NCCL), as
+-- the plugin does.  nil and the count when the record does not cover it.
 local function judged_peak(m, req)
     local peak, at = M.peak_for_dp(m, req.gpus), req.gpus
+    if not peak then return nil, at end
     if req.kind == "node" and req.nodes_max > req.nodes_min and req.gpus == 1 then
         local n2 = M.request_total(req, req.nodes_min + 1)
         local p2 = M.peak_for_dp(m, n2)
+        if not p2 then return nil, n2 end
         if p2 > peak then peak, at = p2, n2 end
     end
     return peak, at
 end
 
--- The smallest per-node count of `gtype` (with more than `from`) that fits.
+-- The smallest per-node count of `gtype` (with more than `from`) that fits
+-- (only counts the record covers).
 local function first_fit(m, req, from, usable, maxn)
     for g = from, maxn do
         local p = M.peak_for_dp(m, g * req.nodes_min)
-        if p <= usable then return g, p end
+        if p and p <= usable then return g, p end
     end
+end
+
+-- The GPU processes' host memory against the job's memory request (the
+-- plugin's hostmem.c): {reason, hint, block = reject, warn = warn, log = the
+-- ctld_log "host" object}.  The per-process host bytes were predicted at the
+-- plugin's N (m.dp) and are F + S / dp: offloaded optimizer states and
+-- parameters S are partitioned over the ranks, offloaded activations F are
+-- each rank's own.  The record has only their sum, so at another N this takes
+-- the bound that holds whatever the split: host (N > dp: it only shrinks) or
+-- ceil(host * dp / N) (N < dp: it grows at most that much); exact at N = dp.
+local HOST_FLAG = { node = "--mem", cpu = "--mem-per-cpu", gpu = "--mem-per-gpu", whole = "--mem" }
+local HOST_DEFKEY = { node = "def_mem_per_node", cpu = "def_mem_per_cpu", gpu = "def_mem_per_gpu" }
+
+local function host_request_text(n)
+    local count = n.kind == "cpu" and n.cpus or n.ranks
+    local unit = string.format(" x %s %s%s", istr(count), n.kind == "cpu" and "CPU" or "GPU", count == 1 and "" or "s")
+    if n.kind == "whole" then
+        return "a whole node: " .. (n.from_default and "no --mem and no def_mem_* default" or "--mem=0") ..
+            ", node_mem in mmguard.conf"
+    elseif n.from_default then
+        return string.format("no --mem: the site's %s=%s%s", HOST_DEFKEY[n.kind], M.format_bytes(n.per_mb * MB),
+            n.kind == "node" and "" or unit)
+    end
+    local what = string.format("%s=%sM", HOST_FLAG[n.kind], istr(n.per_mb))
+    if n.kind == "node" then return what end
+    return what .. unit
+end
+
+function M.host_check(job, m, req, conf)
+    if conf.host_mem == "off" or not m.dp then return {} end
+    local per_rank = m.host or 0
+    if req.gpus < m.dp and per_rank > 0 then
+        local q, rem = muldiv(per_rank, m.dp, req.gpus)
+        per_rank = q + (rem and 1 or 0)
+    end
+    local st, n = M.host_request(job, req, conf)
+    local need = add(0, n.ranks * add(per_rank, conf.host_overhead))
+    local log = { { "result", "unchecked" }, { "peak_bytes_per_process", per_rank },
+                  { "overhead_bytes", conf.host_overhead }, { "processes", n.ranks },
+                  { "need_bytes", need }, { "have_bytes", nil } }
+    local h = { log = log }
+    if st == "whole" then return h end
+    local _, ask = M.mem_ask(n, need)
+    local reqtext = host_request_text(n)
+    log[1][2], log[6][2] = need <= n.have and "fits" or "misfit", n.have
+    log[#log + 1], log[#log + 2] = { "request", reqtext }, { "ask", ask }
+    local text = string.format("predicted host memory %s per node (%s GPU process%s x (%s offloaded + %s runtime))",
+        M.format_bytes(need), istr(n.ranks), n.ranks == 1 and "" or "es", M.format_bytes(per_rank),
+        M.format_bytes(conf.host_overhead))
+    if need <= n.have then return h end
+    h.reason = string.format("%s does not fit the %s the job gets (%s)", text, M.format_bytes(n.have), reqtext)
+    h.hint = n.kind == "whole" and "fewer GPU processes per node (more nodes) or less CPU offload"
+        or ((n.from_default and "--mem" or HOST_FLAG[n.kind]) .. "=" .. ask)
+    h.block = conf.host_mem == "check" and conf.action ~= "warn"
+    h.warn = not h.block
+    return h
 end
 
 function M.decide(ctx, text)
@@ -981,12 +1194,25 @@ function M.decide(ctx, text)
     if not mem then return fail(ctx, "GPU type '" .. gtype .. "' (the job's request) is not in the site's GPU table (add gpu." .. gtype .. "=SIZE to mmguard.conf)") end
     local usable = M.usable_bytes(mem, conf)
     local peak, at = judged_peak(m, req)
+    if not peak then
+        return fail(ctx, "the submit-time prediction does not cover " .. istr(at) .. " GPUs"
+            .. " (the caching allocator is replayed only at the counts it was asked for)")
+    end
     r.gpu_mem, r.usable, r.peak = mem, usable, peak
     local what = string.format("predicted peak %s per GPU %s %s (%s usable of %s) with %s%s",
         M.format_bytes(peak), peak <= usable and "fits" or "does not fit", gtype,
         M.format_bytes(usable), M.format_bytes(mem), describe(req, tres),
         at ~= req.gpus and ("; highest with " .. istr(at) .. " GPUs") or "")
-    if peak <= usable then return finish(ctx, "accept", what, ctx.SUCCESS) end
+    local host = M.host_check(job, m, req, conf)
+    r.host = host.log
+    if host.block then
+        log_user("mmguard: job rejected: " .. host.reason .. "; to fit: " .. host.hint)
+        return finish(ctx, "reject", what .. "; " .. host.reason, ctx.ERROR)
+    elseif host.warn then
+        log_user("mmguard: WARNING: " .. host.reason .. "; to fit: " .. host.hint)
+        what = what .. "; " .. host.reason
+    end
+    if peak <= usable then return finish(ctx, host.warn and "warn" or "accept", what, ctx.SUCCESS) end
     if conf.action == "warn" then
         log_user("mmguard: WARNING: " .. what .. "; the job may run out of GPU memory")
         return finish(ctx, "warn", what, ctx.SUCCESS)

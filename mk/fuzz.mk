@@ -20,7 +20,7 @@
 FUZZ_CC       ?= clang
 FUZZ_SECONDS  ?= 60
 FUZZ_CHECK_SECONDS ?= 10
-FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record import_ds import_trainer import_args import_lf
+FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record import_ds import_trainer import_args import_lf memreq
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_CFLAGS    = $(CSTD) -O1 -g $(WARN) $(FUZZ_SAN) $(PKG_CFLAGS) -Ipredictor -Ispank_plugin $(CFLAGS)
 FUZZ_DIR      := $(BUILD)/fuzz
@@ -58,8 +58,11 @@ $(FUZZ_DIR)/plugin/%.o: spank_plugin/%.c $(wildcard spank_plugin/*.h) $(HDRS)
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 
-$(FUZZ_DIR)/fuzz_request: tests/fuzz/fuzz_request.c tests/fuzz/fuzz_common.h $(FUZZ_REQ_OBJS)
+$(FUZZ_DIR)/fuzz_request: tests/fuzz/fuzz_request.c tests/fuzz/fuzz_common.h tests/fuzz/fuzz_split.h $(FUZZ_REQ_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_REQ_OBJS) -o $@
+
+$(FUZZ_DIR)/fuzz_memreq: tests/fuzz/fuzz_memreq.c tests/fuzz/fuzz_common.h tests/fuzz/fuzz_split.h $(FUZZ_REQ_OBJS) $(FUZZ_DIR)/plugin/memreq.o
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_REQ_OBJS) $(FUZZ_DIR)/plugin/memreq.o -o $@
 
 $(FUZZ_DIR)/fuzz_record: tests/fuzz/fuzz_record.c tests/fuzz/fuzz_common.h $(FUZZ_DIR)/plugin/record.o $(FUZZ_LIB_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_DIR)/plugin/record.o $(FUZZ_LIB_OBJS) $(PKG_LIBS) -lm -o $@

@@ -18,10 +18,11 @@ ALL_TARGETS     += $(PLUGIN_SO)
 CHECK_TARGETS   += check-slurm check-plugin-structure check-plugin-docs
 INSTALL_TARGETS += install-plugin
 # the Slurm-free parts are unit-tested (tests/unit/test_config.c, test_request.c,
-# test_record.c) and fuzzed (tests/fuzz/fuzz_config.c, fuzz_cmdline.c, fuzz_record.c)
+# test_record.c, test_memreq.c) and fuzzed (tests/fuzz/fuzz_config.c,
+# fuzz_request.c, fuzz_record.c, fuzz_memreq.c)
 PLUGIN_PURE_SRCS := spank_plugin/config.c spank_plugin/request.c spank_plugin/walk.c \
                     spank_plugin/optable.c spank_plugin/script.c spank_plugin/reqtext.c \
-                    spank_plugin/jobinfo.c spank_plugin/record.c
+                    spank_plugin/jobinfo.c spank_plugin/record.c spank_plugin/memreq.c
 UNIT_EXTRA_SRCS += $(PLUGIN_PURE_SRCS) tests/unit/case_table.c
 
 .PHONY: plugin check-slurm check-plugin-structure check-plugin-docs demo bench-sbatch bench-sbatch-instructions install-plugin
@@ -55,6 +56,8 @@ check-slurm: $(PLUGIN_SO) $(BUILD)/mmguard $(REQUEST_TOOL)
 	PLUGIN=$(abspath $(PLUGIN_SO)) MMGUARD_CLI=$(abspath $(BUILD)/mmguard) sh tests/slurm/test_plugin.sh
 	PLUGIN=$(abspath $(PLUGIN_SO)) REQUEST_TOOL=$(abspath $(REQUEST_TOOL)) \
 	  JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) sh tests/slurm/test_request.sh
+	PLUGIN=$(abspath $(PLUGIN_SO)) JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) \
+	  sh tests/slurm/test_hostmem.sh
 
 demo:
 	sh scripts/install-deps.sh build slurm

@@ -151,6 +151,7 @@ int32_t connector_deepstack(lctx *c, int32_t x)
     lctx outer = *c;
     prog_enter_module(c, (uint32_t)(cm - c->spec->modules));
     c->per_layer = 1;
+    c->force_frozen = cm->deepstack_frozen;
     op_hold(c, x);
     int32_t y = merger(c, x, c->T, cm->input_size, 1);
     outer.amp_cache = c->amp_cache;

@@ -25,7 +25,7 @@ static int32_t cross_attention(lctx *c, int32_t z)
     op_drop(c, k);
     uint32_t ra = op_row(c, "layers.cross_attn.attention", "attention");
     attn_opts o = {.B = c->B, .S = c->S, .heads = a, .kv = kv, .d = d, .Skv = nv,
-                   .causal = 0, .mask = c->mask, .softmax_fp32 = m->softmax_fp32};
+                   .causal = 0, .mask = c->mask_cross, .softmax_fp32 = m->softmax_fp32};
     int32_t out = op_attention(c, ra, qn, kn, v, &o);
     op_drop(c, qn);
     op_drop(c, kn);

@@ -131,9 +131,32 @@ static void masks(lctx *c, int has_images)
     /* Mllama _prepare_cross_attention_mask: an additive (B, 1, S, image tokens)
      * mask in the model dtype, for every attention kind */
     if (m->merge == MERGE_CROSS_ATTENTION && has_images)
-        c->mask = op_new(c, r, op_mul(c, op_mul(c, c->B, c->S),
+        c->mask_cross = op_new(c, r, op_mul(c, op_mul(c, c->B, c->S),
                                       c->vt.seq * c->vt.tiles * (c->images / c->B)),
                          esz_of(c, c->cos));
+}
+
+/* use_cache without gradient checkpointing: every attention layer's k / v are
+ * cat'ed into a DynamicCache (cache_utils.py DynamicLayer.update: a copy, in the
+ * keys' dtype - fp32 after an fp32 rotary under autocast; a sliding layer keeps
+ * a view of the full cat) that the model output holds until compute_loss
+ * returns.  Allocated after the last layer: the forward's end is where it
+ * counts (the loss). */
+static void kv_cache(lctx *c)
+{
+    const module_spec *m = c->m;
+    const training_spec *t = &c->spec->training;
+    uint32_t r = op_row(c, "kv_cache", "cache");
+    if (!t->use_cache || t->ckpt.enabled || c->counting)
+        return;
+    uint64_t ke = c->amp ? F32 : c->dt, kvd = op_mul(c, m->num_key_value_heads, m->head_dim);
+    uint64_t img = c->vt.seq * c->vt.tiles * (c->B ? c->images / c->B : 0), n = 0;
+    for (uint64_t l = 0; l < m->num_hidden_layers && l < MM_MAX_LAYERS; l++)
+        n = sim_add(c->s, n, op_mul(c, c->B, lset_has(&m->cross, l) ? img : c->S));
+    op_label(c, "kv cache (use_cache)", r);
+    int32_t kv = op_new(c, r, op_mul3(c, n, kvd, 2), ke);
+    op_hold_forward(c, kv);
+    op_drop(c, kv);
 }
 
 int32_t decoder_module(lctx *c, int32_t image_features)
@@ -151,13 +174,15 @@ int32_t decoder_module(lctx *c, int32_t image_features)
     c->per_layer = 1;
     x = stack_run(c, x, 0, m->num_hidden_layers, NULL);
     c->per_layer = 0;
+    kv_cache(c);
     /* the forward's own references end here; checkpoints that saved them keep them */
     op_drop(c, c->cos);
     op_drop(c, c->sin);
     op_drop(c, c->mask);
     op_drop(c, c->mask_sliding);
     op_drop(c, c->cross_states);
-    c->cos = c->sin = c->mask = c->mask_sliding = c->cross_states = -1;
+    op_drop(c, c->mask_cross);
+    c->cos = c->sin = c->mask = c->mask_sliding = c->cross_states = c->mask_cross = -1;
     for (size_t i = 0; i < c->ntaps; i++)
         op_drop(c, c->taps[i]);
     int32_t z = op_norm(c, "norm", x, c->T, m->hidden_size, m->norm, 1);

@@ -97,6 +97,8 @@ static void fam_qwen3_vl(module_spec *m)
     m->num_position_embeddings = 2304;
     m->img.min_pixels = 65536;
     m->img.max_pixels = 16777216;
+    m->no_input_hook = 1; /* Qwen3VLVisionModel exposes no input embeddings: 5.x's
+                             enable_input_require_grads skips it */
 }
 
 /* InternVLVisionModel (InternViT-300M): CLS, learned positions, conv bias,
@@ -145,6 +147,8 @@ static void fam_mllama(module_spec *m)
     m->aspect_ratio_ids = 8;
     m->num_global_layers = 8;
     m->hidden_tuple = 0;
+    m->no_ckpt = 1; /* MllamaVisionEncoderLayer is a plain nn.Module, not a
+                       GradientCheckpointingLayer: never checkpointed, not counted */
 }
 
 /* ---- connectors -------------------------------------------------------------------- */
@@ -268,6 +272,7 @@ static void fam_qwen3_moe(module_spec *m)
 {
     fam_qwen3(m);
     m->experts_per_tok = 8;
+    m->lora_experts = 1; /* peft transformers_weight_conversion.py: qwen3_moe -> qwen2_moe */
 }
 
 /* Mixtral: Llama with 8 experts, top-2 */
@@ -277,6 +282,7 @@ static void fam_mixtral(module_spec *m)
     m->num_experts = 8;
     m->experts_per_tok = 2;
     m->router_fp32 = 1;
+    m->lora_experts = 1; /* peft _MOE_TARGET_MODULE_MAPPING["mixtral"] */
 }
 
 /* Qwen2-MoE: Qwen2 with routed experts plus a gated shared expert */
@@ -284,6 +290,7 @@ static void fam_qwen2_moe(module_spec *m)
 {
     fam_qwen2(m);
     m->shared_expert_gate = 1;
+    m->lora_experts = 1; /* peft _MOE_TARGET_MODULE_MAPPING["qwen2_moe"] */
 }
 
 /* Gemma 3 text: Gemma RMSNorm (1 + w, fp32), four norms per layer, per-head

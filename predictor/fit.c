@@ -1,7 +1,14 @@
 /* fit.c - "what would fit": the largest micro-batch, whether gradient
  * checkpointing helps, the smallest ZeRO stage and data-parallel degree.
- * The peak is monotone in the micro-batch, so a bracketed search suffices. */
-#include "spec.h"
+ *
+ * Every answer is checked by predicting the very configuration it names.
+ * What keeps that cheap: the allocated peak (a folded simulation) is a small
+ * fraction of a prediction, the caching-allocator replay most of it, and
+ * the peak never lies below the allocated one plus the constant overheads
+ * ("lower").  So the searches first narrow on the lower bound and replay the
+ * allocator only for the candidates the lower bound cannot rule out. */
+#include "dp.h"
+#include "predict.h"
 #include "util.h"
 
 #include <stdio.h>
@@ -11,7 +18,7 @@
 /* Bytes of device-level peak per sample of micro-batch, estimated from one
  * prediction: the activations and temporaries at the peak scale with the
  * micro-batch, scaled like the allocated peak is to the device-level one.
- * Only a first guess for max_batch's search; 0 when there is nothing to go on. */
+ * Only a first guess for the searches; 0 when there is nothing to go on. */
 static double slope_hint(const mm_prediction *p)
 {
     double act = (double)p->factors.activations + (double)p->factors.temporaries;
@@ -20,97 +27,154 @@ static double slope_hint(const mm_prediction *p)
     return act / p->micro_batch_size * ((double)p->peak_bytes / (double)p->allocated_peak_bytes);
 }
 
-/* The device-level peak of `s` at its own data-parallel degree (and, when
- * hint is not NULL, slope_hint); -1 when the prediction fails (sizes that
- * overflow), which callers count as not fitting. */
-static int peak_with(const mm_spec *s, uint64_t *peak, double *hint)
+/* The device-level peak of `s` at micro-batch x (lower: its lower bound, no
+ * allocator replay); UINT64_MAX when the prediction fails (sizes that
+ * overflow), which never fits. */
+static uint64_t probe(mm_spec *s, uint64_t x, int lower)
 {
-    mm_prediction p;
+    mm_peak_only q;
     mm_error e;
-    if (mm_predict(s, &p, &e))
-        return -1;
-    *peak = p.peak_bytes;
-    if (hint)
-        *hint = slope_hint(&p);
-    mm_prediction_free(&p);
-    return 0;
+    s->training.micro_batch_size = x;
+    if (mm_predict_peak(s, &q, lower, &e))
+        return UINT64_MAX;
+    return lower ? q.lower : q.peak;
 }
 
-/* Largest micro-batch in [1, MM_MB_CAP] whose peak fits `usable`; 0 if none.
- * The peak is monotone and nearly linear in the micro-batch (activations
- * grow with it, model states do not), so secant guesses converge in a few
- * predictions: from the spec's own micro-batch (peak `pk0` and slope_hint
- * `hint0`, or 0 = not yet predicted) it extrapolates with the hint, then
- * through the last two samples, then interpolates inside the bracket
- * [largest fit, smallest misfit).  Guesses are clamped
- * strictly inside the bracket, and a step that fails to halve it is followed
- * by a bisection, so the worst case stays logarithmic. */
 #define MM_MB_CAP 65536u
-static uint32_t max_batch(mm_spec *s, uint64_t usable, uint64_t pk0, double hint0)
+
+/* A bracket of the search: the largest x known to fit and the smallest known
+ * not to (0 = none known), with their peaks (0 = unknown). */
+typedef struct bracket {
+    uint64_t lo, lo_pk, hi, hi_pk;
+} bracket;
+
+/* The next guess: through two samples (the bracket, else the last two on one
+ * side), else the hint from x, else halving or doubling; strictly inside. */
+static uint64_t next_guess(const bracket *b, uint64_t x, uint64_t pk, uint64_t px,
+                           uint64_t px_pk, int bisect, double hint, uint64_t usable)
 {
-    uint64_t lo = 0, hi = 0;            /* largest fit, smallest misfit; 0 = none */
-    uint64_t lo_pk = 0, hi_pk = 0;
-    uint64_t x = s->training.micro_batch_size, pk = pk0, width = UINT64_MAX;
-    double hint = hint0;
+    double g;
+    uint64_t a = 0, a_pk = 0, c = 0, c_pk = 0; /* two samples, a < c */
+    if (b->lo && b->hi && b->hi_pk > b->lo_pk && b->hi_pk != UINT64_MAX) {
+        a = b->lo, a_pk = b->lo_pk, c = b->hi, c_pk = b->hi_pk;
+    } else if (px && px_pk && pk && px != x && pk != UINT64_MAX && px_pk != UINT64_MAX) {
+        a = px < x ? px : x, a_pk = px < x ? px_pk : pk;
+        c = px < x ? x : px, c_pk = px < x ? pk : px_pk;
+    }
+    if (!bisect && c && c_pk > a_pk) {
+        double slope = (double)(c_pk - a_pk) / (double)(c - a);
+        g = (double)a + ((double)usable - (double)a_pk) / slope;
+    } else if (hint > 0 && pk && pk != UINT64_MAX) {
+        g = (double)x + ((double)usable - (double)pk) / hint;
+    } else if (b->hi) {
+        g = (double)b->lo + (double)(b->hi - b->lo) / 2.0;
+    } else {
+        g = (double)b->lo * 2.0;
+    }
+    double gmin = (double)b->lo + 1.0, gmax = b->hi ? (double)b->hi - 1.0 : (double)MM_MB_CAP;
+    if (!(g >= gmin)) /* also catches NaN */
+        g = gmin;
+    if (g > gmax)
+        g = gmax;
+    return (uint64_t)g;
+}
+
+/* Largest micro-batch in [1, MM_MB_CAP] whose peak (or lower bound) fits
+ * `usable`, inside bracket b, starting at x (pk: its peak, 0 = not yet
+ * predicted; hint: bytes per sample, used while the bracket is open).  The
+ * peak is monotone and nearly linear in the micro-batch (activations grow
+ * with it, model states do not), so secant guesses converge in a few
+ * predictions; a step that fails to halve the bracket is followed by a
+ * bisection, so the worst case stays logarithmic.  *b ends as the final
+ * bracket. */
+static uint32_t search(mm_spec *s, uint64_t usable, int lower, bracket *b, uint64_t x,
+                       uint64_t pk, double hint)
+{
+    uint64_t width = UINT64_MAX;
     int bisect = 0;
-
-    if (x < 1)
-        x = 1;
-    if (x > MM_MB_CAP)
-        x = MM_MB_CAP;
-    if (x != s->training.micro_batch_size)
-        pk = 0;
+    if ((b->hi && b->hi <= b->lo + 1) || b->hi == 1 || (!b->hi && b->lo >= MM_MB_CAP))
+        return (uint32_t)b->lo;
     for (int iter = 0; iter < 64; iter++) {
-        int fits;
-        if (!pk) {
-            s->training.micro_batch_size = x;
-            fits = peak_with(s, &pk, iter == 0 ? &hint : NULL) == 0 && pk <= usable;
-        } else {
-            fits = pk <= usable;
-        }
+        if (!pk)
+            pk = probe(s, x, lower);
+        int fits = pk <= usable;
         /* the previous sample on the same side, for a slope before a bracket */
-        uint64_t px = fits ? lo : hi, px_pk = fits ? lo_pk : hi_pk;
+        uint64_t px = fits ? b->lo : b->hi, px_pk = fits ? b->lo_pk : b->hi_pk;
         if (fits) {
-            lo = x;
-            lo_pk = pk;
+            b->lo = x;
+            b->lo_pk = pk;
         } else {
-            hi = x;
-            hi_pk = pk; /* 0 when the prediction failed: no slope from it */
+            b->hi = x;
+            b->hi_pk = pk;
         }
-        if ((hi && hi == lo + 1) || (!hi && lo >= MM_MB_CAP) || hi == 1)
+        if ((b->hi && b->hi == b->lo + 1) || (!b->hi && b->lo >= MM_MB_CAP) || b->hi == 1)
             break;
-        uint64_t w = hi ? hi - lo : UINT64_MAX;
-        bisect = !bisect && hi && w > width / 2;
+        uint64_t w = b->hi ? b->hi - b->lo : UINT64_MAX;
+        bisect = !bisect && b->hi && w > width / 2;
         width = w;
-
-        double g; /* the next guess */
-        uint64_t a = 0, a_pk = 0, b = 0, b_pk = 0; /* two samples, a < b */
-        if (lo && hi && hi_pk > lo_pk) {
-            a = lo, a_pk = lo_pk, b = hi, b_pk = hi_pk;
-        } else if (px && px_pk && pk && px != x) {
-            a = px < x ? px : x, a_pk = px < x ? px_pk : pk;
-            b = px < x ? x : px, b_pk = px < x ? pk : px_pk;
-        }
-        if (!bisect && b && b_pk > a_pk) {
-            double slope = (double)(b_pk - a_pk) / (double)(b - a);
-            g = (double)a + ((double)usable - (double)a_pk) / slope;
-        } else if (iter == 0 && hint > 0 && pk) {
-            g = (double)x + ((double)usable - (double)pk) / hint;
-        } else if (hi) {
-            g = (double)lo + (double)(hi - lo) / 2.0;
-        } else {
-            g = (double)lo * 2.0;
-        }
-        /* strictly inside the bracket */
-        double gmin = (double)lo + 1.0, gmax = hi ? (double)hi - 1.0 : (double)MM_MB_CAP;
-        if (!(g >= gmin)) /* also catches NaN */
-            g = gmin;
-        if (g > gmax)
-            g = gmax;
-        x = (uint64_t)g;
+        x = next_guess(b, x, pk, px, px_pk, bisect, b->hi ? 0 : hint, usable);
         pk = 0;
     }
-    return (uint32_t)lo;
+    return (uint32_t)b->lo;
+}
+
+/* From the spec's micro-batch (at_spec: its prediction, or NULL): first the
+ * largest x whose lower bound fits - nothing above it can fit -, then the
+ * largest whose peak fits, searched below it from a guess that adds the
+ * spec's allocator slack to the lower bound's slope. */
+static uint32_t max_batch(mm_spec *s, uint64_t usable, const mm_prediction *at_spec)
+{
+    uint64_t x0 = s->training.micro_batch_size;
+    x0 = x0 < 1 ? 1 : x0 > MM_MB_CAP ? MM_MB_CAP : x0;
+    uint64_t pk0 = 0, lo0 = 0, slack = 0;
+    double hint = 0;
+    if (at_spec && x0 == s->training.micro_batch_size) {
+        lo0 = mm_sat_add(dp_device_level(&at_spec->overheads, at_spec->allocated_peak_bytes, 0,
+                                         at_spec->data_parallel),
+                         at_spec->paged_bytes);
+        pk0 = at_spec->peak_bytes;
+        slack = pk0 > lo0 ? pk0 - lo0 : 0;
+        hint = slope_hint(at_spec);
+    }
+    bracket lb = {0};
+    uint32_t xl = search(s, usable, 1, &lb, x0, lo0, hint);
+    if (!xl)
+        return 0;
+    bracket fb = {.hi = lb.hi};
+    uint64_t x = xl, pk = 0;
+    if (pk0 && x0 <= xl) { /* the spec's own sample, on its side */
+        if (pk0 <= usable)
+            fb.lo = x0, fb.lo_pk = pk0;
+        else
+            fb.hi = x0, fb.hi_pk = pk0;
+    }
+    double per = xl > x0 && lb.lo_pk > lo0 && lo0 ? (double)(lb.lo_pk - lo0) / (double)(xl - x0)
+                                                  : hint;
+    if (per > 0 && lb.lo_pk) /* largest x with lower(x) + slack <= usable, linearly */
+        x = (uint64_t)((double)xl - ((double)lb.lo_pk + (double)slack - (double)usable) / per);
+    if (x <= fb.lo || (fb.hi && x >= fb.hi) || x > xl)
+        x = fb.lo + 1 <= xl ? xl : fb.lo + 1;
+    if (fb.hi && x >= fb.hi)
+        return (uint32_t)fb.lo;
+    if (x == x0 && pk0)
+        pk = pk0;
+    return search(s, usable, 0, &fb, x, pk, 0);
+}
+
+/* max_batch from the spec's own prediction (made here when not given: the
+ * search's path, and with a peak that is not quite monotone its answer,
+ * must not depend on who asks) */
+static uint32_t max_batch_from(mm_spec *s, uint64_t usable, const mm_prediction *at_spec)
+{
+    mm_prediction own;
+    mm_error e;
+    if (at_spec)
+        return max_batch(s, usable, at_spec);
+    if (mm_predict(s, &own, &e))
+        return max_batch(s, usable, NULL);
+    uint32_t mb = max_batch(s, usable, &own);
+    mm_prediction_free(&own);
+    return mb;
 }
 
 uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t usable, const mm_prediction *at_spec)
@@ -118,15 +182,47 @@ uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t usable, const mm_predi
     mm_spec *s = mm_spec_copy_decoded(spec);
     if (!s)
         return 0;
-    uint32_t mb = max_batch(s, usable, at_spec ? at_spec->peak_bytes : 0,
-                            at_spec ? slope_hint(at_spec) : 0);
+    uint32_t mb = max_batch_from(s, usable, at_spec);
     mm_spec_free(s);
     return mb;
 }
 
-/* Smallest N (1..1024) at which `s` fits with a ZeRO stage from `from` up
- * (only `from` when only_from); its stage in *stage, 0 if none.  One
- * prediction per stage: its data-parallel terms give every N at once. */
+/* Smallest N (1..1024) at which `s` fits, by what a prediction at N gives:
+ * one prediction at N = 2 gives the allocated peak at every N (its dp
+ * terms); an N whose lower bound fits is checked with an allocator replay
+ * of one simulated step at that N.  0 if none. */
+static uint32_t first_fitting_dp(mm_spec *s, uint64_t usable)
+{
+    mm_prediction q;
+    mm_error e;
+    steplog L;
+    int have_log = 0;
+    uint32_t found = 0;
+    s->training.data_parallel = 2;
+    if (mm_predict(s, &q, &e))
+        return 0;
+    for (uint32_t n = 1; n <= 1024 && !found; n++) {
+        uint64_t lower = dp_device_level(&q.overheads, dp_allocated(&q, n), 0, n);
+        if (lower > usable)
+            continue;
+        if (!dp_covered(&q, n)) {
+            if (!have_log && steplog_run(s, NULL, 0, 2, 0, &L, &e))
+                break;
+            have_log = 1;
+            if (dp_cover_at(s, &L, &q, n, &e))
+                break;
+        }
+        if (mm_peak_for_dp(&q, n) <= usable)
+            found = n;
+    }
+    if (have_log)
+        steplog_free(&L);
+    mm_prediction_free(&q);
+    return found;
+}
+
+/* Smallest N at which `s` fits with a ZeRO stage from `from` up (only `from`
+ * when only_from); its stage in *stage, 0 if none. */
 static uint32_t smallest_dp(mm_spec *s, int from, int only_from, uint64_t usable, int *stage)
 {
     for (int z = from; z <= 3; z++) {
@@ -134,23 +230,32 @@ static uint32_t smallest_dp(mm_spec *s, int from, int only_from, uint64_t usable
         if (s->training.precision != PREC_FP32)
             s->training.master_weights = MASTER_FP32;
         spec_derive(s);
-        s->training.data_parallel = 2;
-        mm_prediction q;
-        mm_error e;
-        if (mm_predict(s, &q, &e) == 0) {
-            for (uint32_t n = 1; n <= 1024; n++) {
-                if (mm_peak_for_dp(&q, n) <= usable) {
-                    mm_prediction_free(&q);
-                    *stage = z;
-                    return n;
-                }
-            }
-            mm_prediction_free(&q);
+        uint32_t n = first_fitting_dp(s, usable);
+        if (n) {
+            *stage = z;
+            return n;
         }
         if (only_from)
             break; /* only the spec's own stage when it already uses ZeRO */
     }
     return 0;
+}
+
+/* the smallest ZeRO stage that fits at the spec's N, -1 none */
+static int smallest_zero(mm_spec *s, const mm_spec *spec, uint64_t usable)
+{
+    for (int z = 0; z <= 3; z++) {
+        s->training.zero_stage = z;
+        /* DeepSpeed (and the spec's own mixed precision) keeps fp32 master weights */
+        s->training.master_weights =
+            (z >= 1 || spec->training.zero_stage >= 1) && s->training.precision != PREC_FP32
+                ? MASTER_FP32
+                : spec->training.master_weights;
+        spec_derive(s);
+        if (probe(s, s->training.micro_batch_size, 0) <= usable)
+            return z;
+    }
+    return -1;
 }
 
 int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *err)
@@ -163,41 +268,23 @@ int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *e
     out->fits = p.peak_bytes <= usable;
     out->max_micro_batch = mm_max_micro_batch(spec, usable, &p);
     mm_prediction_free(&p);
-    if (!spec->training.ckpt.enabled) {
-        mm_spec *c = mm_spec_copy_decoded(spec);
-        if (!c) {
-            mm_err(err, "out of memory");
-            return -1;
-        }
-        c->training.ckpt.enabled = 1;
-        out->max_micro_batch_ckpt = max_batch(c, usable, 0, 0);
-        mm_spec_free(c);
-        out->checkpointing_helps = out->max_micro_batch_ckpt >= spec->training.micro_batch_size &&
-                                   !out->fits;
-    } else {
-        out->max_micro_batch_ckpt = out->max_micro_batch;
-    }
-    /* smallest ZeRO stage at the spec's N */
-    out->min_zero_stage = -1;
     mm_spec *s = mm_spec_copy_decoded(spec);
     if (!s) {
         mm_err(err, "out of memory");
         return -1;
     }
-    for (int z = 0; z <= 3; z++) {
-        s->training.zero_stage = z;
-        /* DeepSpeed (and the spec's own mixed precision) keeps fp32 master weights */
-        s->training.master_weights =
-            (z >= 1 || spec->training.zero_stage >= 1) && s->training.precision != PREC_FP32
-                ? MASTER_FP32
-                : spec->training.master_weights;
-        spec_derive(s);
-        uint64_t pk;
-        if (!peak_with(s, &pk, NULL) && pk <= usable) {
-            out->min_zero_stage = z;
-            break;
-        }
+    if (!spec->training.ckpt.enabled) {
+        s->training.ckpt.enabled = 1;
+        out->max_micro_batch_ckpt = max_batch_from(s, usable, NULL);
+        out->checkpointing_helps = out->max_micro_batch_ckpt >= spec->training.micro_batch_size &&
+                                   !out->fits;
+        *s = *spec;
+        s->doc = NULL;
+    } else {
+        out->max_micro_batch_ckpt = out->max_micro_batch;
     }
+    out->min_zero_stage = smallest_zero(s, spec, usable);
+    s->training.micro_batch_size = spec->training.micro_batch_size;
     /* smallest N at max(zero, 1), first with the spec's checkpointing; if no N
      * fits and it was off, with it on: ZeRO shards model states, never activations */
     int from = spec->training.zero_stage >= 1 ? spec->training.zero_stage : 1;

@@ -206,7 +206,6 @@ static const struct ignored ignored_keys[] = {
     {"rope_parameters", "rotary frequencies are values, computed per batch"},
     {"rope_local_base_freq", "rotary frequencies are values, computed per batch"},
     {"max_position_embeddings", "no position table (rotary)"},
-    {"use_cache", "the generation cache is off in training"},
     {"cache_implementation", "the generation cache is off in training"},
     {"output_attentions", "an inference option"}, {"output_hidden_states", "an inference option"},
     {"return_dict", "an inference option"}, {"output_scores", "an inference option"},

@@ -126,6 +126,10 @@ static int vlm(imp_spec *s, const mm_node *root, const char *top, const char *fi
     if (t != root && mm_node_get(root, "vocab_size"))
         imp_note(s, "ignored vocab_size: a copy of %s.vocab_size", tkey);
     hf_mark(&rh, "vocab_size");
+    if (t != root && mm_node_get(root, "use_cache"))
+        imp_note(s, "ignored the top-level use_cache: the language model reads its own "
+                    "(%s.use_cache)", tkey);
+    hf_mark(&rh, "use_cache");
     return hf_finish(&rh);
 }
 

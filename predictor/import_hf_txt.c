@@ -137,6 +137,9 @@ static int moe(hfc *h, const text_class *tc, imp_section *m)
     if (I)
         imp_set(m, "moe_intermediate_size", hf_where(h, "moe_intermediate_size", w, sizeof w),
                 "%llu", (unsigned long long)I);
+    if (!strcmp(tc->model_type, "qwen3_vl_moe_text")) /* not in peft's v4 -> v5 MoE conversion */
+        imp_set(m, "lora_targets_experts", "qwen3_vl_moe: PEFT's all-linear leaves its experts "
+                "alone (transformers conversion_mapping.py has no v4 layout for it)", "false");
     if (sh)
         imp_set(m, "shared_expert_intermediate_size",
                 hf_where(h, "shared_expert_intermediate_size", w, sizeof w), "%llu",
@@ -243,6 +246,15 @@ int imp_hf_text(hfc *h, const char *model_type, int top_tie, imp_spec *s)
         imp_set(m, "embedding_rows", "MllamaTextModel: vocab_size + 8", "%llu",
                 (unsigned long long)(V + 8));
     }
+    /* the language model's own use_cache (a VLM's text_config): transformers
+     * keeps a KV cache through a training forward unless checkpointing is on */
+    int uc = 1;
+    if (hf_bool(h, "use_cache", 1, &uc))
+        return -1;
+    if (uc)
+        imp_set(&s->training, "use_cache", hf_node(h, "use_cache") ? hf_where(h, "use_cache", w,
+                sizeof w) : "use_cache (its default, true): a KV cache fills in the forward "
+                "unless gradient checkpointing is on or the training code sets it false", "true");
     if (sliding(h, tc, m) || moe(h, tc, m) || checks(h))
         return -1;
     return 0;

@@ -71,6 +71,14 @@ static int preset_module(imp_spec *s, const mm_node *m, const char *file, mm_err
             imp_note(s, "ignored the preset's %s of %s: the job's files decide", key, sec->name);
             continue;
         }
+        /* a LoRA/QLoRA recipe freezes the base; without its adapters that would
+         * leave nothing to train */
+        if (!strcmp(key, "trainable") &&
+            (mm_node_get(m, "lora") || mm_node_get(m, "quantization"))) {
+            imp_note(s, "ignored the preset's trainable of %s: it freezes the base for the "
+                        "recipe's LoRA, which the job's files decide", sec->name);
+            continue;
+        }
         if (flow(m->vals[i], val, sizeof val, &o)) {
             mm_err_at(err, file, m->key_line[i], m->key_col[i], "%s: value too long", key);
             return -1;

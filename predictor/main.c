@@ -249,6 +249,14 @@ static void print_prediction(const mm_spec *s, const mm_prediction *p, int layer
     printf("\n  overhead: CUDA context %s, allocator %.0f%% + %s%s%s\n", cx,
            p->overheads.alloc_frac * 100.0, afx, p->data_parallel > 1 ? ", NCCL " : "",
            p->data_parallel > 1 ? nc : "");
+    if (p->host_peak_bytes || p->paged_bytes) {
+        char hb[32], pb[32];
+        fmt(p->host_peak_bytes, hb);
+        fmt(p->paged_bytes, pb);
+        printf("  host memory per GPU process %s (offloaded states and activations)%s%s%s\n", hb,
+               p->paged_bytes ? "; paged optimizer " : "", p->paged_bytes ? pb : "",
+               p->paged_bytes ? " outside the caching allocator" : "");
+    }
 }
 
 static int cmd_predict(int argc, char **argv)

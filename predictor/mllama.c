@@ -54,6 +54,8 @@ static int32_t embeddings(lctx *c, uint64_t *seq_out)
         op_wgrad(c, n, op_mul(c, h, kin));
     }
     op_drop(c, px);
+    if (!tw && tower_input_grads(c) && !c->counting && pe >= 0)
+        c->s->t[pe].rg = 1; /* enable_input_require_grads() hooks patch_embedding */
     int32_t x = tile_embed(c, "pre_tile_positional_embedding", pe, op_mul(c, tiles, h),
                            op_mul(c, nt, P), 1);
     uint32_t rc = op_row(c, "class_embedding", "embedding");
@@ -102,6 +104,7 @@ int32_t mllama_vision(lctx *c)
     int32_t *hs = c->scratch;
     hs[0] = x;
     int32_t y = stack_run(c, x, 0, L, hs + 1); /* every hidden state kept */
+    uint64_t ff = c->fold_from, ft = c->fold_to; /* the tuple's fold (the global run resets it) */
     c->per_layer = 0;
     int32_t post = op_norm(c, "layernorm_post", y, c->T, h, NORM_LAYER, 1);
     int32_t t = tile_embed(c, "post_tile_positional_embedding", post,
@@ -117,8 +120,8 @@ int32_t mllama_vision(lctx *c)
     uint32_t rs = op_row(c, "intermediate_hidden_states", "copy");
     int32_t st = op_plain(c, rs, -1, -1, op_mul3(c, c->T, h, ntaps), esz_of(c, gl)); /* stack */
     size_t n = (size_t)L + 1;
-    if (c->fold_to > c->fold_from)
-        n -= (size_t)(c->fold_to - c->fold_from) - 1;
+    if (ft > ff)
+        n -= (size_t)(ft - ff) - 1;
     for (size_t i = 0; i < n; i++)
         op_drop(c, c->scratch[i]);
     int32_t out = op_new(c, rs, op_mul3(c, c->T, h, 1 + ntaps), esz_of(c, gl)); /* cat */

@@ -97,17 +97,29 @@ typedef struct mm_module_result {
 /* Per-GPU peak as a function of the data-parallel degree N:
  *   allocated(1) = allocated_dp1
  *   allocated(N) = max_k (terms[k].fixed + ceil(terms[k].sharded / N))   for N >= 2
- *   peak(N)      = allocated(N) * (1 + alloc_frac) + alloc_fixed + allocator_slack
- *                  + context + (N > 1 ? nccl : 0)
- * allocator_slack is reserved - allocated of the caching-allocator model at the
- * spec's N (reserve.c), carried to the other N.
- * The terms are the upper envelope of every event of the step's timeline, so
- * this is exact for any N, not only the spec's.  mm_peak_for_dp() evaluates it. */
+ *   peak(N)      = ceil(allocated(N) * (1 + alloc_frac)) + alloc_fixed
+ *                  + (max(reserved(N), allocated(N)) - allocated(N))
+ *                  + context + (N > 1 ? nccl : 0) + paged(N)
+ * The terms are every pareto point of the step's timeline that is the maximum
+ * at some N, so allocated(N) is exact for every N (terms_exact; 0 only when
+ * more than MM_MAX_TERMS points were needed and two were merged into their
+ * maximum, an over-estimate).  reserved(N) - what the caching-allocator model
+ * holds - has no closed form in N: it is replayed at each N, and dp_points
+ * lists the degrees replayed (a prediction: its own N, or every N >= 2 when
+ * no tensor is sharded over N; mm_dp_cover adds more).  mm_peak_for_dp()
+ * evaluates this, and returns MM_PEAK_UNKNOWN for an N no point covers. */
 #define MM_MAX_TERMS 8
+#define MM_PEAK_UNKNOWN UINT64_MAX
 typedef struct mm_dp_term {
     uint64_t fixed;
     uint64_t sharded;
 } mm_dp_term;
+
+typedef struct mm_dp_point {
+    uint32_t n_from, n_to;    /* the degrees N in [n_from, n_to] */
+    uint64_t reserved;        /* the allocator model's reserved peak at those N */
+    uint64_t paged;           /* on the GPU outside the allocator (paged optimizer states) */
+} mm_dp_point;
 
 typedef struct mm_overheads {
     uint64_t cuda_context;    /* CUDA context + cuBLAS workspace + kernels */
@@ -139,15 +151,30 @@ typedef struct mm_prediction {
     uint64_t allocated_dp1;         /* allocated peak at N = 1; terms hold for N >= 2 */
     size_t n_terms;
     mm_dp_term terms[MM_MAX_TERMS];
+    int terms_exact;                /* 1: allocated(N) from the terms is exact for every N */
+    size_t n_dp_points;             /* degrees the allocator was replayed at, by n_from */
+    mm_dp_point *dp_points;
     size_t n_modules;
     mm_module_result *modules;
+    /* the worst image the spec admits (0 without a vision tower or images):
+     * its size, ViT tiles, patches over all tiles, tokens in the language model */
+    uint32_t image_height, image_width;
+    uint64_t image_tiles, image_patches, image_tokens;
 } mm_prediction;
 
 /* Predict; 0 ok, -1 error (err filled, e.g. arithmetic overflow). */
 int mm_predict(const mm_spec *spec, mm_prediction *out, mm_error *err);
 void mm_prediction_free(mm_prediction *p);
-/* Device-level peak for another data-parallel degree (N >= 1), from the terms. */
+/* Device-level peak at data-parallel degree n (0 counts as 1): equal to
+ * peak_bytes of a prediction made at n, for every n a dp point covers;
+ * MM_PEAK_UNKNOWN otherwise. */
 uint64_t mm_peak_for_dp(const mm_prediction *p, uint32_t n);
+/* Replay the step at the degrees ns[0..k) not yet covered, so that
+ * mm_peak_for_dp() is exact there too.  `spec` is the one p was predicted
+ * from.  One simulated step, then one allocator replay per degree (every
+ * N >= 2 at once when no tensor is sharded over N).  0 ok, -1 error. */
+int mm_dp_cover(const mm_spec *spec, mm_prediction *p, const uint32_t *ns, size_t k,
+                mm_error *err);
 /* JSON text (malloc'd, caller frees).  Schema in README "JSON output". */
 char *mm_prediction_json(const mm_prediction *p, int pretty);
 

@@ -27,13 +27,16 @@ static int32_t router(lctx *c, int32_t z, uint32_t r)
     uint64_t T = c->T, E = m->num_experts, k = m->experts_per_tok;
     int tw = op_trainable(c);
     op_param(c, r, op_mul(c, E, m->hidden_size), tw);
+    int32_t wl = moe_lora_weight(c, "layers.mlp.gate", r, LT_ROUTER, 1, E, m->hidden_size, 1);
     op_label(c, "router", r);
     int32_t logits = op_new(c, r, op_mul(c, T, E), esz_of(c, z));
-    sim_node *n = op_node(c, r, logits, z, -1, -1, tw);
-    if (tw) {
+    sim_node *n = op_node(c, r, logits, z, wl, -1, tw);
+    if (tw || wl >= 0)
         op_save(c, n, z);
+    op_save(c, n, wl);
+    op_drop(c, wl);
+    if (tw)
         op_wgrad(c, n, op_mul(c, E, m->hidden_size));
-    }
     int32_t l32 = op_plain(c, r, logits, -1, op_mul(c, T, E), F32); /* input to fp32 */
     int32_t probs = op_new(c, r, op_mul(c, T, E), F32);
     n = op_node(c, r, probs, l32, -1, -1, 0);
@@ -81,28 +84,39 @@ static int32_t experts_grouped(lctx *c, int32_t z, int32_t w, uint32_t r)
     uint64_t Wgu = op_mul3(c, m->num_experts, 2 * I, h), Wdn = op_mul3(c, m->num_experts, h, I);
     op_param(c, rgu, Wgu, tw);
     op_param(c, rdn, Wdn, tw);
+    /* PEFT converts w1 + w3 into gate_up_proj at rank 2r */
+    int32_t lgu = moe_lora_weight(c, "layers.mlp.experts.gate_up_proj", rgu, LT_EXPERTS,
+                                  m->num_experts, 2 * I, h, 2);
     int32_t gu = op_new(c, rgu, op_mul(c, S, 2 * I), dt);
-    n = op_node(c, rgu, gu, sel, -1, -1, tw);
-    if (tw) {
+    n = op_node(c, rgu, gu, sel, lgu, -1, tw);
+    if (tw || lgu >= 0)
         op_save(c, n, sel);
+    op_save(c, n, lgu);
+    op_drop(c, lgu);
+    if (tw)
         op_wgrad(c, n, Wgu);
-    }
     op_drop(c, sel);
     int32_t gu2 = op_plain(c, rgu, gu, -1, op_mul(c, S, 2 * I), dt); /* masked_fill */
     op_drop(c, gu);
     int32_t gate = op_view(c, rgu, gu2, op_mul3(c, S, I, dt)), up = op_view(c, rgu, gu2, op_mul3(c, S, I, dt));
+    n = op_node(c, rgu, gate, gu2, -1, -1, 0); /* chunk(2): SplitBackward cats the two grads */
+    sim_node_out(c->s, n, up);
     op_drop(c, gu2);
     int32_t act = op_activation(c, "layers.mlp.experts.act_fn", gate, op_mul(c, S, I), m->act);
     int32_t prod = op_mul_saved(c, rgu, act, up, op_mul(c, S, I), dt);
     op_drop(c, gate);
     op_drop(c, up);
     op_drop(c, act);
+    int32_t ldn = moe_lora_weight(c, "layers.mlp.experts.down_proj", rdn, LT_EXPERTS,
+                                  m->num_experts, h, I, 1);
     int32_t dn = op_new(c, rdn, op_mul(c, S, h), dt);
-    n = op_node(c, rdn, dn, prod, -1, -1, tw);
-    if (tw) {
+    n = op_node(c, rdn, dn, prod, ldn, -1, tw);
+    if (tw || ldn >= 0)
         op_save(c, n, prod);
+    op_save(c, n, ldn);
+    op_drop(c, ldn);
+    if (tw)
         op_wgrad(c, n, Wdn);
-    }
     op_drop(c, prod);
     int32_t dn2 = op_plain(c, rdn, dn, -1, op_mul(c, S, h), dt); /* masked_fill */
     op_drop(c, dn);

@@ -18,7 +18,7 @@
 /* trainable here: the module is, and this layer's output reaches the loss */
 int op_trainable(const lctx *c)
 {
-    return c->m->trainable && !c->dead && !c->unused;
+    return (c->m->trainable || c->force_tw) && !c->force_frozen && !c->dead && !c->unused;
 }
 
 uint32_t op_row(lctx *c, const char *name, const char *kind)
@@ -41,9 +41,14 @@ void op_param(lctx *c, uint32_t r, uint64_t n, int trainable)
     R->count++;
     if (n > c->largest_param)
         c->largest_param = n;
+    uint64_t gb = R->pesz && !c->amp ? R->pesz : c->gdt; /* the .grad's dtype */
     if (trainable && c->per_layer && c->s->layer_tp && c->layer < MM_MAX_LAYERS)
         c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
             sim_add(c->s, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
+    if (trainable && c->per_layer && c->s->layer_gb && c->layer < MM_MAX_LAYERS)
+        c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
+            sim_add(c->s, c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + c->layer],
+                    sim_mul(c->s, n, gb));
     if (c->per_layer && c->s->layer_p && c->layer < MM_MAX_LAYERS)
         c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
             sim_add(c->s, c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
@@ -129,16 +134,21 @@ void op_save(lctx *c, sim_node *n, int32_t id)
 /* a weight gradient of `elems` parameters in the gradient dtype */
 void op_wgrad(lctx *c, sim_node *n, uint64_t elems)
 {
+    op_wgrad_e(c, n, elems, c->gdt);
+}
+
+void op_wgrad_e(lctx *c, sim_node *n, uint64_t elems, uint64_t gdt)
+{
     if (!n)
         return;
-    n->wgrad_bytes = sim_add(c->s, n->wgrad_bytes, sim_mul(c->s, elems, c->gdt));
-    if (c->amp && c->gdt != c->dt) /* autocast: a bf16 grad, then AccumulateGrad to fp32 */
+    n->wgrad_bytes = sim_add(c->s, n->wgrad_bytes, sim_mul(c->s, elems, gdt));
+    if (c->amp && gdt != c->dt) /* autocast: a bf16 grad, then AccumulateGrad to fp32 */
         n->bwd_tmp = sim_add(c->s, n->bwd_tmp, sim_mul(c->s, elems, c->dt));
     /* ZeRO-2/3 and FSDP reduce it into a bucket; with gradient accumulation it is
      * added into the .grad of the previous micro-step: a temporary either way */
     n->wgrad_transient = (uint8_t)(c->zero >= 2 || c->grads_accumulate);
     if (c->grads_sharded) { /* made full, reduced, its 1/N slice kept */
-        n->bwd_tmp = sim_add(c->s, n->bwd_tmp, sim_mul(c->s, elems, c->gdt));
+        n->bwd_tmp = sim_add(c->s, n->bwd_tmp, sim_mul(c->s, elems, gdt));
         n->wgrad_sharded = 1;
         n->wgrad_transient = 0;
     }
@@ -214,25 +224,33 @@ int32_t op_activation(lctx *c, const char *name, int32_t x, uint64_t elems, act_
 
 /* autocast's cast of a weight: trainable fp32 leaves are cached until the
  * autocast region ends (autocast_mode.cpp cached_cast: requires_grad leaf) */
-static int32_t weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable)
+/* another reference to id that lives until the forward ends (autocast's cast
+ * cache, the KV cache of the model output) */
+void op_hold_forward(lctx *c, int32_t id)
 {
-    if (!c->amp || c->wdt == c->dt)
-        return -1;
-    int32_t w = op_new(c, r, np, c->dt);
-    if (w < 0 || !trainable || c->recompute)
-        return w;
+    if (id < 0 || c->counting)
+        return;
     if (c->n_amp == c->cap_amp) {
         size_t cap = c->cap_amp ? c->cap_amp * 2 : 256;
         int32_t *p = realloc(c->amp_cache, cap * sizeof *p);
         if (!p) {
             c->s->oom = 1;
-            return w;
+            return;
         }
         c->amp_cache = p;
         c->cap_amp = cap;
     }
-    op_hold(c, w);
-    c->amp_cache[c->n_amp++] = w;
+    op_hold(c, id);
+    c->amp_cache[c->n_amp++] = id;
+}
+
+int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable)
+{
+    if (!c->amp || c->wdt == c->dt)
+        return -1;
+    int32_t w = op_new(c, r, np, c->dt);
+    if (w >= 0 && trainable && !c->recompute)
+        op_hold_forward(c, w);
     return w;
 }
 
@@ -252,8 +270,6 @@ static uint64_t quant_bytes(lctx *c, uint64_t in, uint64_t out)
     return sim_add(c->s, (n + 1) / 2, absmax);
 }
 
-static int32_t lora_branch(lctx *c, const char *name, uint32_t r, int32_t x, uint64_t rows,
-                           uint64_t in, uint64_t out);
 
 /* y = x W^T (+ b).  AddmmBackward keeps x when W needs a gradient and W (a
  * parameter) when x needs one; under autocast the bf16 casts of W and of an
@@ -277,7 +293,7 @@ int32_t op_linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t 
             R->qbytes = sim_add(c->s, R->qbytes, sim_add(c->s, quant_bytes(c, in, out),
                                                        bias ? out * c->dt : 0));
     }
-    int32_t wcast = quant ? op_new(c, r, op_mul(c, in, out), c->dt) : weight_cast(c, r, np, tw);
+    int32_t wcast = quant ? op_new(c, r, op_mul(c, in, out), c->dt) : op_weight_cast(c, r, np, tw);
     int32_t xc = x;
     if (c->amp && esz(c, x) != c->dt) /* autocast: the input cast to bf16 */
         xc = op_new(c, r, op_mul(c, rows, in), c->dt);
@@ -300,71 +316,7 @@ int32_t op_linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t 
     const lora_spec *L = &c->m->lora;
     if (!L->enabled || !(L->targets & lora_bit))
         return y;
-    int32_t sum = lora_branch(c, name, r, x, rows, in, out);
-    int32_t res = op_add(c, r, y, sum, op_mul(c, rows, out), 0);
-    op_drop(c, y);
-    op_drop(c, sum);
-    return res;
-}
-
-/* peft.tuners.lora.Linear.forward: result + lora_B(lora_A(dropout(x))) * s.
- * nn.Dropout(p > 0) keeps a bool mask (1 byte/element); A keeps its input, B
- * keeps A's output; p == 0 is nn.Identity.  Returns the scaled branch. */
-static int32_t lora_branch(lctx *c, const char *name, uint32_t r, int32_t x, uint64_t rows,
-                           uint64_t in, uint64_t out)
-{
-    const lora_spec *L = &c->m->lora;
-    if (!c->s->rows[r].lora_a) { /* first use: create the adapter rows once */
-        char an[MM_MAX_NAME], bn[MM_MAX_NAME];
-        snprintf(an, sizeof an, "%s.lora_A", name);
-        snprintf(bn, sizeof bn, "%s.lora_B", name);
-        uint32_t a_row = sim_row_get_tmp(c->s, c->mi, an, "lora");
-        uint32_t b_row = sim_row_get_tmp(c->s, c->mi, bn, "lora");
-        c->s->rows[r].lora_a = a_row;
-        c->s->rows[r].lora_b = b_row;
-    }
-    uint32_t ra = c->s->rows[r].lora_a, rb = c->s->rows[r].lora_b;
-    int live = !c->dead && !c->unused;
-    op_param(c, ra, op_mul(c, in, L->r), live);
-    op_param(c, rb, op_mul(c, L->r, out), live);
-    uint64_t e = esz(c, x);
-    int32_t xd = x;
-    if (L->dropout > 0) {
-        xd = op_new(c, ra, op_mul(c, rows, in), e);
-        int32_t mask = op_new(c, ra, op_mul(c, rows, in), 1);
-        sim_node *dn = op_node(c, ra, xd, x, -1, -1, 0);
-        op_save(c, dn, mask); /* NativeDropoutBackward keeps the mask */
-        op_drop(c, mask);
-    }
-    int32_t xa = xd;
-    if (c->amp && e != c->dt)
-        xa = op_new(c, ra, op_mul(c, rows, in), c->dt);
-    int32_t wa = weight_cast(c, ra, op_mul(c, in, L->r), live);
-    uint64_t oe = c->amp ? c->dt : c->wdt;
-    int32_t ya = op_new(c, ra, op_mul(c, rows, L->r), oe);
-    sim_node *na = op_node(c, ra, ya, xd, -1, -1, live);
-    op_save(c, na, xa); /* lora_A keeps its input */
-    if (op_rg(c, xd))
-        op_save(c, na, wa);
-    if (live)
-        op_wgrad(c, na, op_mul(c, in, L->r));
-    if (xa != xd)
-        op_drop(c, xa);
-    op_drop(c, wa);
-    if (xd != x)
-        op_drop(c, xd);
-    int32_t wb = weight_cast(c, rb, op_mul(c, L->r, out), live);
-    int32_t yb = op_new(c, rb, op_mul(c, rows, out), oe);
-    sim_node *nb = op_node(c, rb, yb, ya, -1, -1, live);
-    op_save(c, nb, ya); /* lora_B keeps A's output */
-    op_save(c, nb, wb);
-    if (live)
-        op_wgrad(c, nb, op_mul(c, L->r, out));
-    op_drop(c, wb);
-    op_drop(c, ya);
-    int32_t ys = op_plain(c, rb, yb, -1, op_mul(c, rows, out), oe); /* * scaling */
-    op_drop(c, yb);
-    return ys;
+    return op_lora(c, name, r, x, y, rows, in, out);
 }
 
 /* ---- norms ------------------------------------------------------------------------- */
@@ -480,7 +432,7 @@ static int32_t layernorm(lctx *c, uint32_t r, int32_t x, uint64_t rows, uint64_t
         op_wgrad(c, n, 2 * w);
     op_drop(c, mean);
     op_drop(c, rstd);
-    if (xi != x)
+    if (c->amp) /* to_fp32's copy, or its hold on an fp32 x */
         op_drop(c, xi);
     return y;
 }

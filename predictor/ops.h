@@ -21,6 +21,12 @@ sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, in
                   int trainable_w);
 void op_save(lctx *c, sim_node *n, int32_t id);
 void op_wgrad(lctx *c, sim_node *n, uint64_t elems);
+/* the same with a gradient of gdt bytes per element */
+void op_wgrad_e(lctx *c, sim_node *n, uint64_t elems, uint64_t gdt);
+/* hold id until the forward ends */
+void op_hold_forward(lctx *c, int32_t id);
+/* autocast's cast of an fp32 weight to the compute dtype (-1 when none) */
+int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable);
 void op_label(lctx *c, const char *l, uint32_t r);
 uint64_t op_mul(lctx *c, uint64_t a, uint64_t b);
 uint64_t op_mul3(lctx *c, uint64_t a, uint64_t b, uint64_t cc);
@@ -28,6 +34,16 @@ uint64_t op_mul3(lctx *c, uint64_t a, uint64_t b, uint64_t cc);
 /* y = x W^T (+ b), PEFT LoRA around it when the module targets lora_bit */
 int32_t op_linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t in, uint64_t out,
                   int bias, uint32_t lora_bit);
+/* ops_lora.c: PEFT's LoRA around a linear's output y; returns the result */
+int32_t op_lora(lctx *c, const char *name, uint32_t r, int32_t x, int32_t y, uint64_t rows,
+                uint64_t in, uint64_t out);
+/* the LoRA adapters' parameter dtype, and their rows (name.lora_A / lora_B) of row r */
+uint64_t op_lora_bytes(const lctx *c);
+void op_lora_rows(lctx *c, const char *name, uint32_t r, uint64_t ae);
+/* moe_lora.c: PEFT ParamWrapper on an (E, out, in) stack of row r: the
+ * parametrized weight W' (a new tensor), or -1 when LoRA does not target it */
+int32_t moe_lora_weight(lctx *c, const char *name, uint32_t r, uint32_t bit, uint64_t E,
+                        uint64_t out, uint64_t in, uint64_t rank_mult);
 /* elementwise, nothing saved (add, scalar mul, cast, copy) */
 int32_t op_plain(lctx *c, uint32_t r, int32_t a, int32_t b, uint64_t elems, uint64_t bytes);
 /* a + b where backward passes the gradient through (residual connections) */

@@ -137,6 +137,14 @@ static int32_t fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
     uint64_t qe = op_mul3(c, B, o->S, op_mul(c, a, o->d));
     uint64_t S_lse = flash ? o->S : round_up(o->S, 32);
     uint64_t lse = op_mul3(c, B, a, S_lse);
+    /* a bool mask (HF's sdpa masks) becomes a q-dtype bias each call
+     * (attention.cpp convert_boolean_attn_mask), its last dim padded to 16 for
+     * the memory-efficient kernel (preprocess_mask / pad_bias), which saves it */
+    int32_t bias = -1;
+    if (!flash && o->mask >= 0 && c->s->t[o->mask].esz == 1) {
+        uint64_t skv = o->Skv ? o->Skv : o->S, bq = B / (o->chunks ? o->chunks : 1);
+        bias = op_new(c, r, op_mul3(c, bq, o->S, round_up(skv, 16)), dt);
+    }
     int32_t out = op_new(c, r, qe, dt);
     int32_t l = op_new(c, r, lse, F32);
     sim_node *n = op_node(c, r, out, q, k, v, 0);
@@ -145,6 +153,8 @@ static int32_t fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
     op_save(c, n, v);
     op_save(c, n, out);
     op_save(c, n, l);
+    op_save(c, n, bias);
+    op_drop(c, bias);
     if (n) {
         uint64_t tmp;
         if (flash) {
@@ -163,12 +173,88 @@ static int32_t fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
     return out;
 }
 
-int32_t op_attention(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o)
+/* The math backend, what CUDA SDPA runs when neither fused kernel takes the
+ * call: enable_gqa=True with fp32 inputs (flash needs 16 bits, memory-efficient
+ * has no GQA through torch 2.13 - sdp_utils.cpp check_batch_size_and_num_heads_dense
+ * <false>; pytorch PR #191085 adds it).  attention.cpp
+ * _scaled_dot_product_attention_math: q * sqrt(scale) (kept by the matmul),
+ * repeat_interleave'd k / v (k's scaled transpose kept, v kept), scores
+ * (B, heads, S, Skv) + the causal mask (a bool tril and its q-dtype where()),
+ * _softmax (keeps its output), p @ v; the (B, heads, S, d) result is not in
+ * (B, S, heads, d) storage, so the transpose(1, 2).contiguous() after it copies. */
+static int32_t math_sdpa(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o)
+{
+    uint64_t skv = o->Skv ? o->Skv : o->S, dt = esz_of(c, q), B = o->B * (o->chunks ? o->chunks : 1);
+    uint64_t ss = op_mul3(c, B, o->heads, op_mul(c, o->S, skv));
+    uint64_t qe = op_mul3(c, B, o->S, op_mul(c, o->heads, o->d));
+    uint64_t ke = op_mul3(c, B, skv, op_mul(c, o->heads, o->d));
+    int32_t qs = op_plain(c, r, q, -1, qe, dt);
+    int32_t kx = o->kv < o->heads ? op_plain(c, r, k, -1, ke, dt) : k;
+    int32_t vx = o->kv < o->heads ? op_plain(c, r, v, -1, ke, dt) : v;
+    int32_t ks = op_plain(c, r, kx, -1, ke, dt);
+    if (kx != k)
+        op_drop(c, kx);
+    int32_t mask = -1;
+    if (o->causal) { /* ones(L, S, bool).tril() -> where(~m, -inf, 0) in q's dtype */
+        int32_t mb = op_new(c, r, op_mul(c, o->S, skv), 1);
+        mask = op_new(c, r, op_mul(c, o->S, skv), dt);
+        op_drop(c, mb);
+    }
+    int32_t sc = op_new(c, r, ss, dt);
+    sim_node *n = op_node(c, r, sc, qs, ks, -1, 0);
+    op_save(c, n, qs);
+    op_save(c, n, ks);
+    op_drop(c, qs);
+    op_drop(c, ks);
+    op_drop(c, mask);
+    int32_t p = op_new(c, r, ss, dt);
+    n = op_node(c, r, p, sc, -1, -1, 0);
+    op_save(c, n, p);
+    op_drop(c, sc);
+    int32_t out = op_new(c, r, qe, dt);
+    n = op_node(c, r, out, p, vx, -1, 0);
+    op_save(c, n, p);
+    op_save(c, n, vx);
+    op_drop(c, p);
+    if (vx != v)
+        op_drop(c, vx);
+    int32_t oc = op_plain(c, r, out, -1, qe, dt); /* transpose(1, 2).contiguous() */
+    op_drop(c, out);
+    return oc;
+}
+
+/* a fused SDPA kernel over every chunk; the chunk outputs stay saved and
+ * their cat is a copy */
+static int32_t sdpa_fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v,
+                          const attn_opts *o, int flash)
+{
+    attn_opts all = *o;
+    all.B = o->B * (o->chunks ? o->chunks : 1);
+    int32_t out = fused(c, r, q, k, v, &all, flash);
+    if (o->chunks <= 1)
+        return out;
+    uint64_t qe = op_mul3(c, o->B, o->S, op_mul(c, o->heads, o->d));
+    int32_t cat = op_new(c, r, op_mul(c, qe, o->chunks), esz_of(c, out));
+    sim_node *n = op_node(c, r, cat, out, -1, -1, 0);
+    if (n)
+        n->grad_views = 1;
+    op_drop(c, out);
+    return cat;
+}
+
+/* autocast: matmul and scaled_dot_product_attention run in bf16 (autocast_mode.cpp
+ * lower_precision_fp list), so fp32 inputs - q and k after an fp32 rotary - are
+ * cast first, and the casts are what the kernels keep */
+static int32_t amp_cast(lctx *c, uint32_t r, int32_t x, uint64_t elems)
+{
+    return c->amp && esz_of(c, x) != c->dt ? op_plain(c, r, x, -1, elems, c->dt) : x;
+}
+
+static int32_t attn_core(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v,
+                         const attn_opts *o)
 {
     attn_kind ak = c->attn;
     uint64_t qe = op_mul3(c, o->B, o->S, op_mul(c, o->heads, o->d));
-    op_label(c, ak == ATT_EAGER ? "attention (eager)" : ak == ATT_SDPA ? "attention (sdpa)"
-                                                                       : "attention (flash)", r);
     /* GQA: eager always repeats k/v; SDPA gets enable_gqa=True when there is
      * no mask (transformers >= 4.48, sdpa_attention.use_gqa_in_sdpa) */
     const framework_spec *fw = &c->spec->framework;
@@ -184,24 +270,33 @@ int32_t op_attention(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
         op_hold(c, v);
     }
     int32_t out;
-    if (ak == ATT_EAGER) {
+    /* torch SDPA takes the flash kernel for 16-bit inputs without a mask */
+    int flash = ak == ATT_FLASH || (esz_of(c, q) == 2 && o->mask < 0 && o->d <= 256);
+    if (ak == ATT_EAGER)
         out = eager(c, r, q, kr, vr, o);
-    } else {
-        /* torch SDPA takes the flash kernel for 16-bit inputs without a mask */
-        int flash = ak == ATT_FLASH || (esz_of(c, q) == 2 && o->mask < 0 && o->d <= 256);
-        attn_opts all = *o;
-        all.B = o->B * (o->chunks ? o->chunks : 1);
-        out = fused(c, r, q, kr, vr, &all, flash);
-        if (o->chunks > 1) { /* the chunk outputs stay saved; the cat is a copy */
-            int32_t cat = op_new(c, r, op_mul(c, qe, o->chunks), esz_of(c, out));
-            sim_node *n = op_node(c, r, cat, out, -1, -1, 0);
-            if (n)
-                n->grad_views = 1;
-            op_drop(c, out);
-            out = cat;
-        }
-    }
+    else if (!flash && !repeat && o->kv < o->heads) /* enable_gqa, no fused kernel */
+        out = math_sdpa(c, r, q, k, v, o);
+    else
+        out = sdpa_fused(c, r, q, kr, vr, o, flash);
     op_drop(c, kr);
     op_drop(c, vr);
+    return out;
+}
+
+int32_t op_attention(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o)
+{
+    op_label(c, c->attn == ATT_EAGER ? "attention (eager)" : c->attn == ATT_SDPA
+                                           ? "attention (sdpa)" : "attention (flash)", r);
+    uint64_t n = o->B * (o->chunks ? o->chunks : 1);
+    uint64_t qe = op_mul3(c, n, o->S, op_mul(c, o->heads, o->d));
+    uint64_t ke = op_mul3(c, n, o->Skv ? o->Skv : o->S, op_mul(c, o->kv, o->d));
+    int32_t qc = amp_cast(c, r, q, qe), kc = amp_cast(c, r, k, ke), vc = amp_cast(c, r, v, ke);
+    int32_t out = attn_core(c, r, qc, kc, vc, o);
+    if (qc != q)
+        op_drop(c, qc);
+    if (kc != k)
+        op_drop(c, kc);
+    if (vc != v)
+        op_drop(c, vc);
     return out;
 }

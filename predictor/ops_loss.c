@@ -17,7 +17,14 @@ int32_t op_embedding(lctx *c, const char *name, uint64_t T, uint64_t V, uint64_t
                      uint64_t extra_bwd)
 {
     uint32_t r = op_row(c, name, "embedding");
+    int save = c->m->lora.enabled && c->m->lora.save_embed;
+    if (save) { /* modules_to_save: the frozen original, and the copy that trains */
+        op_param(c, r, op_mul(c, V, h), 0);
+        r = op_row(c, "embed_tokens.modules_to_save", "embedding");
+        c->force_tw = 1;
+    }
     int tw = op_trainable(c);
+    c->force_tw = 0;
     op_param(c, r, op_mul(c, V, h), tw);
     op_label(c, name, r);
     int32_t emb = op_new(c, r, op_mul(c, T, h), c->wdt);
@@ -26,7 +33,7 @@ int32_t op_embedding(lctx *c, const char *name, uint64_t T, uint64_t V, uint64_t
         op_wgrad(c, n, op_mul(c, V, h));
         n->bwd_tmp = sim_add(c->s, op_mul(c, T, 4 * I64), op_mul3(c, T, h, F32));
         n->bwd_tmp = sim_add(c->s, n->bwd_tmp, extra_bwd);
-        if (tied) /* the tied lm_head's gradient came first and is .grad: added */
+        if (tied && !save) /* the tied lm_head's gradient came first and is .grad: added */
             n->wgrad_transient = 1;
     }
     return emb;
@@ -168,9 +175,9 @@ static int32_t fused_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_
     return loss;
 }
 
-int32_t op_lm_head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t V, int tied)
+static int32_t head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t V, int tied,
+                         uint32_t rh)
 {
-    uint32_t rh = op_row(c, tied ? "embed_tokens" : "lm_head", tied ? "embedding" : "linear");
     loss_kind k = c->spec->training.loss;
     if (k == LOSS_FUSED_LINEAR)
         return fused_loss(c, z, rows, h, V, tied, rh);
@@ -178,4 +185,19 @@ int32_t op_lm_head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t 
         return chunked_loss(c, z, rows, h, V, tied, rh);
     int32_t logits = lm_head(c, rh, z, rows, h, V, tied);
     return standard_loss(c, logits, rows, V);
+}
+
+int32_t op_lm_head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t V, int tied)
+{
+    uint32_t rh = op_row(c, tied ? "embed_tokens" : "lm_head", tied ? "embedding" : "linear");
+    if (!(c->m->lora.enabled && c->m->lora.save_head))
+        return head_loss(c, z, rows, h, V, tied, rh);
+    /* modules_to_save: the frozen original (the tied embedding's weight, or its
+     * own) stays, an untied trainable copy computes the logits */
+    if (!tied)
+        op_param(c, rh, op_mul(c, V, h), 0);
+    c->force_tw = 1;
+    int32_t loss = head_loss(c, z, rows, h, V, 0, op_row(c, "lm_head.modules_to_save", "linear"));
+    c->force_tw = 0;
+    return loss;
 }

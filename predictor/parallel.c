@@ -49,8 +49,9 @@ static uint64_t adafactor_bytes(sim *s, const sim_row *R)
 
 static uint64_t row_states(par_state *ps, sim *s, const sim_row *R, optimizer_kind o)
 {
+    uint64_t sdt = R->pesz > ps->sdt ? R->pesz : ps->sdt; /* zeros_like(param) */
     uint64_t st = o == OPT_ADAFACTOR ? adafactor_bytes(s, R)
-                                     : sim_mul(s, R->trainable, state_bytes(o, ps->sdt));
+                                     : sim_mul(s, R->trainable, state_bytes(o, sdt));
     if (o == OPT_ADAMW_8BIT || o == OPT_PAGED_ADAMW_8BIT) /* fp32 absmax per 256 values, x2 */
         st = sim_add(s, st, sim_mul(s, (R->trainable + 255) / 256, 8));
     return st;
@@ -231,7 +232,7 @@ static uint64_t row_model_states(par_state *ps, lctx *c, uint32_t r, int offl_op
     int zero = ps->kind == PAR_ZERO ? t->zero_stage : 0, fsdp = par_is_fsdp(ps);
     int paged = t->optimizer == OPT_PAGED_ADAMW || t->optimizer == OPT_PAGED_ADAMW_8BIT;
     sim_row *R = &s->rows[r];
-    uint64_t bytes = R->qbytes ? R->qbytes : sim_mul(s, R->params, ps->store);
+    uint64_t bytes = R->qbytes ? R->qbytes : sim_mul(s, R->params, R->pesz ? R->pesz : ps->store);
     if (R->params && !offl_par)
         sim_alloc(s, r, bytes, F_PARAM, zero == 3 || fsdp);
     sim_row rg = *R; /* DeepSpeed's flat partitions cover every requires_grad parameter */

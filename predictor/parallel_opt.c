@@ -40,7 +40,7 @@ static void foreach_sqrt(sim *s, uint32_t r_step, uint64_t sdt)
         return;
     }
     for (size_t r = 0; r < s->nrows; r++)
-        rb[r] = sim_mul(s, s->rows[r].trainable, sdt);
+        rb[r] = sim_mul(s, s->rows[r].trainable, s->rows[r].pesz > sdt ? s->rows[r].pesz : sdt);
     sim_each_piece(s, rb, 1, alloc_piece, &l);
     for (size_t i = 0; i < l.n; i++)
         sim_drop(s, l.ids[i]);

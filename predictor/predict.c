@@ -7,8 +7,8 @@
  * context is measured on an H100, NCCL is not; a spec's `device:` block
  * overrides each of them. */
 #include "predict.h"
-#include "reserve.h"
-#include "step.h"
+#include "dp.h"
+#include "tokens.h"
 #include "util.h"
 
 #include <json-c/json.h>
@@ -41,110 +41,6 @@ const char *mm_phase_name(mm_phase p)
     }
 }
 
-/* Upper envelope of lines F + S*x over x = 1/N in (0, 1/2]; conservative merge
- * when more than MM_MAX_TERMS remain. */
-static size_t envelope(const mm_dp_term *in, size_t n, mm_dp_term *out)
-{
-    mm_dp_term tmp[64];
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        /* keep a line if it is the maximum at some N in 2..4096 sampled */
-        int useful = 0;
-        for (uint64_t N = 2; N <= 4096 && !useful; N = N < 16 ? N + 1 : N * 2) {
-            uint64_t v = in[i].fixed + mm_ceil_div(in[i].sharded, N);
-            int best = 1;
-            for (size_t j = 0; j < n && best; j++)
-                if (j != i && in[j].fixed + mm_ceil_div(in[j].sharded, N) > v)
-                    best = 0;
-            useful = best;
-        }
-        if (useful && k < 64) {
-            int dup = 0;
-            for (size_t j = 0; j < k; j++)
-                if (tmp[j].fixed == in[i].fixed && tmp[j].sharded == in[i].sharded)
-                    dup = 1;
-            if (!dup)
-                tmp[k++] = in[i];
-        }
-    }
-    while (k > MM_MAX_TERMS) { /* merge the two with the closest slopes */
-        size_t bi = 0;
-        uint64_t bd = UINT64_MAX;
-        for (size_t i = 0; i + 1 < k; i++) {
-            uint64_t d = tmp[i].sharded > tmp[i + 1].sharded ? tmp[i].sharded - tmp[i + 1].sharded
-                                                             : tmp[i + 1].sharded - tmp[i].sharded;
-            if (d < bd) {
-                bd = d;
-                bi = i;
-            }
-        }
-        tmp[bi].fixed = tmp[bi].fixed > tmp[bi + 1].fixed ? tmp[bi].fixed : tmp[bi + 1].fixed;
-        tmp[bi].sharded =
-            tmp[bi].sharded > tmp[bi + 1].sharded ? tmp[bi].sharded : tmp[bi + 1].sharded;
-        memmove(&tmp[bi + 1], &tmp[bi + 2], (k - bi - 2) * sizeof tmp[0]);
-        k--;
-    }
-    memcpy(out, tmp, k * sizeof *out);
-    return k;
-}
-
-static uint64_t device_level(const mm_overheads *o, uint64_t alloc, uint64_t slack, uint32_t n)
-{
-    long double a = (long double)alloc * (1.0L + (long double)o->alloc_frac);
-    uint64_t v = a >= 1.8e19L ? UINT64_MAX : (uint64_t)ceill(a);
-    v = mm_sat_add(v, o->alloc_fixed);
-    v = mm_sat_add(v, slack);
-    v = mm_sat_add(v, o->cuda_context);
-    if (n > 1)
-        v = mm_sat_add(v, o->nccl);
-    return v;
-}
-
-uint64_t mm_peak_for_dp(const mm_prediction *p, uint32_t n)
-{
-    if (n <= 1)
-        return device_level(&p->overheads, p->allocated_dp1, p->allocator_slack, 1);
-    uint64_t a = 0;
-    for (size_t i = 0; i < p->n_terms; i++) {
-        uint64_t v = mm_sat_add(p->terms[i].fixed, mm_ceil_div(p->terms[i].sharded, n));
-        if (v > a)
-            a = v;
-    }
-    return device_level(&p->overheads, a, p->allocator_slack, n);
-}
-
-/* The reserved peak: every layer run (no folding), the allocation log replayed
- * through the caching-allocator model with the job's PYTORCH_CUDA_ALLOC_CONF. */
-static int reserved_peak(const mm_spec *sp, const sim *tmpl, uint64_t largest, uint64_t N,
-                         mm_prediction *out, mm_error *err)
-{
-    sim s;
-    step_cfg cfg = {.rows_from = tmpl, .largest_param = largest, .dp = N, .nofold = 1, .log = 1};
-    if (step_run(sp, &s, &cfg, err)) {
-        sim_free(&s);
-        return -1;
-    }
-    mm_alloc_conf conf;
-    mm_alloc_conf_default(&conf);
-    if (sp->device.alloc_conf[0] && mm_alloc_conf_parse(&conf, sp->device.alloc_conf, err) < 0) {
-        sim_free(&s);
-        return -1;
-    }
-    reserve_result r;
-    optimizer_kind o = sp->training.optimizer;
-    int rc = reserve_replay(&s, &conf, sp->training.zero_stage == 0,
-                            o == OPT_ADAMW || o == OPT_ADAM || o == OPT_ADAMW_8BIT, &r);
-    sim_free(&s);
-    if (rc) {
-        mm_err(err, "out of memory");
-        return -1;
-    }
-    /* the model never reserves less than the sim's allocated peak */
-    out->reserved_peak_bytes = r.reserved_peak > out->allocated_peak_bytes
-                                   ? r.reserved_peak : out->allocated_peak_bytes;
-    return 0;
-}
-
 static void set_factor(mm_factors *f, const uint64_t *v)
 {
     f->parameters = v[F_PARAM];
@@ -152,6 +48,184 @@ static void set_factor(mm_factors *f, const uint64_t *v)
     f->optimizer_states = v[F_OPT];
     f->activations = v[F_ACT];
     f->temporaries = v[F_TEMP];
+}
+
+/* the worst image, for users and the presets table */
+static void image_info(const mm_spec *sp, mm_prediction *out)
+{
+    const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    uint64_t h, w;
+    vis_tokens vt;
+    mm_error e;
+    if (!v || !sp->training.images_per_sample)
+        return;
+    tokens_worst_image(sp, v, &h, &w);
+    if (tokens_per_image(sp, h, w, &vt, &e))
+        return;
+    out->image_height = (uint32_t)h;
+    out->image_width = (uint32_t)w;
+    out->image_tiles = vt.tiles;
+    out->image_patches = vt.patches;
+    out->image_tokens = vt.llm_tokens;
+}
+
+static mm_overheads overheads_of(const mm_spec *sp)
+{
+    mm_overheads o = overheads_default;
+    if (sp->device.has_context)
+        o.cuda_context = sp->device.cuda_context;
+    if (sp->device.has_nccl)
+        o.nccl = sp->device.nccl;
+    if (sp->device.has_afix)
+        o.alloc_fixed = sp->device.allocator_fixed;
+    if (sp->device.has_afrac)
+        o.alloc_frac = sp->device.allocator_fraction;
+    return o;
+}
+
+/* What the first (symbolic) run leaves for the rest of a prediction. */
+typedef struct run1 {
+    sim rows;              /* its rows and parameter counts, for the later runs */
+    uint64_t largest, host, outside, peak_event;
+} run1;
+
+static void run1_free(run1 *r)
+{
+    free(r->rows.rows);
+    free(r->rows.layer_tp);
+    free(r->rows.layer_p);
+    free(r->rows.layer_gb);
+    memset(r, 0, sizeof *r);
+}
+
+/* One run gives the spec's allocated peak, where it happens, the N = 1 peak
+ * and the dp terms for N >= 2. */
+static int first_run(const mm_spec *sp, mm_prediction *out, run1 *r, int nofold, mm_error *err)
+{
+    sim s;
+    step_cfg cfg = {.dp = sp->training.data_parallel, .symbolic = 1, .nofold = nofold};
+    memset(r, 0, sizeof *r);
+    if (step_run(sp, &s, &cfg, err)) {
+        sim_free(&s);
+        return -1;
+    }
+    r->peak_event = s.peak_event;
+    out->allocated_peak_bytes = s.peak;
+    out->peak_phase = s.peak_phase;
+    memcpy(out->phase_peak, s.phase_peak, sizeof out->phase_peak);
+    const char *mod = s.peak_row < s.nrows ? sp->modules[s.rows[s.peak_row].module].name : "";
+    const char *rowname = s.peak_row < s.nrows ? s.rows[s.peak_row].name : "";
+    snprintf(out->peak_event, sizeof out->peak_event, "%s %s %s%s%s", mm_phase_name(s.peak_phase),
+             mod, rowname, s.peak_label ? ": " : "", s.peak_label ? s.peak_label : "");
+    out->allocated_dp1 = s.peak_dp1;
+    out->n_terms = dp_envelope(s.terms, s.nterms, out->terms, &out->terms_exact);
+    /* the later runs reuse the rows and parameter counts of this one */
+    r->rows.rows = s.rows;
+    r->rows.nrows = s.nrows;
+    r->rows.layer_tp = s.layer_tp;
+    r->rows.layer_p = s.layer_p;
+    r->rows.layer_gb = s.layer_gb;
+    memcpy(r->rows.rcache, s.rcache, sizeof r->rows.rcache);
+    s.rows = NULL;
+    s.layer_tp = s.layer_p = s.layer_gb = NULL;
+    s.nrows = s.caprows = 0;
+    r->host = sim_add(&s, s.host_bytes, s.host_act_peak);
+    r->outside = s.outside_bytes;
+    r->largest = s.largest_param;
+    sim_free(&s);
+    return 0;
+}
+
+/* The reserved peak: the step's allocation log (every layer run) replayed
+ * through the caching-allocator model with the job's PYTORCH_CUDA_ALLOC_CONF;
+ * recorded as the dp point of the spec's N (of every N >= 2 when N does not
+ * change the replay). */
+static int reserved_peak(const mm_spec *sp, const run1 *r, int own_log, mm_prediction *out,
+                         mm_error *err)
+{
+    uint64_t N = sp->training.data_parallel, res;
+    steplog L;
+    if (steplog_run(sp, &r->rows, r->largest, N, own_log, &L, err))
+        return -1;
+    int rc = steplog_reserved(&L, N, &res, err);
+    int all = !rc && N >= 2 && !L.n_dependent;
+    steplog_free(&L);
+    if (rc)
+        return -1;
+    if (dp_add_point(out, all ? 2 : (uint32_t)N, all ? UINT32_MAX : (uint32_t)N, res, r->outside,
+                     dp_per_degree(sp) ? out->allocated_peak_bytes : 0)) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    /* the model never reserves less than the sim's allocated peak */
+    out->reserved_peak_bytes = res > out->allocated_peak_bytes ? res : out->allocated_peak_bytes;
+    return 0;
+}
+
+/* modules and their layer rows, with the factors of the peak snapshot */
+static int fill_modules(const mm_spec *sp, const sim *s, mm_prediction *out)
+{
+    out->modules = calloc(sp->n_modules, sizeof *out->modules);
+    if (!out->modules)
+        return -1;
+    out->n_modules = sp->n_modules;
+    for (size_t mi = 0; mi < sp->n_modules; mi++) {
+        mm_module_result *M = &out->modules[mi];
+        const module_spec *ms = &sp->modules[mi];
+        mm_strlcpy(M->name, ms->name, sizeof M->name);
+        static const char *const legacy[MOD_NKIND] = {"vit", "mlp", "llama"};
+        static const char *const kinds[MOD_NKIND] = {"vision", "connector", "decoder"};
+        mm_strlcpy(M->type, ms->legacy ? legacy[ms->kind] : kinds[ms->kind], sizeof M->type);
+        size_t nl = 0;
+        for (size_t r = 0; r < s->nrows; r++)
+            if (s->rows[r].module == mi)
+                nl++;
+        M->layers = calloc(nl ? nl : 1, sizeof *M->layers);
+        if (!M->layers)
+            return -1;
+        for (size_t r = 0; r < s->nrows; r++) {
+            if (s->rows[r].module != mi)
+                continue;
+            mm_layer_result *L = &M->layers[M->n_layers++];
+            const sim_row *R = &s->rows[r];
+            mm_strlcpy(L->name, R->name, sizeof L->name);
+            mm_strlcpy(L->kind, R->kind, sizeof L->kind);
+            L->count = R->count ? R->count : 1;
+            L->parameters_count = R->params;
+            L->trainable_count = R->trainable;
+            if (r < s->snap_nrows) /* rows made after the peak hold nothing at it */
+                set_factor(&L->factors, &s->snap_row_fact[r * F_NFACT]);
+            M->parameters_count += R->params;
+            M->trainable_count += R->trainable;
+            M->factors.parameters += L->factors.parameters;
+            M->factors.gradients += L->factors.gradients;
+            M->factors.optimizer_states += L->factors.optimizer_states;
+            M->factors.activations += L->factors.activations;
+            M->factors.temporaries += L->factors.temporaries;
+        }
+        out->parameters_count += M->parameters_count;
+        out->trainable_count += M->trainable_count;
+    }
+    return 0;
+}
+
+/* the device-level figures at the spec's N */
+static void device_figures(const mm_spec *sp, const run1 *r, mm_prediction *out)
+{
+    const training_spec *t = &sp->training;
+    out->overheads = overheads_of(sp);
+    out->allocator_slack = out->reserved_peak_bytes - out->allocated_peak_bytes;
+    out->paged_bytes = r->outside;
+    out->host_peak_bytes = r->host;
+    out->peak_bytes = mm_sat_add(dp_device_level(&out->overheads, out->allocated_peak_bytes,
+                                                 out->allocator_slack,
+                                                 (uint32_t)t->data_parallel),
+                                 r->outside);
+    mm_strlcpy(out->name, sp->name, sizeof out->name);
+    out->data_parallel = (uint32_t)t->data_parallel;
+    out->micro_batch_size = (uint32_t)t->micro_batch_size;
+    out->seq_len = (uint32_t)t->seq_len;
+    image_info(sp, out);
 }
 
 int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
@@ -165,151 +239,81 @@ int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned
     memset(out, 0, sizeof *out);
     if (err)
         err->msg[0] = '\0';
-    const training_spec *t = &sp->training;
-    uint64_t N = t->data_parallel;
+    run1 r;
+    if (first_run(sp, out, &r, nofold, err) ||
+        reserved_peak(sp, &r, (flags & MM_PREDICT_OWN_LOG) != 0, out, err)) {
+        run1_free(&r);
+        mm_prediction_free(out);
+        return -1;
+    }
+    /* replay to the peak event for the breakdown */
     sim s;
-    /* one run gives the spec's peak, the N = 1 peak and the envelope for N >= 2 */
-    step_cfg cfg = {.dp = N, .symbolic = 1, .snap_at = 0, .nofold = nofold};
+    step_cfg snap = {.rows_from = &r.rows, .largest_param = r.largest,
+                     .dp = sp->training.data_parallel, .nofold = nofold, .snap_at = r.peak_event};
+    int rc = step_run(sp, &s, &snap, err);
+    if (!rc && (!s.snapped || !s.snap_row_fact)) {
+        mm_err(err, "internal error: peak snapshot missing");
+        rc = -1;
+    }
+    if (!rc) {
+        device_figures(sp, &r, out);
+        set_factor(&out->factors, s.snap_fact);
+        out->factors.overhead = out->peak_bytes - out->allocated_peak_bytes;
+        if (fill_modules(sp, &s, out)) {
+            mm_err(err, "out of memory");
+            rc = -1;
+        }
+    }
+    sim_free(&s);
+    run1_free(&r);
+    if (rc)
+        mm_prediction_free(out);
+    return rc;
+}
+
+int mm_predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, mm_error *err)
+{
+    const training_spec *t = &sp->training;
+    sim s;
+    step_cfg cfg = {.dp = t->data_parallel};
+    memset(out, 0, sizeof *out);
     if (step_run(sp, &s, &cfg, err)) {
         sim_free(&s);
         return -1;
     }
-    uint64_t peak_event = s.peak_event;
-    out->allocated_peak_bytes = s.peak;
-    out->peak_phase = s.peak_phase;
-    memcpy(out->phase_peak, s.phase_peak, sizeof out->phase_peak);
-    {
-        const char *mod = s.peak_row < s.nrows ? sp->modules[s.rows[s.peak_row].module].name : "";
-        const char *rowname = s.peak_row < s.nrows ? s.rows[s.peak_row].name : "";
-        snprintf(out->peak_event, sizeof out->peak_event, "%s %s %s%s%s",
-                 mm_phase_name(s.peak_phase), mod, rowname, s.peak_label ? ": " : "",
-                 s.peak_label ? s.peak_label : "");
-    }
-    out->allocated_dp1 = s.peak_dp1;
-    out->n_terms = envelope(s.terms, s.nterms, out->terms);
-    /* the replay reuses the rows and parameter counts of this run */
-    sim tmpl;
-    memset(&tmpl, 0, sizeof tmpl);
-    tmpl.rows = s.rows;
-    tmpl.nrows = s.nrows;
-    tmpl.layer_tp = s.layer_tp;
-    tmpl.layer_p = s.layer_p;
-    memcpy(tmpl.rcache, s.rcache, sizeof tmpl.rcache);
-    s.rows = NULL;
-    s.layer_tp = NULL;
-    s.layer_p = NULL;
-    s.nrows = s.caprows = 0;
-    uint64_t host = s.host_bytes, outside = s.outside_bytes;
-    uint64_t largest = s.largest_param;
-    sim_free(&s);
-
-    if (reserved_peak(sp, &tmpl, largest, N, out, err)) {
-        free(tmpl.rows);
-        free(tmpl.layer_tp);
-        free(tmpl.layer_p);
-        return -1;
-    }
-    /* replay to the peak event for the breakdown */
-    step_cfg snap = {.rows_from = &tmpl, .largest_param = largest, .dp = N, .nofold = nofold,
-                     .snap_at = peak_event};
-    int rc = step_run(sp, &s, &snap, err);
-    free(tmpl.rows);
-    free(tmpl.layer_tp);
-    free(tmpl.layer_p);
-    if (rc) {
-        sim_free(&s);
-        return -1;
-    }
-    if (!s.snapped || !s.snap_row_fact) {
-        sim_free(&s);
-        mm_err(err, "internal error: peak snapshot missing");
-        return -1;
-    }
-    /* overheads */
-    out->overheads = overheads_default;
-    if (sp->device.has_context)
-        out->overheads.cuda_context = sp->device.cuda_context;
-    if (sp->device.has_nccl)
-        out->overheads.nccl = sp->device.nccl;
-    if (sp->device.has_afix)
-        out->overheads.alloc_fixed = sp->device.allocator_fixed;
-    if (sp->device.has_afrac)
-        out->overheads.alloc_frac = sp->device.allocator_fraction;
-    out->allocator_slack = out->reserved_peak_bytes > out->allocated_peak_bytes
-                               ? out->reserved_peak_bytes - out->allocated_peak_bytes : 0;
-    out->paged_bytes = outside;
-    out->host_peak_bytes = host;
-    out->peak_bytes = mm_sat_add(device_level(&out->overheads, out->allocated_peak_bytes,
-                                              out->allocator_slack, (uint32_t)N), outside);
-    set_factor(&out->factors, s.snap_fact);
-    out->factors.overhead = out->peak_bytes - out->allocated_peak_bytes;
-    mm_strlcpy(out->name, sp->name, sizeof out->name);
-    out->data_parallel = (uint32_t)N;
-    out->micro_batch_size = (uint32_t)t->micro_batch_size;
-    out->seq_len = (uint32_t)t->seq_len;
-
-    /* modules and layer rows */
-    out->modules = calloc(sp->n_modules, sizeof *out->modules);
-    if (!out->modules) {
-        sim_free(&s);
-        mm_err(err, "out of memory");
-        return -1;
-    }
-    out->n_modules = sp->n_modules;
-    for (size_t mi = 0; mi < sp->n_modules; mi++) {
-        mm_module_result *M = &out->modules[mi];
-        const module_spec *ms = &sp->modules[mi];
-        mm_strlcpy(M->name, ms->name, sizeof M->name);
-        static const char *const legacy[MOD_NKIND] = {"vit", "mlp", "llama"};
-        static const char *const kinds[MOD_NKIND] = {"vision", "connector", "decoder"};
-        mm_strlcpy(M->type, ms->legacy ? legacy[ms->kind] : kinds[ms->kind], sizeof M->type);
-        size_t nl = 0;
-        for (size_t r = 0; r < s.nrows; r++)
-            if (s.rows[r].module == mi)
-                nl++;
-        M->layers = calloc(nl ? nl : 1, sizeof *M->layers);
-        if (!M->layers) {
-            sim_free(&s);
-            mm_prediction_free(out);
-            mm_err(err, "out of memory");
-            return -1;
+    mm_overheads o = overheads_of(sp);
+    uint32_t n = (uint32_t)t->data_parallel;
+    out->allocated = s.peak;
+    out->paged = s.outside_bytes;
+    out->lower = mm_sat_add(dp_device_level(&o, s.peak, 0, n), s.outside_bytes);
+    int rc = 0;
+    if (!lower_only) {
+        steplog L;
+        uint64_t res = 0;
+        rc = steplog_run(sp, &s, s.largest_param, n, 0, &L, err);
+        if (!rc) {
+            rc = steplog_reserved(&L, n, &res, err);
+            steplog_free(&L);
         }
-        for (size_t r = 0; r < s.nrows; r++) {
-            if (s.rows[r].module != mi)
-                continue;
-            mm_layer_result *L = &M->layers[M->n_layers++];
-            const sim_row *R = &s.rows[r];
-            mm_strlcpy(L->name, R->name, sizeof L->name);
-            mm_strlcpy(L->kind, R->kind, sizeof L->kind);
-            L->count = R->count ? R->count : 1;
-            L->parameters_count = R->params;
-            L->trainable_count = R->trainable;
-            if (r < s.snap_nrows) /* rows made after the peak hold nothing at it */
-                set_factor(&L->factors, &s.snap_row_fact[r * F_NFACT]);
-            M->parameters_count += R->params;
-            M->trainable_count += R->trainable;
-            M->factors.parameters += L->factors.parameters;
-            M->factors.gradients += L->factors.gradients;
-            M->factors.optimizer_states += L->factors.optimizer_states;
-            M->factors.activations += L->factors.activations;
-            M->factors.temporaries += L->factors.temporaries;
-        }
-        out->parameters_count += M->parameters_count;
-        out->trainable_count += M->trainable_count;
+        uint64_t slack = res > s.peak ? res - s.peak : 0;
+        out->peak = mm_sat_add(dp_device_level(&o, s.peak, slack, n), s.outside_bytes);
     }
     sim_free(&s);
-    return 0;
+    return rc;
 }
 
 void mm_prediction_free(mm_prediction *p)
 {
-    if (!p || !p->modules)
+    if (!p)
         return;
-    for (size_t i = 0; i < p->n_modules; i++)
+    for (size_t i = 0; p->modules && i < p->n_modules; i++)
         free(p->modules[i].layers);
     free(p->modules);
     p->modules = NULL;
     p->n_modules = 0;
+    free(p->dp_points);
+    p->dp_points = NULL;
+    p->n_dp_points = 0;
 }
 
 /* ---- JSON ------------------------------------------------------------------------ */
@@ -343,6 +347,47 @@ static json_object *factors_json(const mm_factors *f)
     return o;
 }
 
+/* dp_model: allocated(N) from allocated_dp1 and the terms, and the degrees
+ * the allocator was replayed at (README "JSON output") */
+static json_object *dp_model_json(const mm_prediction *p)
+{
+    json_object *dp = json_object_new_object();
+    json_object_object_add(dp, "allocated_dp1", j_u64(p->allocated_dp1));
+    json_object *terms = json_object_new_array();
+    for (size_t i = 0; i < p->n_terms; i++) {
+        json_object *t = json_object_new_object();
+        json_object_object_add(t, "fixed", j_u64(p->terms[i].fixed));
+        json_object_object_add(t, "sharded", j_u64(p->terms[i].sharded));
+        json_object_array_add(terms, t);
+    }
+    json_object_object_add(dp, "terms", terms);
+    json_object_object_add(dp, "terms_exact", json_object_new_boolean(p->terms_exact));
+    json_object *pts = json_object_new_array();
+    for (size_t i = 0; i < p->n_dp_points; i++) {
+        const mm_dp_point *q = &p->dp_points[i];
+        json_object *t = json_object_new_object();
+        json_object_object_add(t, "n_from", j_u64(q->n_from));
+        json_object_object_add(t, "n_to", j_u64(q->n_to));
+        json_object_object_add(t, "reserved", j_u64(q->reserved));
+        json_object_object_add(t, "paged", j_u64(q->paged));
+        json_object_array_add(pts, t);
+    }
+    json_object_object_add(dp, "replayed", pts);
+    return dp;
+}
+
+/* the worst image of a prediction (README "JSON output") */
+static json_object *image_json(const mm_prediction *p)
+{
+    json_object *im = json_object_new_object();
+    json_object_object_add(im, "height", j_u64(p->image_height));
+    json_object_object_add(im, "width", j_u64(p->image_width));
+    json_object_object_add(im, "tiles", j_u64(p->image_tiles));
+    json_object_object_add(im, "patches", j_u64(p->image_patches));
+    json_object_object_add(im, "tokens", j_u64(p->image_tokens));
+    return im;
+}
+
 char *mm_prediction_json(const mm_prediction *p, int pretty)
 {
     json_object *o = json_object_new_object();
@@ -350,6 +395,8 @@ char *mm_prediction_json(const mm_prediction *p, int pretty)
     json_object_object_add(o, "peak_bytes", j_u64(p->peak_bytes));
     json_object_object_add(o, "allocated_peak_bytes", j_u64(p->allocated_peak_bytes));
     json_object_object_add(o, "reserved_peak_bytes", j_u64(p->reserved_peak_bytes));
+    json_object_object_add(o, "host_peak_bytes", j_u64(p->host_peak_bytes));
+    json_object_object_add(o, "paged_bytes", j_u64(p->paged_bytes));
     json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
     json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));
     json_object *pp = json_object_new_object();
@@ -362,6 +409,8 @@ char *mm_prediction_json(const mm_prediction *p, int pretty)
     json_object_object_add(o, "data_parallel", j_u64(p->data_parallel));
     json_object_object_add(o, "micro_batch_size", j_u64(p->micro_batch_size));
     json_object_object_add(o, "seq_len", j_u64(p->seq_len));
+    if (p->image_height)
+        json_object_object_add(o, "image", image_json(p));
     json_object *ov = json_object_new_object();
     json_object_object_add(ov, "cuda_context", j_u64(p->overheads.cuda_context));
     json_object_object_add(ov, "nccl", j_u64(p->overheads.nccl));
@@ -369,17 +418,7 @@ char *mm_prediction_json(const mm_prediction *p, int pretty)
     json_object_object_add(ov, "allocator_fraction",
                            json_object_new_double(p->overheads.alloc_frac));
     json_object_object_add(o, "overheads", ov);
-    json_object *dp = json_object_new_object();
-    json_object_object_add(dp, "allocated_dp1", j_u64(p->allocated_dp1));
-    json_object *terms = json_object_new_array();
-    for (size_t i = 0; i < p->n_terms; i++) {
-        json_object *t = json_object_new_object();
-        json_object_object_add(t, "fixed", j_u64(p->terms[i].fixed));
-        json_object_object_add(t, "sharded", j_u64(p->terms[i].sharded));
-        json_object_array_add(terms, t);
-    }
-    json_object_object_add(dp, "terms", terms);
-    json_object_object_add(o, "dp_model", dp);
+    json_object_object_add(o, "dp_model", dp_model_json(p));
     json_object *mods = json_object_new_array();
     for (size_t i = 0; i < p->n_modules; i++) {
         const mm_module_result *M = &p->modules[i];

@@ -5,7 +5,19 @@
 
 #include "mmguard.h"
 
-#define MM_PREDICT_NOFOLD 1u /* simulate every layer (tests check folding is exact) */
+#define MM_PREDICT_NOFOLD 1u  /* simulate every layer (tests check folding is exact) */
+#define MM_PREDICT_OWN_LOG 2u /* the allocator replays a step simulated at the spec's own
+                                 N, not one that serves every N (tests: the same numbers) */
 int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned flags);
+
+/* The device-level peak alone, as mm_predict's peak_bytes, without the
+ * breakdown: what the searches of fit.c need. */
+typedef struct mm_peak_only {
+    uint64_t allocated;  /* allocated peak at the spec's N */
+    uint64_t paged;      /* outside the caching allocator */
+    uint64_t lower;      /* the peak with no allocator slack: never above peak */
+    uint64_t peak;       /* peak_bytes (0 with lower_only: no allocator replay) */
+} mm_peak_only;
+int mm_predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, mm_error *err);
 
 #endif

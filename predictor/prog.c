@@ -54,6 +54,11 @@ static int module_needs_grad(const module_spec *m)
     return m->trainable || m->lora.enabled;
 }
 
+int tower_input_grads(const lctx *c)
+{
+    return c->input_grads && c->spec->framework.tf_major >= 5 && !c->m->no_input_hook;
+}
+
 /* The forward in compute order.  Returns the loss. */
 int32_t prog_forward(lctx *c)
 {
@@ -62,6 +67,10 @@ int32_t prog_forward(lctx *c)
     int32_t feat = -1;
     mod_kind order[MOD_NKIND] = {MOD_VISION, MOD_CONNECTOR, MOD_DECODER};
     int images = t->images_per_sample > 0 && mm_spec_module(sp, MOD_VISION);
+    /* gradient_checkpointing_enable() calls enable_input_require_grads()
+     * (modeling_utils.py: main_input_name == "input_ids"), which in transformers 5
+     * hooks the input embeddings of every sub-model, vision towers included */
+    c->input_grads = t->ckpt.enabled;
     for (int k = 0; k < MOD_NKIND; k++) {
         const module_spec *m = mm_spec_module(sp, order[k]);
         if (!m)
@@ -75,13 +84,11 @@ int32_t prog_forward(lctx *c)
             c->unused = !images;
             if (!images && !c->counting)
                 continue;
-            c->ckpt = c->ckpt && module_needs_grad(m);
+            c->ckpt = c->ckpt && (module_needs_grad(m) || tower_input_grads(c));
             feat = m->kind == MOD_VISION ? vision_module(c) : connector_module(c, feat);
             continue;
         }
         c->unused = 0;
-        /* gradient_checkpointing_enable() calls enable_input_require_grads() */
-        c->input_grads = t->ckpt.enabled;
         return decoder_module(c, images ? feat : -1);
     }
     return -1;
@@ -105,8 +112,9 @@ int32_t prog_recompute(sim *s, const sim_node *ck, void *ctx)
     c->mask = ck->aux[3];
     c->mask_sliding = ck->aux[4];
     c->cross_states = ck->aux[5];
+    c->mask_cross = ck->aux[6];
     int32_t x = ck->aux[0];
-    if (c->spec->training.ckpt.offload && x >= 0) { /* copied back from the host */
+    if ((ck->host_saved & 1) && x >= 0) { /* the input comes back from the host */
         x = op_new(c, ck->row, sim_grad_bytes(c->s, ck->aux[0]), c->s->t[ck->aux[0]].esz);
         if (x >= 0)
             c->s->t[x].rg = 1;

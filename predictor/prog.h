@@ -23,6 +23,7 @@ typedef struct lctx {
     int per_layer;       /* rows registered now belong to the repeated layers */
     int amp;             /* torch.autocast around the forward */
     int zero;            /* DeepSpeed ZeRO stage */
+    int deepspeed;       /* the DeepSpeed engine runs the step (it casts every parameter) */
     int dead;            /* layer output never reaches the loss */
     int unused;          /* module does not run (no images): no grads, no states */
     int nofold;          /* simulate every layer (tests, the allocator model) */
@@ -33,6 +34,8 @@ typedef struct lctx {
     int early_stop;      /* non-reentrant recompute: stop at the last saved tensor */
     int recompute;       /* re-running a checkpointed layer in backward */
     int gated;           /* Mllama global encoder: tanh gates on both branches */
+    int force_tw;        /* a modules_to_save copy: trainable in a frozen module */
+    int force_frozen;    /* frozen in a trainable module (DeepStack mergers) */
     attn_kind attn;
     uint64_t dt;         /* activation dtype bytes */
     uint64_t wdt;        /* weight dtype bytes (fp32 under autocast) */
@@ -44,6 +47,7 @@ typedef struct lctx {
     vis_tokens vt;       /* tokens of one image */
     uint64_t images;     /* images in the micro-batch */
     int32_t cos, sin, mask, mask_sliding, pixels, cross_states;
+    int32_t mask_cross;  /* Mllama: the cross-attention mask (B, 1, S, image tokens) */
     int32_t taps[MAX_TAPS];   /* DeepStack / Mllama intermediate hidden states */
     size_t ntaps;
     uint64_t win_chunks;  /* Qwen2.5-VL: windows per batch for window-attention layers */
@@ -71,6 +75,9 @@ int32_t mllama_vision(lctx *c);
 int32_t deepstack_add(lctx *c, int32_t x, uint64_t l);
 
 void prog_enter_module(lctx *c, uint32_t mi);
+/* enable_input_require_grads() reaches the vision tower's patch embedding
+ * (transformers >= 5: every sub-model's input embeddings are hooked) */
+int tower_input_grads(const lctx *c);
 int32_t prog_forward(lctx *c);
 int32_t prog_recompute(sim *s, const sim_node *ckpt, void *ctx);
 

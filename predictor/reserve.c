@@ -17,6 +17,8 @@
 
 typedef struct replay {
     const sim *s;
+    const sim_ev *ev;    /* the log with sizes at the degree replayed */
+    size_t nev, step_ev; /* its events; the first of the step proper */
     mm_allocator *a;
     int64_t *h;          /* handle of each sim tensor in the current step */
     int pairs;           /* optimizer states come two per parameter (Adam) */
@@ -39,14 +41,48 @@ static void alloc_pair(void *ctx, uint32_t row, uint64_t bytes)
     alloc_piece(ctx, row, bytes - bytes / 2);
 }
 
-/* the model states of the log's setup part, of class `cls`, per row */
-static uint64_t *setup_bytes(const sim *s, int cls, int *sharded_flat)
+/* The log as the sim writes it at N = n: sharded sizes / n, DDP buckets
+ * only when n > 1 (the order of events does not depend on N).  The log
+ * itself when it was written at n; else a copy (*copy, to free). */
+static int log_at(replay *r, uint64_t n, sim_ev **copy)
 {
+    const sim *s = r->s;
+    *copy = NULL;
+    r->ev = s->ev, r->nev = s->nev, r->step_ev = s->step_ev;
+    if (n == s->dp)
+        return 0;
+    sim_ev *v = malloc((s->nev + 1) * sizeof *v);
+    if (!v)
+        return -1;
+    size_t k = 0;
+    for (size_t i = 0; i < s->nev; i++) {
+        const sim_tensor *t = &s->t[s->ev[i].id];
+        uint64_t b = t->sharded == SIM_MULTI     ? (n > 1 ? t->bytes : 0)
+                     : t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, n)
+                                                 : t->bytes;
+        if (i == s->step_ev)
+            r->step_ev = k;
+        if (b) { /* a tensor that does not exist at n is not logged there */
+            v[k] = s->ev[i];
+            v[k++].bytes = b;
+        }
+    }
+    if (s->step_ev >= s->nev)
+        r->step_ev = k;
+    r->ev = *copy = v;
+    r->nev = k;
+    return 0;
+}
+
+/* the model states of the log's setup part, of class `cls`, per row */
+static uint64_t *setup_bytes(const replay *r, int cls, int *sharded_flat)
+{
+    const sim *s = r->s;
     uint64_t *rb = calloc(s->nrows + 1, sizeof *rb);
     if (!rb)
         return NULL;
-    for (size_t i = 0; i < s->step_ev; i++) {
-        const sim_ev *e = &s->ev[i];
+    for (size_t i = 0; i < r->step_ev; i++) {
+        const sim_ev *e = &r->ev[i];
         if (!e->is_free && e->cls == cls && e->row < s->nrows) {
             rb[e->row] = mm_sat_add(rb[e->row], e->bytes);
             if (s->t[e->id].sharded == SIM_SHARDED)
@@ -61,7 +97,7 @@ static uint64_t *setup_bytes(const sim *s, int cls, int *sharded_flat)
 static void model_states(replay *r, int cls, int per_param)
 {
     int flat = 0;
-    uint64_t *rb = setup_bytes(r->s, cls, &flat);
+    uint64_t *rb = setup_bytes(r, cls, &flat);
     if (!rb) {
         r->failed = 1;
         return;
@@ -81,8 +117,8 @@ static void model_states(replay *r, int cls, int per_param)
 /* the other setup tensors (accumulated .grad, DDP buckets, ZeRO partitions) */
 static void other_setup(replay *r)
 {
-    for (size_t i = 0; i < r->s->step_ev; i++) {
-        const sim_ev *e = &r->s->ev[i];
+    for (size_t i = 0; i < r->step_ev; i++) {
+        const sim_ev *e = &r->ev[i];
         if (!e->is_free && e->cls != F_PARAM && e->cls != F_OPT)
             alloc_piece(r, e->row, e->bytes);
     }
@@ -90,10 +126,9 @@ static void other_setup(replay *r)
 
 static void step(replay *r, int first, int per_param)
 {
-    const sim *s = r->s;
     int states = !first;
-    for (size_t i = s->step_ev; i < s->nev && !r->failed; i++) {
-        const sim_ev *e = &s->ev[i];
+    for (size_t i = r->step_ev; i < r->nev && !r->failed; i++) {
+        const sim_ev *e = &r->ev[i];
         if (!states && e->phase == MM_PHASE_OPTIMIZER) {
             model_states(r, F_OPT, per_param);
             states = 1;
@@ -111,16 +146,20 @@ static void step(replay *r, int first, int per_param)
         model_states(r, F_OPT, per_param);
 }
 
-int reserve_replay(const sim *s, const mm_alloc_conf *conf, int per_param_states, int pairs,
-                   reserve_result *out)
+int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
+                   int pairs, reserve_result *out)
 {
     replay r = {.s = s, .pairs = pairs};
+    sim_ev *copy;
     memset(out, 0, sizeof *out);
+    if (log_at(&r, n ? n : 1, &copy))
+        return -1;
     r.a = mm_allocator_new(conf, 0, 0);
     r.h = malloc((s->nt + 1) * sizeof *r.h);
     if (!r.a || !r.h) {
         mm_allocator_free(r.a);
         free(r.h);
+        free(copy);
         return -1;
     }
     for (size_t i = 0; i <= s->nt; i++)
@@ -137,5 +176,6 @@ int reserve_replay(const sim *s, const mm_alloc_conf *conf, int per_param_states
     int rc = r.failed ? -1 : 0;
     mm_allocator_free(r.a);
     free(r.h);
+    free(copy);
     return rc;
 }

@@ -11,7 +11,10 @@ typedef struct reserve_result {
     uint64_t allocated_peak;  /* max_memory_allocated(): block sizes, rounded */
 } reserve_result;
 
-/* `s` ran one step with log = 1.  The replay is what a training script does
+/* `s` ran one step with log = 1, at any data-parallel degree N >= 2 (or at
+ * N = 1 when n = 1): the sim's event order does not depend on N, only the
+ * sizes do, and they are taken at `n` from the tensors (sharded ones / n, DDP
+ * buckets only when n > 1), so one log serves every n.  The replay is what a training script does
  * on a fresh process: the model's parameters (one tensor each, model order),
  * the cache emptied and the peaks reset, then two steps, the first creating
  * the optimizer states lazily when its optimizer phase begins (as
@@ -19,7 +22,7 @@ typedef struct reserve_result {
  * `per_param_states` (plain torch; ZeRO keeps flat partitions), two per
  * parameter when `pairs` (Adam's exp_avg, exp_avg_sq).  0 ok, -1 out of
  * memory. */
-int reserve_replay(const sim *s, const mm_alloc_conf *conf, int per_param_states, int pairs,
-                   reserve_result *out);
+int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
+                   int pairs, reserve_result *out);
 
 #endif

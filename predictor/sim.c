@@ -6,6 +6,7 @@
 #include <string.h>
 
 static void maybe_free(sim *s, int32_t id);
+static void unsave(sim *s, int32_t id);
 
 void sim_init(sim *s, uint64_t dp, int symbolic)
 {
@@ -24,6 +25,7 @@ void sim_free(sim *s)
     free(s->snap_row_fact);
     free(s->ev);
     free(s->layer_tp);
+    free(s->layer_gb);
     free(s->layer_p);
     memset(s, 0, sizeof *s);
 }
@@ -190,8 +192,10 @@ static void event(sim *s)
 {
     s->nevents++;
     uint64_t live = sim_live(s);
-    if (live > s->phase_peak[s->phase])
+    if (live > s->phase_peak[s->phase]) {
         s->phase_peak[s->phase] = live;
+        s->phase_peak_event[s->phase] = s->nevents;
+    }
     if (live > s->peak) {
         s->peak = live;
         s->peak_event = s->nevents;
@@ -258,6 +262,25 @@ static void log_event(sim *s, int32_t id, int is_free)
                                .phase = (uint8_t)s->phase, .cls = t->cls};
 }
 
+/* a tensor record that is not on the device (alive 0) */
+static int32_t sim_alloc_quiet(sim *s, uint32_t row, uint64_t bytes)
+{
+    if (s->nt == s->capt) {
+        size_t cap = s->capt ? s->capt * 2 : 1024;
+        sim_tensor *t = realloc(s->t, cap * sizeof *t);
+        if (!t) {
+            s->oom = 1;
+            return -1;
+        }
+        s->t = t;
+        s->capt = cap;
+    }
+    int32_t id = (int32_t)s->nt++;
+    s->t[id] = (sim_tensor){.bytes = bytes, .vbytes = bytes, .base = -1, .row = row,
+                            .cls = F_TEMP, .grad = -1};
+    return id;
+}
+
 int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
 {
     if (s->stopped)
@@ -281,6 +304,13 @@ int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
     if (s->log)
         log_event(s, id, 0);
     event(s);
+    return id;
+}
+
+/* a tensor that exists only as a host copy (never on the device) */
+int32_t sim_host_tensor(sim *s, uint32_t row, uint64_t bytes)
+{
+    int32_t id = s->stopped || !bytes ? -1 : sim_alloc_quiet(s, row, bytes);
     return id;
 }
 
@@ -318,7 +348,7 @@ int32_t sim_view(sim *s, uint32_t row, int32_t base, uint64_t vbytes)
     int32_t id = (int32_t)s->nt++;
     s->t[id] = (sim_tensor){.bytes = 0, .vbytes = vbytes, .base = base, .row = row,
                             .cls = s->t[base].cls, .alive = 1, .holds = 1, .grad = -1,
-                            .esz = s->t[base].esz};
+                            .esz = s->t[base].esz, .rg = s->t[base].rg};
     s->t[base].holds++;
     return id;
 }
@@ -390,6 +420,35 @@ static void sim_save_storage(sim *s, int32_t base, int sign)
         account(s, t, +1);
 }
 
+/* torchtune OffloadActivations (training/_activation_offloading.py, which TRL's
+ * activation_offloading uses): pack_tensor copies a saved tensor of at least
+ * min_offload_size (1024) bytes to pinned host memory, once per tensor, in the
+ * forward only; unpack_tensor brings it back for the backward that needs it */
+static void host_ref(sim *s, sim_tensor *t, int sign)
+{
+    if (sign > 0 && t->hrefs++ == 0) {
+        s->host_act = sim_add(s, s->host_act, t->bytes);
+        if (s->host_act > s->host_act_peak)
+            s->host_act_peak = s->host_act;
+    } else if (sign < 0 && t->hrefs && --t->hrefs == 0) {
+        s->host_act -= t->bytes;
+    }
+}
+
+void sim_save_host(sim *s, sim_node *n, int32_t id)
+{
+    if (!n || id < 0 || n->nsaved >= SIM_MAX_SAVED)
+        return;
+    sim_tensor *t = &s->t[id];
+    if (t->base >= 0) { /* a view stays on the device with its base */
+        sim_save(s, n, id);
+        return;
+    }
+    n->host_saved |= (uint8_t)(1u << n->nsaved);
+    n->saved[n->nsaved++] = id;
+    host_ref(s, t, +1);
+}
+
 void sim_save(sim *s, sim_node *n, int32_t id)
 {
     if (!n || id < 0)
@@ -399,8 +458,13 @@ void sim_save(sim *s, sim_node *n, int32_t id)
             return; /* the same tensor saved twice costs nothing more */
     if (n->nsaved >= SIM_MAX_SAVED)
         return;
-    n->saved[n->nsaved++] = id;
     sim_tensor *t = &s->t[id];
+    if (s->offload_acts && s->phase == MM_PHASE_FORWARD && t->base < 0 && t->cls == F_TEMP &&
+        t->bytes >= 1024) {
+        sim_save_host(s, n, id);
+        return;
+    }
+    n->saved[n->nsaved++] = id;
     if (t->base >= 0) { /* a saved view keeps its base: the base becomes an activation */
         t->refs++;
         sim_save_storage(s, t->base, +1);
@@ -414,6 +478,15 @@ void sim_save(sim *s, sim_node *n, int32_t id)
     } else {
         t->refs++;
     }
+}
+
+/* release saved slot i of n */
+static void unsave_slot(sim *s, const sim_node *n, int i)
+{
+    if (n->host_saved & (1u << i))
+        host_ref(s, &s->t[n->saved[i]], -1);
+    else
+        unsave(s, n->saved[i]);
 }
 
 static void unsave(sim *s, int32_t id)
@@ -511,14 +584,24 @@ static void ckpt_backward(sim *s, const sim_node *n, sim_recompute_fn fn, void *
         sim_drop(s, extra);
     }
     for (int i = 0; i < n->nsaved; i++)
-        unsave(s, n->saved[i]);
+        unsave_slot(s, n, i);
+}
+
+/* unpack_tensor: the host copies come back to the device for this backward */
+static void unpack(sim *s, const sim_node *n, int32_t *dev)
+{
+    for (int i = 0; i < n->nsaved; i++)
+        dev[i] = n->host_saved & (1u << i) && !n->free_first
+                     ? sim_alloc(s, n->row, s->t[n->saved[i]].bytes, F_TEMP, 0) : -1;
 }
 
 static void node_backward(sim *s, const sim_node *n)
 {
+    int32_t dev[SIM_MAX_SAVED];
+    unpack(s, n, dev);
     if (n->free_first)
         for (int i = 0; i < n->nsaved; i++)
-            unsave(s, n->saved[i]);
+            unsave_slot(s, n, i);
     int32_t og = n->out >= 0 ? s->t[n->out].grad : -1;
     for (int i = 0; i < n->nin; i++) {
         if (n->grad_views && og >= 0)
@@ -537,11 +620,34 @@ static void node_backward(sim *s, const sim_node *n)
         /* else stays alive: held until the optimizer's zero_grad */
     }
     sim_transient(s, n->row, n->bwd_tmp);
+    for (int i = 0; i < n->nsaved; i++)
+        sim_drop(s, dev[i]);
     for (int i = 0; !n->free_first && i < n->nsaved; i++)
-        unsave(s, n->saved[i]);
+        unsave_slot(s, n, i);
     drop_grad(s, n->out);
     for (int i = 0; i < n->nouts; i++)
         drop_grad(s, n->outs[i]);
+}
+
+uint64_t sim_alive_temp(const sim *s, const char *except_kind)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < s->nt; i++) {
+        const sim_tensor *t = &s->t[i];
+        if (t->alive && t->bytes && (t->cls == F_ACT || t->cls == F_TEMP) &&
+            (!s->rows || strcmp(s->rows[t->row].kind, except_kind)))
+            n += t->bytes;
+    }
+    return n;
+}
+
+/* the graph is freed: a gradient no node consumed (of a leaf activation that was
+ * made to require grad, e.g. enable_input_require_grads' embedding output) dies
+ * with its tensor */
+void sim_release_grads(sim *s)
+{
+    for (size_t i = 0; i < s->nt; i++)
+        drop_grad(s, (int32_t)i);
 }
 
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx)

@@ -28,6 +28,7 @@ typedef struct sim_tensor {
     uint32_t holds;      /* Python references (variables, tuples, caches) */
     uint32_t refs;       /* autograd saved-variable references */
     uint32_t vrefs;      /* saved views of this tensor (it counts as an activation) */
+    uint32_t hrefs;      /* saved references whose copy waits on the host */
     int32_t grad;        /* tensor id of its gradient, -1 none */
 } sim_tensor;
 
@@ -55,11 +56,16 @@ typedef struct sim_node {
     uint8_t wgrad_sharded;
     uint8_t wgrad_transient;          /* ZeRO-2/3: reduced into a bucket, then freed */
     uint8_t free_first;               /* folded layers: release saved before the grads */
+    uint8_t host_saved;               /* saved[i] waits on the host (bit i): activation
+                                         offloading, offloaded checkpoint inputs; a
+                                         folded node's come back one group at a time
+                                         (its bwd_tmp) */
     uint32_t wgrad_row;
     uint64_t wgrad_bytes;             /* weight gradient this node creates */
     uint64_t bwd_tmp;                 /* transient working set of its backward */
     uint32_t ckpt_layer;              /* layer index for the recompute */
-    int32_t aux[6];                   /* checkpoint: input, cos, sin, mask, sliding mask, cross states */
+    int32_t aux[7];                   /* checkpoint: input, cos, sin, mask, sliding mask, cross
+                                         states, cross-attention mask */
     const void *ckpt_prog;            /* layer program to re-run */
     /* a marker the parallel strategy put on the tape (parallel*.c): backward
      * calls it when it gets there and does nothing else with the node */
@@ -89,6 +95,8 @@ typedef struct sim_row {
     uint64_t params, trainable;
     uint64_t qbytes;           /* quantized base (QLoRA): storage bytes of all instances */
     uint64_t mat_rows, mat_cols; /* a matrix parameter's shape per instance (Adafactor) */
+    uint8_t pesz;              /* bytes per parameter when not the model's (PEFT's fp32
+                                  adapters on a 16-bit model), 0 = the model's */
 } sim_row;
 
 typedef struct sim {
@@ -104,6 +112,9 @@ typedef struct sim {
     uint64_t live_fixed, live_sharded, live_multi;
     uint64_t fact_fixed[F_NFACT], fact_sharded[F_NFACT], fact_multi[F_NFACT];
     uint64_t peak_dp1;         /* the allocated peak the same step has at N = 1 */
+    uint64_t leftover;         /* activations and temporaries still alive when the
+                                  optimizer starts (the batch aside): 0 unless the
+                                  engine or a formula leaks (tests/unit/test_engine.c) */
     /* peak tracking */
     mm_phase phase;
     const char *event_label;   /* current op, for the peak description */
@@ -115,6 +126,7 @@ typedef struct sim {
     uint32_t peak_row;
     const char *peak_label;
     uint64_t phase_peak[MM_PHASE_COUNT];
+    uint64_t phase_peak_event[MM_PHASE_COUNT]; /* the event of each phase's peak */
     /* snapshot at a given event (second pass) */
     uint64_t snap_at;          /* 0 = none */
     int snapped;
@@ -133,6 +145,7 @@ typedef struct sim {
     uint64_t largest_param;    /* largest single parameter tensor (optimizer temporaries) */
     uint64_t *layer_tp;        /* trainable parameters per (module, layer): MM_MAX_MODULES x
                                   MM_MAX_LAYERS, filled by the counting pass */
+    uint64_t *layer_gb;        /* their gradient bytes (fp32 LoRA adapters beside bf16 grads) */
     /* event log for the allocator model (log = 1) */
     int log;
     sim_ev *ev;
@@ -142,6 +155,9 @@ typedef struct sim {
     int oom;                   /* allocation failure */
     int32_t ckpt_extra;        /* a recompute's own input copy (offloaded checkpoints) */
     uint64_t host_bytes;       /* per rank, on the host: offloaded states and activations */
+    int offload_acts;          /* forward saves of >= 1 KiB go to the host (activation
+                                  offloading); their device copies die with their holds */
+    uint64_t host_act, host_act_peak; /* activations on the host now / at most */
     uint64_t outside_bytes;    /* on the GPU outside the caching allocator (paged optimizers) */
     /* each weight gradient a backward node makes, right after it is allocated:
      * the parallel strategy's reduction takes it (parallel*.c); NULL = none */
@@ -173,6 +189,10 @@ uint64_t sim_grad_bytes(const sim *s, int32_t id);
 uint64_t sim_live_fixed(const sim *s);
 void sim_hold(sim *s, int32_t id);
 void sim_drop(sim *s, int32_t id);   /* release one hold */
+/* a tensor that only ever exists on the host (folded offloaded activations) */
+int32_t sim_host_tensor(sim *s, uint32_t row, uint64_t bytes);
+/* save id for backward with its copy on the host (offloaded) */
+void sim_save_host(sim *s, sim_node *n, int32_t id);
 void sim_save(sim *s, sim_node *n, int32_t id);
 sim_node *sim_node_new(sim *s, uint32_t row, int32_t out);
 /* a transient working set: allocate, record the event, free */
@@ -186,6 +206,10 @@ uint64_t sim_live(const sim *s);
 /* Backward over tape[from, to) in reverse.  `recompute` re-runs a checkpointed
  * layer (implemented by layers.c) and returns its recomputed output. */
 typedef int32_t (*sim_recompute_fn)(sim *s, const sim_node *ckpt, void *ctx);
+/* bytes of live activations / temporaries whose row kind is not `except_kind` */
+uint64_t sim_alive_temp(const sim *s, const char *except_kind);
+/* after backward: drop the gradients nothing consumed */
+void sim_release_grads(sim *s);
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx);
 
 /* Per-parameter tensors in model order: module by module, layer by layer, the

@@ -64,6 +64,8 @@ typedef struct lora_spec {
     double alpha;
     double dropout;
     uint32_t targets;
+    int autocast_adapter_dtype; /* PEFT's default: 16-bit adapters are upcast to fp32 */
+    int save_embed, save_head;  /* modules_to_save: embed_tokens / lm_head train as copies */
 } lora_spec;
 
 /* Visual tokens per image: how the processor cuts an image (HF
@@ -117,6 +119,8 @@ typedef struct module_spec {
     layer_set dense;              /* MoE models: layers with a dense MLP */
     experts_impl experts;
     int router_fp32;              /* routing weights stay fp32 (Mixtral) */
+    int lora_experts;             /* LoRA "all-linear" also wraps the expert stacks and the
+                                     router (PEFT's transformers-v5 MoE conversion) */
     double moe_imbalance;         /* eager experts: busiest expert's share / fair share */
     int router_logits;            /* output_router_logits: aux loss keeps every layer's logits */
     layer_set cross;              /* Mllama: cross-attention layers */
@@ -133,6 +137,10 @@ typedef struct module_spec {
     uint64_t window_size;         /* Qwen2.5-VL window attention, in pixels */
     layer_set full_attention;     /* Qwen2.5-VL fullatt_block_indexes */
     layer_set deepstack;          /* Qwen3-VL deepstack_visual_indexes */
+    int deepstack_trainable;      /* connector: its DeepStack mergers train (default: as it) */
+    int no_ckpt;                  /* family: its layers are not GradientCheckpointingLayers */
+    int no_input_hook;            /* family: get_input_embeddings finds nothing to hook */
+    int deepstack_frozen;         /* derived: deepstack_trainable given false */
     uint64_t num_global_layers;   /* Mllama global (gated) encoder */
     layer_set taps;               /* Mllama intermediate_layers_indices */
     uint64_t max_num_tiles;       /* Mllama tile embeddings */
@@ -183,6 +191,8 @@ typedef struct training_spec {
     uint64_t loss_chunks;
     uint64_t logits_to_keep;      /* 0 = all */
     int packing;                  /* padding-free: sequences packed, no mask */
+    int use_cache;                /* the model's use_cache: without gradient checkpointing
+                                     a training forward fills a KV cache (DynamicCache) */
     double max_grad_norm;         /* 0 = no clipping */
     int activation_offload;       /* every saved activation to host (torchtune-style) */
     int optimizer_in_backward;    /* step fused into backward (per-parameter hooks) */

@@ -73,6 +73,7 @@ static const keydesc module_keys[] = {
     {"bidirectional_images", K_BOOL, M(bidirectional_images), 0, 1, NULL, D, 0, 0},
     {"num_experts", K_UINT, M(num_experts), 0, 4096, NULL, D, 0, 0},
     {"num_experts_per_tok", K_UINT, M(experts_per_tok), 1, 4096, NULL, D, 0, 0},
+    {"lora_targets_experts", K_BOOL, M(lora_experts), 0, 1, NULL, D, 0, 0},
     {"moe_intermediate_size", K_UINT, M(moe_intermediate_size), 1, 1 << 20, NULL, D, 0, 0},
     {"shared_expert_intermediate_size", K_UINT, M(shared_expert_intermediate_size), 0, 1 << 20,
      NULL, D, 0, 0},
@@ -100,6 +101,7 @@ static const keydesc module_keys[] = {
     {"window_size", K_UINT, M(window_size), 0, 1 << 20, NULL, V, 0, 0},
     {"fullatt_block_indexes", K_LAYERS, M(full_attention), 0, 0, NULL, V, 0, 0},
     {"deepstack_visual_indexes", K_LAYERS, M(deepstack), 0, 0, NULL, V, 0, 0},
+    {"deepstack_trainable", K_BOOL, M(deepstack_trainable), 0, 1, NULL, C, 0, 0},
     {"num_global_layers", K_UINT, M(num_global_layers), 0, MM_MAX_LAYERS, NULL, V, 0, 0},
     {"intermediate_layers_indices", K_LAYERS, M(taps), 0, 0, NULL, V, 0, 0},
     {"max_num_tiles", K_UINT, M(max_num_tiles), 1, 64, NULL, V, 0, 0},
@@ -247,6 +249,8 @@ static int decode_specials(dctx *c, const mm_node *m, module_spec *ms, const cha
         return -1;
     if ((v = mm_node_get(m, "lora")) && !v->is_null && spec_lora(c, v, ms, prefix))
         return -1;
+    /* Qwen's train_qwen.py tune_mm_mlp trains visual.merger only */
+    ms->deepstack_frozen = mm_node_get(m, "deepstack_trainable") && !ms->deepstack_trainable;
     return 0;
 }
 

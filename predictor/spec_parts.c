@@ -19,6 +19,8 @@ static const keydesc lora_keys[] = {
     {"dropout", K_FLOAT, L(dropout), 0, 0.999, NULL, 0, 0, 0},
     {"lora_dropout", K_FLOAT, L(dropout), 0, 0.999, NULL, 0, 0, 0},
     {"target_modules", K_SPECIAL, 0, 0, 0, NULL, 0, 1, 0},
+    {"autocast_adapter_dtype", K_BOOL, L(autocast_adapter_dtype), 0, 1, NULL, 0, 0, 0},
+    {"modules_to_save", K_SPECIAL, 0, 0, 0, NULL, 0, 0, 0},
 };
 #undef L
 
@@ -36,17 +38,23 @@ static const struct target_name target_names[] = {
     {"qkv", LT_QKV, V},          {"gate_proj", LT_GATE, V | D}, {"up_proj", LT_UP, V | D},
     {"down_proj", LT_DOWN, V | D}, {"fc1", LT_FC1, V},          {"fc2", LT_FC2, V},
     {"linear", LT_MLP_ALL, C},
+    {"experts", LT_EXPERTS, D},  {"router", LT_ROUTER, D},
 };
 #define NTARGETS (sizeof target_names / sizeof target_names[0])
 
 /* "all-linear" as PEFT means it: every nn.Linear of the module but the output
- * layer (lm_head); MoE experts are 3-D parameters, not Linear layers */
+ * layer (lm_head).  MoE experts are 3-D parameters and the router a custom
+ * module in transformers 5, not Linear layers, but for the models PEFT converts
+ * from their v4 layout (peft/utils/transformers_weight_conversion.py,
+ * _resolve_string_target_modules) all-linear wraps them too (ParamWrapper). */
 static uint32_t all_linear(const module_spec *ms)
 {
     uint32_t all = 0;
     for (size_t i = 0; i < NTARGETS; i++)
         if (target_names[i].kinds & (1u << ms->kind))
             all |= target_names[i].bit;
+    if (!ms->num_experts || !ms->lora_experts)
+        all &= ~(uint32_t)(LT_EXPERTS | LT_ROUTER);
     if (ms->kind == MOD_VISION)
         all &= ms->qkv_fused ? ~(uint32_t)(LT_Q | LT_K | LT_V) : ~(uint32_t)LT_QKV;
     if (ms->kind == MOD_VISION && ms->mlp == MLP_GATED)
@@ -77,8 +85,9 @@ static int decode_targets(dctx *c, const mm_node *v, const module_spec *ms, uint
             if (!(target_names[q].kinds & (1u << ms->kind)))
                 continue;
             cands[nc++] = target_names[q].name;
+            uint32_t moe = ms->num_experts ? LT_EXPERTS | LT_ROUTER : 0;
             if (strcmp(e->str, target_names[q].name) == 0 &&
-                (target_names[q].bit & all_linear(ms)))
+                (target_names[q].bit & (all_linear(ms) | moe)))
                 break;
         }
         if (q == NTARGETS) {
@@ -93,6 +102,33 @@ static int decode_targets(dctx *c, const mm_node *v, const module_spec *ms, uint
     return 0;
 }
 
+/* PEFT modules_to_save: whole modules that train as copies beside the frozen
+ * originals (ModulesToSaveWrapper); the decoder's embed_tokens and lm_head */
+static int decode_save(dctx *c, const mm_node *v, module_spec *ms, const char *path)
+{
+    static const char *const names[] = {"embed_tokens", "lm_head"};
+    if (v->type != MM_NODE_SEQ)
+        return key_fail(c, v, path, "expected a list of module names (embed_tokens, lm_head)");
+    if (v->n && ms->kind != MOD_DECODER)
+        return key_fail(c, v, path, "only the language model's embed_tokens and lm_head can "
+                        "be saved as trainable copies");
+    for (size_t i = 0; i < v->n; i++) {
+        const mm_node *e = v->vals[i];
+        if (e->type != MM_NODE_SCALAR || e->is_null)
+            return key_fail(c, e, path, "expected a module name, got %s", key_type_name(e));
+        if (!strcmp(e->str, names[0]))
+            ms->lora.save_embed = 1;
+        else if (!strcmp(e->str, names[1]))
+            ms->lora.save_head = 1;
+        else {
+            const char *sug = mm_suggest(e->str, names, 2);
+            return key_fail(c, e, path, "'%s' is not embed_tokens or lm_head%s%s%s", e->str,
+                            sug ? " (did you mean '" : "", sug ? sug : "", sug ? "'?)" : "");
+        }
+    }
+    return 0;
+}
+
 int spec_lora(dctx *c, const mm_node *v, module_spec *ms, const char *prefix)
 {
     char lp[128], tp[160];
@@ -101,6 +137,7 @@ int spec_lora(dctx *c, const mm_node *v, module_spec *ms, const char *prefix)
     l->enabled = 1;
     l->dropout = 0.05;
     l->alpha = -1;
+    l->autocast_adapter_dtype = 1;
     unsigned char seen[sizeof lora_keys / sizeof lora_keys[0]] = {0};
     size_t n = sizeof lora_keys / sizeof lora_keys[0];
     if (key_decode_map(c, v, lora_keys, n, l, lp, 0, NULL, seen) ||
@@ -108,6 +145,9 @@ int spec_lora(dctx *c, const mm_node *v, module_spec *ms, const char *prefix)
         return -1;
     if (decode_targets(c, mm_node_get(v, "target_modules"), ms, &l->targets,
                        key_path(tp, sizeof tp, lp, "target_modules")))
+        return -1;
+    const mm_node *ms_node = mm_node_get(v, "modules_to_save");
+    if (ms_node && decode_save(c, ms_node, ms, key_path(tp, sizeof tp, lp, "modules_to_save")))
         return -1;
     if (l->alpha < 0)
         l->alpha = (double)l->r; /* alpha only scales B's output: no bytes depend on it */

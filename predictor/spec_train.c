@@ -38,6 +38,7 @@ static const keydesc training_keys[] = {
     {"loss_chunks", K_UINT, TR(loss_chunks), 1, 1 << 16, NULL, 0, 0, 0},
     {"logits_to_keep", K_UINT, TR(logits_to_keep), 0, 1 << 22, NULL, 0, 0, 0},
     {"packing", K_BOOL, TR(packing), 0, 1, NULL, 0, 0, 0},
+    {"use_cache", K_BOOL, TR(use_cache), 0, 1, NULL, 0, 0, 0},
     {"max_grad_norm", K_FLOAT, TR(max_grad_norm), 0, 1e12, NULL, 0, 0, 0},
     {"activation_offloading", K_BOOL, TR(activation_offload), 0, 1, NULL, 0, 0, 0},
     {"optimizer_in_backward", K_BOOL, TR(optimizer_in_backward), 0, 1, NULL, 0, 0, 0},

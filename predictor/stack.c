@@ -23,11 +23,13 @@
 static int ckpt_here(const lctx *c, uint64_t l)
 {
     const ckpt_spec *k = &c->spec->training.ckpt;
-    if (!c->ckpt || !c->grad || c->counting || c->recompute)
+    if (!c->ckpt || !c->grad || c->counting || c->recompute || c->m->no_ckpt)
         return 0;
+    /* modeling_utils.py _set_gradient_checkpointing counts every
+     * GradientCheckpointingLayer in module order (the tower's before the LLM's) */
     uint64_t base = 0;
     const module_spec *v = mm_spec_module(c->spec, MOD_VISION);
-    if (c->m->kind == MOD_DECODER && v)
+    if (c->m->kind == MOD_DECODER && v && !v->no_ckpt)
         base = v->num_hidden_layers + v->num_global_layers;
     return (base + l) % (k->every_n_layers ? k->every_n_layers : 1) == 0;
 }
@@ -80,28 +82,35 @@ static void plan_fold(const lctx *c, uint64_t first, uint64_t count, fold_plan *
 /* weight gradients the folded layers would leave (persistent .grad only) */
 static uint64_t folded_wgrad(lctx *c, uint64_t from, uint64_t to)
 {
-    if (c->zero >= 2 || c->grads_accumulate || !c->s->layer_tp)
+    if (c->zero >= 2 || c->grads_accumulate || !c->s->layer_gb)
         return 0;
     uint64_t n = 0;
     for (uint64_t l = from; l < to && l < MM_MAX_LAYERS; l++)
-        n = sim_add(c->s, n, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + l]);
-    return op_mul(c, n, c->gdt);
+        n = sim_add(c->s, n, c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + l]);
+    return n;
 }
 
 /* saved: the folded groups left tensors for backward (else the growth was a
- * held tuple of hidden states, released with it) */
-static int32_t ballast(lctx *c, uint64_t delta, uint64_t from, uint64_t to, uint64_t M,
-                       int saved)
+ * held tuple of hidden states, released with it); hdelta: what one group left
+ * on the host (activation offloading) */
+static int32_t ballast(lctx *c, uint64_t delta, uint64_t hdelta, uint64_t from, uint64_t to,
+                       uint64_t M, int saved)
 {
     uint32_t r = op_row(c, "layers.folded", "folded");
     op_label(c, "folded layers", r);
     int32_t b = sim_alloc(c->s, r, op_mul(c, delta, M), F_TEMP, 0);
     if (b < 0 || !saved)
         return b;
+    int32_t hb = sim_host_tensor(c->s, r, op_mul(c, hdelta, M));
     sim_node *n = sim_node_new(c->s, r, -1);
     if (n) {
         n->free_first = 1;
+        int off = c->s->offload_acts;
+        c->s->offload_acts = 0; /* the device part stays on the device */
         sim_save(c->s, n, b);
+        c->s->offload_acts = off;
+        sim_save_host(c->s, n, hb);
+        n->bwd_tmp = hdelta; /* each group's tensors come back for its own backward */
         n->wgrad_bytes = folded_wgrad(c, from, to);
     }
     sim_drop(c->s, b); /* now held by the node alone */
@@ -123,8 +132,10 @@ static int32_t run_layer(lctx *c, int32_t x, uint64_t l)
         n->ckpt = 1;
         n->ckpt_layer = (uint32_t)l;
         n->ckpt_prog = (const void *)c->m;
-        if (!k->offload)
-            op_save(c, n, x); /* offload: the input waits in pinned host memory */
+        if (k->offload) /* save_on_cpu(pin_memory=True): the input waits on the host */
+            sim_save_host(c->s, n, x);
+        else
+            op_save(c, n, x);
         n->aux[0] = x;
         int32_t aux[4] = {c->cos, c->sin, c->mask, c->mask_sliding};
         for (int i = 0; i < 4; i++) {
@@ -133,6 +144,8 @@ static int32_t run_layer(lctx *c, int32_t x, uint64_t l)
         }
         op_save(c, n, c->cross_states);
         n->aux[5] = c->cross_states;
+        op_save(c, n, c->mask_cross);
+        n->aux[6] = c->mask_cross;
     }
     return y;
 }
@@ -152,19 +165,21 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
     fold_plan f;
     plan_fold(c, first, count, &f);
     uint64_t g1 = f.start + f.period, g2 = f.start + 2 * f.period;
-    uint64_t last = f.start + (f.groups - 1) * f.period, before = 0;
+    uint64_t last = f.start + (f.groups - 1) * f.period, before = 0, hbefore = 0;
     size_t tape0 = 0;
     size_t nk = 0, nds = 0;
     c->fold_from = c->fold_to = 0;
     for (uint64_t l = first; l < first + count; l++) {
         if (f.on && l == g1) {
             before = sim_live_fixed(c->s);
+            hbefore = c->s->host_act;
             tape0 = c->s->ntape;
         }
         if (f.on && l == g2) {
             uint64_t delta = sim_live_fixed(c->s) - before, M = f.groups - 3;
             layer_ev(c, g2, last - g2, SIM_LAYERS_FOLDED);
-            int32_t b = ballast(c, delta, g2, last, M, c->s->ntape > tape0);
+            int32_t b = ballast(c, delta, c->s->host_act - hbefore, g2, last, M,
+                                c->s->ntape > tape0);
             c->fold_from = g2;
             c->fold_to = last;
             if (keep)

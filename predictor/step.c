@@ -27,12 +27,15 @@ static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const
     c->spec = sp;
     c->scratch = scratch;
     c->cos = c->sin = c->mask = c->mask_sliding = c->pixels = c->cross_states = -1;
+    c->mask_cross = -1;
     for (int i = 0; i < 4; i++)
         c->late_drop[i] = -1;
     for (int i = 0; i < MAX_TAPS; i++)
         c->taps[i] = -1;
     parallel_kind par = step_parallel(sp);
     c->zero = par == PAR_ZERO ? t->zero_stage : par == PAR_DDP ? 0 : 3;
+    c->deepspeed = par == PAR_ZERO;
+    s->offload_acts = t->activation_offload;
     c->grads_accumulate = t->grad_accum > 1 || t->optimizer_in_backward;
     c->grads_sharded = par == PAR_ZERO && t->zero_stage == 2 && !sp->deepspeed.contiguous_gradients &&
                        !sp->deepspeed.offload_optimizer && t->grad_accum == 1;
@@ -71,7 +74,8 @@ static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
         s->rows = malloc(f->nrows * sizeof *s->rows);
         s->layer_tp = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_tp);
         s->layer_p = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_p);
-        if (!s->rows || !s->layer_tp || !s->layer_p)
+        s->layer_gb = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_gb);
+        if (!s->rows || !s->layer_tp || !s->layer_p || !s->layer_gb)
             return -1;
         memcpy(s->rows, f->rows, f->nrows * sizeof *s->rows);
         if (f->layer_tp)
@@ -80,6 +84,9 @@ static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
         if (f->layer_p)
             memcpy(s->layer_p, f->layer_p, (size_t)MM_MAX_MODULES * MM_MAX_LAYERS *
                                                sizeof *s->layer_p);
+        if (f->layer_gb)
+            memcpy(s->layer_gb, f->layer_gb, (size_t)MM_MAX_MODULES * MM_MAX_LAYERS *
+                                                 sizeof *s->layer_gb);
         s->nrows = s->caprows = f->nrows;
         memcpy(s->rcache, f->rcache, sizeof s->rcache); /* same rows, same ids */
         c->largest_param = cfg->largest_param;
@@ -87,7 +94,8 @@ static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
     }
     s->layer_tp = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_tp);
     s->layer_p = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_p);
-    if (!s->layer_tp || !s->layer_p)
+    s->layer_gb = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_gb);
+    if (!s->layer_tp || !s->layer_p || !s->layer_gb)
         return -1;
     c->counting = 1;
     prog_forward(c);
@@ -103,9 +111,18 @@ static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
     const training_spec *t = &sp->training;
     uint32_t rin = sim_row_get(s, llm, "inputs", "inputs");
     sim_label(s, "inputs", rin);
-    uint64_t bs = sim_mul(s, t->micro_batch_size, t->seq_len);
-    int32_t in = sim_alloc(s, rin, sim_mul(s, bs, 3 * 8), F_TEMP, 0);
+    /* HF Trainer: the step's micro-batches are fetched to the device up front and
+     * held until after optimizer.step() (trainer.py _inner_training_loop,
+     * get_batch_samples; accelerate DataLoaderShard send_to_device) */
+    uint64_t ga = t->grad_accum ? t->grad_accum : 1;
+    uint64_t bs = sim_mul3(s, t->micro_batch_size, t->seq_len, ga);
+    uint64_t ids = sim_mul(s, bs, 3 * 8);
     const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    if (v && c->images && v->img.kind == IMG_SPLIT) /* Idefics3ImageProcessor's int64
+                                                       pixel_attention_mask: every tile pixel */
+        ids = sim_add(s, ids, sim_mul3(s, sim_mul(s, c->images, c->vt.tiles),
+                                       sim_mul(s, v->image_size, v->image_size), 8 * ga));
+    int32_t in = sim_alloc(s, rin, ids, F_TEMP, 0);
     if (v && c->images) {
         uint64_t tk = v->temporal_patch_size ? v->temporal_patch_size : 1;
         uint64_t px = sim_mul3(s, c->images, c->vt.patches, sim_mul3(s, v->num_channels,
@@ -114,7 +131,7 @@ static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
                                                                     tk));
         c->pixels = sim_alloc(s, sim_row_get(s, (uint32_t)(v - sp->modules), "pixel_values",
                                              "inputs"),
-                              sim_mul(s, px, 4), F_TEMP, 0);
+                              sim_mul3(s, px, 4, ga), F_TEMP, 0);
         if (c->pixels >= 0)
             s->t[c->pixels].esz = 4;
     }
@@ -169,11 +186,13 @@ int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
     sim_set_phase(s, MM_PHASE_BACKWARD);
     par_backward_begin(&ps, &c);
     sim_backward(s, 0, s->ntape, prog_recompute, &c);
+    sim_release_grads(s);
     sim_drop(s, loss);
     par_backward_end(&ps, &c);
     if (s->oom || s->overflow)
         return finish(s, sp, scratch, &c, err);
     sim_set_phase(s, MM_PHASE_OPTIMIZER);
+    s->leftover = sim_alive_temp(s, "inputs");
     par_optimizer(&ps, &c);
     sim_drop(s, in);
     sim_drop(s, c.pixels);

@@ -25,18 +25,24 @@ static int32_t patch_embed(lctx *c, uint64_t rows)
     int tw = op_trainable(c);
     op_param(c, r, sim_add(c->s, op_mul(c, h, kin), m->patch_bias ? h : 0), tw);
     op_label(c, "patch embedding", r);
+    /* autocast runs the conv in bf16: the fp32 pixels and the weight are cast */
+    uint64_t ce = c->amp ? c->dt : c->wdt;
     int32_t px = c->pixels;
-    if (esz_of(c, px) != c->wdt)
-        px = op_plain(c, r, c->pixels, -1, op_mul(c, rows, kin), c->wdt);
+    if (esz_of(c, px) != ce)
+        px = op_plain(c, r, c->pixels, -1, op_mul(c, rows, kin), ce);
     else
         op_hold(c, px);
-    int32_t pe = op_new(c, r, op_mul(c, rows, h), c->wdt);
+    int32_t wc = op_weight_cast(c, r, op_mul(c, h, kin), tw);
+    int32_t pe = op_new(c, r, op_mul(c, rows, h), ce);
     sim_node *n = op_node(c, r, pe, -1, -1, -1, tw);
     if (n) {
         op_save(c, n, px);
         op_wgrad(c, n, sim_add(c->s, op_mul(c, h, kin), m->patch_bias ? h : 0));
     }
+    op_drop(c, wc);
     op_drop(c, px);
+    if (!tw && tower_input_grads(c) && !c->counting && pe >= 0)
+        c->s->t[pe].rg = 1; /* output.requires_grad_(True): the frozen tower keeps a graph */
     return pe;
 }
 

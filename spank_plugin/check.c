@@ -103,13 +103,40 @@ static int load_spec(struct mmg_check *chk)
     return 0;
 }
 
+/* The degrees job_submit.lua may judge, so that the published record covers
+ * them (the caching allocator is replayed at each; docs/plugin.md, "Cost"):
+ * the job's own request - slurmctld judges it, whatever --mm-gpus said -, a
+ * node range's next count, and every per-node count it may move the job to
+ * (action=resize) or name in a rejection's hint (when it judges another
+ * count than this check did: a job this check accepted), at most
+ * MMG_RECORD_POINTS in all. */
+static size_t ctld_degrees(const struct mmg_check *chk, uint32_t *ns, size_t max)
+{
+    const struct mmg_gpureq *g = &chk->req.gpus;
+    int known = chk->have_req && chk->req.status == MMG_REQ_OK;
+    uint32_t nodes = known && g->nodes_min ? g->nodes_min : 1;
+    size_t k = 0;
+    if (known && g->gpus_min)
+        ns[k++] = g->gpus_min;
+    if (known && g->kind == MMG_PER_NODE && g->nodes_max > g->nodes_min && g->gpus_min == 1)
+        ns[k++] = mmg_gpureq_total(g, g->nodes_min + 1);
+    if (chk->cfg.action != MMG_ACTION_RESIZE && !(known && g->gpus_min != chk->dp))
+        return k;
+    for (uint32_t c = 1; c <= chk->cfg.max_gpus_per_node && k < max; c++)
+        if ((uint64_t)c * nodes <= UINT32_MAX)
+            ns[k++] = c * nodes;
+    return k;
+}
+
 /* The peak at the judged degree; for a node range starting at one GPU, also
- * at the next total (for N >= 2 the peak never grows with N: allocated(N) =
- * max_k(F_k + ceil(S_k / N)), everything else constant). */
+ * at the next total (the allocated peak never grows with N >= 2, but going
+ * from 1 to 2 GPUs adds NCCL), each replayed at its degree. */
 static int predict(struct mmg_check *chk)
 {
     char msg[2048];
     mm_error e;
+    uint32_t ns[MMG_RECORD_POINTS];
+    size_t k;
     const struct mmg_gpureq *g = &chk->req.gpus;
     memset(&e, 0, sizeof(e));
     if (mm_predict(chk->spec, &chk->pred, &e) != 0) {
@@ -117,8 +144,16 @@ static int predict(struct mmg_check *chk)
         return set_error(chk, msg);
     }
     chk->have_pred = 1;
-    chk->peak = mm_peak_for_dp(&chk->pred, chk->dp);
     chk->worst_dp = chk->dp;
+    k = ctld_degrees(chk, ns, MMG_RECORD_POINTS - 2); /* + n2 + the own N: <= 64 points */
+    if (!mmg_opts.gpus && g->kind == MMG_PER_NODE && g->nodes_max > g->nodes_min &&
+        chk->dp == 1)
+        ns[k++] = mmg_gpureq_total(g, g->nodes_min + 1);
+    if (k && mm_dp_cover(chk->spec, &chk->pred, ns, k, &e) != 0) {
+        snprintf(msg, sizeof(msg), "--mm-model=%s: prediction failed: %s", chk->spec_arg, e.msg);
+        return set_error(chk, msg);
+    }
+    chk->peak = mm_peak_for_dp(&chk->pred, chk->dp);
     if (!mmg_opts.gpus && g->kind == MMG_PER_NODE && g->nodes_max > g->nodes_min &&
         chk->dp == 1) {
         uint32_t n2 = mmg_gpureq_total(g, g->nodes_min + 1);
@@ -194,11 +229,13 @@ void mmg_check_run(struct mmg_check *chk, mmg_tool tool, int ac, char **av)
         chk->fit.fits = 1;
         chk->fit.max_micro_batch = mb;
         chk->have_fit = mb > 0;
-        return;
+    } else {
+        mmg_explain_misfit(chk);
+        if (chk->decision == MMG_WARN)
+            mmg_check_line(chk, "action=%s: submitting anyway", mmg_action_name(chk->cfg.action));
     }
-    mmg_explain_misfit(chk);
-    if (chk->decision == MMG_WARN)
-        mmg_check_line(chk, "action=%s: submitting anyway", mmg_action_name(chk->cfg.action));
+    /* the GPU processes' host memory against the job's --mem (host_mem=) */
+    mmg_host_check(chk);
 }
 
 void mmg_check_free(struct mmg_check *chk)

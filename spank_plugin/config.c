@@ -40,6 +40,11 @@ const char *mmg_action_name(mmg_action a)
     }
 }
 
+const char *mmg_hostmem_name(mmg_hostmem h)
+{
+    return h == MMG_HOSTMEM_WARN ? "warn" : h == MMG_HOSTMEM_OFF ? "off" : "check";
+}
+
 void mmg_config_defaults(struct mmg_config *c)
 {
     memset(c, 0, sizeof(*c));
@@ -48,6 +53,7 @@ void mmg_config_defaults(struct mmg_config *c)
     c->require = MMG_REQUIRE_OFF;
     c->margin_den = 1;
     c->max_gpus_per_node = 8;
+    c->host_overhead = MMG_DEFAULT_HOST_OVERHEAD;
     snprintf(c->default_gpu, sizeof(c->default_gpu), "h100");
     for (size_t i = 0; i < sizeof(builtin_gpus) / sizeof(builtin_gpus[0]); i++) {
         snprintf(c->gpus[i].name, sizeof(c->gpus[i].name), "%s", builtin_gpus[i].name);
@@ -152,6 +158,7 @@ static int choice(const char *value, const char *const *names)
 static const char *const action_names[] = { "reject", "warn", "resize", NULL };
 static const char *const onerr_names[] = { "reject", "allow", NULL };
 static const char *const require_names[] = { "off", "warn", "reject", NULL };
+static const char *const hostmem_names[] = { "check", "warn", "off", NULL };
 
 /* A size as mm_parse_size reads it, at most MMG_CONF_MAX_SIZE (job_submit.lua
  * counts in doubles, exact below 2^53). */
@@ -258,6 +265,9 @@ static int set_choice(struct mmg_config *c, const char *key, const char *value,
     } else if (!strcmp(key, "on_error")) {
         if ((v = choice(value, onerr_names)) >= 0)
             c->on_error = (mmg_on_error)v;
+    } else if (!strcmp(key, "host_mem")) {
+        if ((v = choice(value, hostmem_names)) >= 0)
+            c->host_mem = (mmg_hostmem)v;
     } else if ((v = choice(value, require_names)) >= 0) {
         c->require = (mmg_require)v;
     }
@@ -265,7 +275,27 @@ static int set_choice(struct mmg_config *c, const char *key, const char *value,
         return 0;
     return fail(err, errlen, "%s: %s: invalid value '%s' (%s)", where, key, value,
                 !strcmp(key, "action") ? "reject|warn|resize"
-                : !strcmp(key, "on_error") ? "reject|allow" : "off|warn|reject");
+                : !strcmp(key, "on_error") ? "reject|allow"
+                : !strcmp(key, "host_mem") ? "check|warn|off" : "off|warn|reject");
+}
+
+/* def_mem_per_node / _cpu / _gpu, node_mem: slurm.conf's values, which count
+ * in MiB there, so a unit is required ("4000MiB", "4GiB"); none or 0 unsets. */
+static int set_slurm_mem(struct mmg_config *c, const char *key, const char *value,
+                         const char *where, char *err, size_t errlen)
+{
+    uint64_t *dst = !strcmp(key, "def_mem_per_node") ? &c->def_mem_per_node
+                  : !strcmp(key, "def_mem_per_cpu") ? &c->def_mem_per_cpu
+                  : !strcmp(key, "def_mem_per_gpu") ? &c->def_mem_per_gpu : &c->node_mem;
+    size_t n = strlen(value);
+    if (!strcmp(value, "none") || !strcmp(value, "0")) {
+        *dst = 0;
+        return 0;
+    }
+    if (n && isdigit((unsigned char)value[n - 1]))
+        return fail(err, errlen, "%s: %s: '%s' needs a unit (slurm.conf counts in MiB: "
+                    "DefMemPerCPU=4000 is %sMiB here)", where, key, value, value);
+    return set_size(dst, key, value, where, err, errlen);
 }
 
 static int set_other(struct mmg_config *c, const char *key, const char *value, const char *where,
@@ -294,8 +324,14 @@ static int set_other(struct mmg_config *c, const char *key, const char *value, c
 int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
                    const char *where, char *err, size_t errlen)
 {
-    if (!strcmp(key, "action") || !strcmp(key, "on_error") || !strcmp(key, "require"))
+    if (!strcmp(key, "action") || !strcmp(key, "on_error") || !strcmp(key, "require") ||
+        !strcmp(key, "host_mem"))
         return set_choice(c, key, value, where, err, errlen);
+    if (!strcmp(key, "host_overhead"))
+        return set_size(&c->host_overhead, key, value, where, err, errlen);
+    if (!strcmp(key, "def_mem_per_node") || !strcmp(key, "def_mem_per_cpu") ||
+        !strcmp(key, "def_mem_per_gpu") || !strcmp(key, "node_mem"))
+        return set_slurm_mem(c, key, value, where, err, errlen);
     if (!strcmp(key, "margin"))
         return set_margin(c, value, where, err, errlen);
     if (!strcmp(key, "reserve"))
@@ -428,6 +464,9 @@ int mmg_config_finish(const struct mmg_config *c, char *err, size_t errlen)
             if (!mmg_config_gpu(c, tok))
                 return fail(err, errlen, "%s: resize_types: unknown GPU type '%s'", src, tok);
     }
+    if (c->def_mem_per_cpu && c->def_mem_per_node)
+        return fail(err, errlen, "%s: def_mem_per_cpu: mutually exclusive with def_mem_per_node "
+                    "(as DefMemPerCPU and DefMemPerNode in slurm.conf)", src);
     if (mmg_config_usable(c, mmg_config_gpu(c, c->default_gpu)->bytes) == 0)
         return fail(err, errlen, "%s: margin/reserve leave no usable memory on %s", src,
                     c->default_gpu);

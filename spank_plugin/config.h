@@ -27,6 +27,13 @@ typedef enum { MMG_ACTION_REJECT = 0, MMG_ACTION_WARN, MMG_ACTION_RESIZE } mmg_a
 typedef enum { MMG_ONERR_REJECT = 0, MMG_ONERR_ALLOW } mmg_on_error;
 /* GPU jobs without --mm-model (job_submit.lua): off | warn | reject */
 typedef enum { MMG_REQUIRE_OFF = 0, MMG_REQUIRE_WARN, MMG_REQUIRE_REJECT } mmg_require;
+/* host memory that does not fit the job's request: check (as action= says:
+ * reject, or warn for warn/resize) | warn | off */
+typedef enum { MMG_HOSTMEM_CHECK = 0, MMG_HOSTMEM_WARN, MMG_HOSTMEM_OFF } mmg_hostmem;
+
+/* Host memory of one GPU process outside what the predictor models: Python,
+ * torch and CUDA initialised (docs/plugin.md, "Host memory"). */
+#define MMG_DEFAULT_HOST_OVERHEAD (3ull << 30)
 
 /* Largest size accepted (2^53 - 1): job_submit.lua counts bytes in doubles. */
 #define MMG_CONF_MAX_SIZE ((1ull << 53) - 1)
@@ -53,11 +60,17 @@ struct mmg_config {
     uint32_t max_gpus_per_node;
     char resize_types[256];
     char ctld_log[MMG_PATH_MAX];
+    /* host memory (memreq.h); bytes, 0 = not set */
+    mmg_hostmem host_mem;
+    uint64_t host_overhead;         /* per GPU process */
+    uint64_t def_mem_per_node, def_mem_per_cpu, def_mem_per_gpu; /* slurm.conf's DefMemPer* */
+    uint64_t node_mem;              /* a GPU node's memory for jobs (--mem=0, no default) */
     char config_file[MMG_PATH_MAX]; /* last config= loaded, "" if none */
 };
 
 /* Built-in defaults: action=reject margin=0% reserve=0 default_gpu=h100,
- * on_error=reject, syslog=no, no log, max_gpus_per_node=8, GPU table
+ * on_error=reject, syslog=no, no log, max_gpus_per_node=8, host_mem=check,
+ * host_overhead=3GiB, no def_mem_* nor node_mem, GPU table
  * h100=81559MiB h200=143771MiB a100=81920MiB a100-40g=40960MiB l40s=46068MiB. */
 void mmg_config_defaults(struct mmg_config *c);
 
@@ -75,7 +88,8 @@ int mmg_config_load_file(struct mmg_config *c, const char *path,
 int mmg_config_parse_args(struct mmg_config *c, int ac, char **av,
                           char *err, size_t errlen);
 
-/* Cross-key checks: default_gpu and every resize_types entry are in the table. */
+/* Cross-key checks: default_gpu and every resize_types entry are in the table;
+ * def_mem_per_cpu and def_mem_per_node are not both set. */
 int mmg_config_finish(const struct mmg_config *c, char *err, size_t errlen);
 
 /* Table lookup, case-insensitive; NULL if unknown. */
@@ -89,5 +103,6 @@ uint64_t mmg_config_usable(const struct mmg_config *c, uint64_t gpu_mem);
 void mmg_config_margin_str(const struct mmg_config *c, char *buf, size_t n);
 
 const char *mmg_action_name(mmg_action a);
+const char *mmg_hostmem_name(mmg_hostmem h);
 
 #endif

@@ -88,60 +88,19 @@ static void suggest_base(const struct mmg_check *chk, struct mmg_reqin *in, stru
     snprintf(g->type, sizeof(g->type), "%s", chk->gpu->name);
 }
 
-/* Does the spec fit `usable` at n GPUs, predicted at n (mm_fit's count comes
- * from the peak model of one prediction, whose allocator slack is carried to
- * every n, and can be far too high)?  -1 when it cannot tell. */
-static int fits_at(const struct mmg_check *chk, uint32_t n)
-{
-    char assign[64];
-    mm_error e;
-    mm_prediction p;
-    mm_spec *s = mm_spec_clone(chk->spec);
-    int rc = -1;
-    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, n);
-    if (s && mm_spec_set(s, assign, &e) == 0 && mm_predict(s, &p, &e) == 0) {
-        rc = mm_peak_for_dp(&p, n) <= chk->usable;
-        mm_prediction_free(&p);
-    }
-    if (s)
-        mm_spec_free(s);
-    return rc;
-}
-
-/* The smallest n in (dp, hi] that fits by direct prediction (the peak does not
- * grow with n), hi when none is found to fit below it. */
-static uint32_t smallest_fitting(const struct mmg_check *chk, uint32_t hi)
-{
-    uint32_t lo = chk->dp; /* does not fit */
-    while (hi - lo > 1) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        int f = fits_at(chk, mid);
-        if (f < 0)
-            break;
-        if (f)
-            hi = mid;
-        else
-            lo = mid;
-    }
-    return hi;
-}
-
 /* More GPUs of the same type (with a ZeRO stage that shards over them). */
 static void suggest_gpus(struct mmg_check *chk, const struct mmg_reqin *in,
                          const struct mmg_gpureq *g)
 {
     const mm_fit_result *f = &chk->fit;
     char spelled[MMG_LINE_MAX / 2], with[160] = "";
-    uint32_t total, want;
+    uint32_t total;
     int zero = mm_spec_zero_stage(chk->spec);
 
+    /* mm_fit's count is the smallest that a prediction at that count fits */
     if (f->min_data_parallel <= chk->dp)
         return;
-    /* the same ZeRO stage and checkpointing as the spec: check the count */
-    want = f->min_data_parallel_zero == zero && !f->min_data_parallel_ckpt
-               ? smallest_fitting(chk, f->min_data_parallel)
-               : f->min_data_parallel;
-    total = mmg_request_spell(in, g, want, "", chk->cfg.max_gpus_per_node, spelled,
+    total = mmg_request_spell(in, g, f->min_data_parallel, "", chk->cfg.max_gpus_per_node, spelled,
                               sizeof(spelled));
     if (!total)
         return;

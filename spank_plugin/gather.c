@@ -302,7 +302,7 @@ static void build(struct mmg_reqin *r, mmg_tool tool, int argc, char **argv)
 
 void mmg_gather_request(mmg_tool tool, struct mmg_request *req)
 {
-    struct mmg_jobreq j;
+    struct mmg_jobreq *j = &req->job;
     char *store = NULL;
     int argc = 0;
     char **argv = read_cmdline(&store, &argc);
@@ -319,10 +319,13 @@ void mmg_gather_request(mmg_tool tool, struct mmg_request *req)
             snprintf(req->why, sizeof(req->why), "%s line %d: #PBS/#BSUB directives, which sbatch "
                      "translates, are not read by mmguard (use #SBATCH)", req->in.script_name,
                      req->in.pbs_line);
-        else if (mmg_reqin_to_job(&req->in, &j) != 0)
+        else if (mmg_reqin_to_job(&req->in, j) != 0)
             snprintf(req->why, sizeof(req->why), "%s", req->in.error);
         else
-            req->status = mmg_jobreq_eval(&j, &req->gpus, req->why, sizeof(req->why));
+            req->status = mmg_jobreq_eval(j, &req->gpus, req->why, sizeof(req->why));
+        /* the host memory request, read with the same options */
+        req->mem_ok = mmg_reqin_to_mem(&req->in, &req->mem, req->mem_why,
+                                       sizeof(req->mem_why)) == 0;
     }
     if (req->status == MMG_REQ_OK)
         mmg_request_describe(&req->in, &req->gpus, req->text, sizeof(req->text));

@@ -145,6 +145,26 @@ static void add_prediction(json_object *o, const struct mmg_check *chk)
         json_object_object_add(o, "max_micro_batch", json_object_new_int64(chk->fit.max_micro_batch));
 }
 
+/* "host": the host memory check (hostmem.c), when it ran. */
+static void add_host(json_object *o, const struct mmg_check *chk)
+{
+    static const char *const results[] = { "none", "fits", "misfit", "unchecked", "unknown" };
+    const struct mmg_hostcheck *h = &chk->host;
+    json_object *x;
+    if (h->result == MMG_HOST_NONE || !(x = json_object_new_object()))
+        return;
+    json_object_object_add(x, "result", json_object_new_string(results[h->result]));
+    json_object_object_add(x, "peak_bytes_per_process", u64(h->per_rank));
+    json_object_object_add(x, "overhead_bytes", u64(h->overhead));
+    json_object_object_add(x, "processes", json_object_new_int64(h->node.ranks));
+    json_object_object_add(x, "need_bytes", u64(h->need));
+    json_object_object_add(x, "have_bytes", h->result == MMG_HOST_FITS ||
+                           h->result == MMG_HOST_MISFIT ? u64(h->node.have_bytes) : NULL);
+    json_object_object_add(x, "request", str_or_null(h->request[0] ? h->request : NULL));
+    json_object_object_add(x, "ask", str_or_null(h->ask[0] ? h->ask : NULL));
+    json_object_object_add(o, "host", x);
+}
+
 char *mmg_decision_json(const struct mmg_check *chk)
 {
     json_object *o = json_object_new_object();
@@ -160,6 +180,7 @@ char *mmg_decision_json(const struct mmg_check *chk)
     add_site(o, chk);
     if (chk->have_pred)
         add_prediction(o, chk);
+    add_host(o, chk);
     out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);
     return out;

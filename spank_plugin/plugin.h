@@ -7,6 +7,7 @@
  * check.c     the submit-time decision: config, request, spec, prediction
  * decision.c  its name and the lines the user reads
  * explain.c   what the user reads: breakdown and suggestions in their terms
+ * hostmem.c   the host memory of the GPU processes against the job's --mem
  * submit.c    run, print, publish, log (what sbatch/salloc/srun do)
  * publish.c   the MMGUARD record (record.c) for job_submit.lua and the job
  * log.c       the JSON-lines decision log and syslog
@@ -14,7 +15,7 @@
  * local.c     srun (local context)
  * remote.c    slurmstepd (remote context): MMGUARD_* for the tasks
  * Slurm-free, unit-tested and fuzzed: config.c, request.c, walk.c,
- * optable.c, script.c, reqtext.c, jobinfo.c, record.c.
+ * optable.c, script.c, reqtext.c, jobinfo.c, record.c, memreq.c.
  */
 #ifndef MMG_PLUGIN_H
 #define MMG_PLUGIN_H
@@ -23,6 +24,7 @@
 #include <slurm/spank.h>
 
 #include "config.h"
+#include "memreq.h"
 #include "mmguard.h"
 #include "record.h"
 #include "request.h"
@@ -54,6 +56,10 @@ struct mmg_request {
     mmg_req_status status;
     char why[512];              /* status != OK: what the user reads */
     char text[512];             /* "2 GPUs (--gres=gpu:h100:2 on 1 node)" */
+    struct mmg_jobreq job;      /* the job_desc fields (status OK) */
+    struct mmg_memjob mem;      /* the memory request (mem_ok) */
+    int mem_ok;
+    char mem_why[512];          /* !mem_ok: why it cannot be read */
 };
 /* Rebuild the request of this sbatch/salloc/srun.  Never fails: problems end
  * in status/why. */
@@ -64,6 +70,20 @@ typedef enum {
     MMG_ACCEPT = 0, MMG_WARN, MMG_REJECT, MMG_ERROR
 } mmg_decision;
 const char *mmg_decision_name(mmg_decision d);
+
+/* The host memory check (hostmem.c). */
+typedef enum { MMG_HOST_NONE = 0, MMG_HOST_FITS, MMG_HOST_MISFIT, MMG_HOST_UNCHECKED,
+               MMG_HOST_UNKNOWN } mmg_host_result;
+struct mmg_hostcheck {
+    mmg_host_result result;
+    struct mmg_memnode node;    /* what the busiest GPU node gets */
+    uint64_t per_rank;          /* predicted host bytes per GPU process */
+    uint64_t overhead;          /* host_overhead per GPU process */
+    uint64_t need;              /* ranks x (per_rank + overhead) */
+    char ask[32];               /* the size that fits, in the request's unit ("162G") */
+    char request[300];          /* the request in the user's words */
+    char reason[700];
+};
 
 struct mmg_check {
     const char *source;           /* "sbatch" | "salloc" | "srun" */
@@ -85,6 +105,7 @@ struct mmg_check {
     mmg_decision decision;
     int blocks;                   /* 1: init_post_opt must return -1 */
     char reason[1024];
+    struct mmg_hostcheck host;
     char lines[MMG_MAX_LINES][MMG_LINE_MAX]; /* user-facing explanation */
     size_t n_lines;
 };
@@ -100,6 +121,11 @@ void mmg_check_line(struct mmg_check *chk, const char *fmt, ...)
 /* ---- explanation (explain.c) ------------------------------------------------- */
 /* A misfit: where the memory goes and what would fit, in the user's terms. */
 void mmg_explain_misfit(struct mmg_check *chk);
+
+/* ---- host memory (hostmem.c) ------------------------------------------------------ */
+/* The predicted host memory of the job's GPU processes against its memory
+ * request (host_mem=): may turn the decision into warn, reject or error. */
+void mmg_host_check(struct mmg_check *chk);
 
 /* ---- publishing and logging ---------------------------------------------------- */
 typedef int (*mmg_setenv_f)(void *ctx, const char *name, const char *value);

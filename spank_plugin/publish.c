@@ -46,6 +46,7 @@ void mmg_record_from_check(const struct mmg_check *chk, struct mmg_record *r)
     r->alloc = chk->alloc_peak;
     r->has_mmb = chk->have_fit;
     r->mmb = chk->fit.max_micro_batch;
+    r->host = chk->pred.host_peak_bytes;
     mmg_record_set_model(r, &chk->pred);
 }
 

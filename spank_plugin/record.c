@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum kind { K_STR, K_U64, K_U32, K_DBL, K_TERMS };
+enum kind { K_STR, K_U64, K_U32, K_DBL, K_TERMS, K_POINTS };
 
 struct key {
     const char *name;
@@ -28,11 +28,12 @@ static const struct key keys[] = {
     { "usable", K_U64, F(usable), 0 },      { "dp", K_U32, F(dp), 0 },
     { "request", K_STR, F(request), 0 },    { "peak", K_U64, F(peak), 0 },
     { "alloc", K_U64, F(alloc), 0 },        { "mmb", K_U32, F(mmb), 0 },
-    { "error", K_STR, F(error), 0 },        { "admission", K_STR, F(admission), 0 },
+    { "host", K_U64, F(host), 0 },          { "error", K_STR, F(error), 0 },
+    { "admission", K_STR, F(admission), 0 },
     { "ctx", K_U64, F(ctx), 1 },            { "nccl", K_U64, F(nccl), 1 },
     { "afix", K_U64, F(afix), 1 },          { "afrac", K_DBL, F(afrac), 1 },
-    { "slack", K_U64, F(slack), 1 },        { "dp1", K_U64, F(dp1), 1 },
-    { "terms", K_TERMS, F(terms), 1 },
+    { "dp1", K_U64, F(dp1), 1 },            { "terms", K_TERMS, F(terms), 1 },
+    { "res", K_POINTS, F(points), 1 },
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 #define NMODEL 7
@@ -77,6 +78,13 @@ static void put_value(struct out *o, const struct mmg_record *r, const struct ke
     case K_TERMS:
         for (size_t i = 0; i < r->n_terms && i < MM_MAX_TERMS; i++)
             put(o, "%s%" PRIu64 ":%" PRIu64, i ? "," : "", r->terms[i].fixed, r->terms[i].sharded);
+        break;
+    case K_POINTS:
+        for (size_t i = 0; i < r->n_points && i < MMG_RECORD_POINTS; i++) {
+            const mm_dp_point *q = &r->points[i];
+            put(o, "%s%" PRIu32 "-%" PRIu32 ":%" PRIu64 ":%" PRIu64, i ? "," : "", q->n_from,
+                q->n_to, q->reserved, q->paged);
+        }
         break;
     }
 }
@@ -174,25 +182,85 @@ static int get_dbl(const char *s, size_t n, double *out)
     return 0;
 }
 
-/* "F:S,F:S,..." with 1..MM_MAX_TERMS terms. */
-static int get_terms(const char *s, size_t n, struct mmg_record *r)
+/* Each item of the comma-separated list [s, s+n) through item(); 1..max
+ * items, no empty one (a trailing comma included).  The count, or -1. */
+typedef int (*item_f)(const char *s, size_t n, size_t idx, struct mmg_record *r);
+static long each_item(const char *s, size_t n, size_t max, item_f item, struct mmg_record *r)
 {
-    size_t i = 0;
-    r->n_terms = 0;
+    size_t i = 0, k = 0;
     while (i < n) {
         const char *c = memchr(s + i, ',', n - i), *end = c ? c : s + n;
-        const char *colon = memchr(s + i, ':', (size_t)(end - (s + i)));
-        mm_dp_term *t = &r->terms[r->n_terms];
-        if (r->n_terms >= MM_MAX_TERMS || !colon ||
-            get_u64(s + i, (size_t)(colon - (s + i)), UINT64_MAX, &t->fixed) != 0 ||
-            get_u64(colon + 1, (size_t)(end - colon - 1), UINT64_MAX, &t->sharded) != 0)
+        if (k >= max || item(s + i, (size_t)(end - (s + i)), k, r) != 0)
             return -1;
-        r->n_terms++;
+        k++;
         i = (size_t)(end - s) + (c != NULL);
         if (c && i == n)
             return -1; /* trailing comma */
     }
-    return r->n_terms ? 0 : -1;
+    return k ? (long)k : -1;
+}
+
+/* "F:S" */
+static int get_term(const char *s, size_t n, size_t idx, struct mmg_record *r)
+{
+    const char *colon = memchr(s, ':', n);
+    mm_dp_term *t = &r->terms[idx];
+    return !colon || get_u64(s, (size_t)(colon - s), UINT64_MAX, &t->fixed) != 0 ||
+                   get_u64(colon + 1, n - (size_t)(colon - s) - 1, UINT64_MAX, &t->sharded) != 0
+               ? -1
+               : 0;
+}
+
+/* "F:S,F:S,..." with 1..MM_MAX_TERMS terms. */
+static int get_terms(const char *s, size_t n, struct mmg_record *r)
+{
+    long k = each_item(s, n, MM_MAX_TERMS, get_term, r);
+    r->n_terms = k > 0 ? (size_t)k : 0;
+    return k > 0 ? 0 : -1;
+}
+
+/* [s, s+n) split at `sep`: the part before it in *a (length *na), the rest
+ * after it; -1 when there is no separator */
+static int cut(const char **s, size_t *n, char sep, size_t *na)
+{
+    const char *c = memchr(*s, sep, *n);
+    if (!c)
+        return -1;
+    *na = (size_t)(c - *s);
+    *n -= *na + 1;
+    *s = c + 1;
+    return 0;
+}
+
+/* "FROM-TO:RESERVED:PAGED" with 1 <= FROM <= TO, after the previous TO */
+static int get_point(const char *s, size_t n, size_t idx, struct mmg_record *r)
+{
+    const char *a = s, *b, *c;
+    size_t na, nb, nc;
+    uint64_t from, to;
+    uint32_t after = idx ? r->points[idx - 1].n_to : 0;
+    mm_dp_point *q = &r->points[idx];
+    if ((idx && after == UINT32_MAX) || cut(&s, &n, '-', &na) != 0)
+        return -1;
+    b = s;
+    if (cut(&s, &n, ':', &nb) != 0)
+        return -1;
+    c = s;
+    if (cut(&s, &n, ':', &nc) != 0 || get_u64(a, na, UINT32_MAX, &from) != 0 ||
+        get_u64(b, nb, UINT32_MAX, &to) != 0 || get_u64(c, nc, UINT64_MAX, &q->reserved) != 0 ||
+        get_u64(s, n, UINT64_MAX, &q->paged) != 0 || from < 1 || from > to || from <= after)
+        return -1;
+    q->n_from = (uint32_t)from;
+    q->n_to = (uint32_t)to;
+    return 0;
+}
+
+/* 1..MMG_RECORD_POINTS points, ascending and disjoint */
+static int get_points(const char *s, size_t n, struct mmg_record *r)
+{
+    long k = each_item(s, n, MMG_RECORD_POINTS, get_point, r);
+    r->n_points = k > 0 ? (size_t)k : 0;
+    return k > 0 ? 0 : -1;
 }
 
 static int get_value(struct mmg_record *r, const struct key *k, const char *v, size_t n)
@@ -208,7 +276,8 @@ static int get_value(struct mmg_record *r, const struct key *k, const char *v, s
         *(uint32_t *)(void *)base = (uint32_t)u;
         return 0;
     case K_DBL: return get_dbl(v, n, (double *)(void *)base);
-    default: return get_terms(v, n, r);
+    case K_TERMS: return get_terms(v, n, r);
+    default: return get_points(v, n, r);
     }
 }
 
@@ -257,7 +326,7 @@ int mmg_record_parse(const char *text, struct mmg_record *r, char *err, size_t e
     memset(r, 0, sizeof(*r));
     if (len > MMG_RECORD_MAX)
         return fail(err, errlen, "MMGUARD: longer than %u bytes", MMG_RECORD_MAX);
-    if (strncmp(text, "v=2", 3) != 0 || (text[3] != ' ' && text[3] != '\0'))
+    if (strncmp(text, "v=3", 3) != 0 || (text[3] != ' ' && text[3] != '\0'))
         return fail(err, errlen, "MMGUARD: unsupported version (want v=%d)", MMG_RECORD_VERSION);
     for (i = 3; i < len;) {
         const char *t = text + i + 1, *sp = memchr(t, ' ', len - i - 1);
@@ -281,10 +350,12 @@ void mmg_record_set_model(struct mmg_record *r, const mm_prediction *p)
     r->nccl = p->overheads.nccl;
     r->afix = p->overheads.alloc_fixed;
     r->afrac = p->overheads.alloc_frac;
-    r->slack = p->allocator_slack;
     r->dp1 = p->allocated_dp1;
     r->n_terms = p->n_terms < MM_MAX_TERMS ? p->n_terms : MM_MAX_TERMS;
     memcpy(r->terms, p->terms, sizeof(r->terms));
+    r->n_points = p->n_dp_points < MMG_RECORD_POINTS ? p->n_dp_points : MMG_RECORD_POINTS;
+    if (r->n_points)
+        memcpy(r->points, p->dp_points, r->n_points * sizeof(r->points[0]));
 }
 
 uint64_t mmg_record_peak_for_dp(const struct mmg_record *r, uint32_t n)
@@ -295,9 +366,10 @@ uint64_t mmg_record_peak_for_dp(const struct mmg_record *r, uint32_t n)
     p.overheads.nccl = r->nccl;
     p.overheads.alloc_fixed = r->afix;
     p.overheads.alloc_frac = r->afrac;
-    p.allocator_slack = r->slack;
     p.allocated_dp1 = r->dp1;
     p.n_terms = r->n_terms;
     memcpy(p.terms, r->terms, sizeof(p.terms));
+    p.n_dp_points = r->n_points;
+    p.dp_points = (mm_dp_point *)r->points; /* read only: not freed */
     return mm_peak_for_dp(&p, n);
 }

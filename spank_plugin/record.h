@@ -8,7 +8,7 @@
  * MMGUARD_* variables.  slurmstepd runs as root and the text comes from the
  * user, so the parser is strict, bounded and fuzzed (tests/fuzz/fuzz_record.c).
  *
- * Text: "v=2 key=value key=value ...", keys below, strings percent-encoded
+ * Text: "v=3 key=value key=value ...", keys below, strings percent-encoded
  * (every byte outside '!'..'~' and '%' itself as %XX).  Unknown keys,
  * duplicates, bad numbers and over-long text are errors.  The format is
  * documented in docs/plugin.md; contrib/job_submit.lua has its own reader.
@@ -22,7 +22,8 @@
 #include "mmguard.h"
 
 #define MMG_RECORD_MAX 8192   /* longest accepted text */
-#define MMG_RECORD_VERSION 2
+#define MMG_RECORD_VERSION 3
+#define MMG_RECORD_POINTS 64  /* most degree ranges in res= */
 
 struct mmg_record {
     char decision[8];         /* decision=  accept | warn | error */
@@ -37,23 +38,29 @@ struct mmg_record {
     uint64_t peak, alloc;     /* peak= alloc=  predicted device / allocated peak at dp */
     int has_mmb;
     uint32_t mmb;             /* mmb=       largest micro-batch that fits at dp */
+    uint64_t host;            /* host=      predicted host bytes per GPU process at dp
+                                            (CPU offload; absent: 0) */
     char error[1024];         /* error=     decision error: the message */
     char admission[160];      /* admission= set by job_submit.lua when it resized */
-    /* the per-GPU peak for any N (mm_peak_for_dp): */
-    int has_model;            /* all of ctx..terms present */
-    uint64_t ctx, nccl, afix, slack, dp1;
+    /* the per-GPU peak at the degrees N it covers (mm_peak_for_dp): */
+    int has_model;            /* all of ctx..res present */
+    uint64_t ctx, nccl, afix, dp1;
     double afrac;
     size_t n_terms;
     mm_dp_term terms[MM_MAX_TERMS];
+    size_t n_points;          /* res= "FROM-TO:RESERVED:PAGED,..." by FROM */
+    mm_dp_point points[MMG_RECORD_POINTS];
 };
 
 /* The text of r; -1 when it does not fit n bytes. */
 int mmg_record_format(const struct mmg_record *r, char *out, size_t n);
 /* Parse text; 0 ok, -1 with a message naming the key. */
 int mmg_record_parse(const char *text, struct mmg_record *r, char *err, size_t errlen);
-/* The peak model of a prediction (has_model, ctx .. terms). */
+/* The peak model of a prediction (has_model, ctx .. res): its first
+ * MMG_RECORD_POINTS dp points. */
 void mmg_record_set_model(struct mmg_record *r, const mm_prediction *p);
-/* mm_peak_for_dp() from the published model (what job_submit.lua computes). */
+/* mm_peak_for_dp() from the published model (what job_submit.lua computes):
+ * MM_PEAK_UNKNOWN for a degree no point covers. */
 uint64_t mmg_record_peak_for_dp(const struct mmg_record *r, uint32_t n);
 
 #endif

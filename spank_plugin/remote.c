@@ -19,7 +19,8 @@
 static const char *const task_vars[] = {
     "MMGUARD_DECISION", "MMGUARD_PEAK_BYTES", "MMGUARD_ALLOC_PEAK_BYTES",
     "MMGUARD_MAX_MICRO_BATCH", "MMGUARD_GPU", "MMGUARD_GPU_MEM", "MMGUARD_USABLE_BYTES",
-    "MMGUARD_DATA_PARALLEL", "MMGUARD_MODEL", "MMGUARD_SPEC", "MMGUARD_SPEC_SHA256", NULL
+    "MMGUARD_DATA_PARALLEL", "MMGUARD_MODEL", "MMGUARD_SPEC", "MMGUARD_SPEC_SHA256",
+    "MMGUARD_HOST_PEAK_BYTES", NULL
 };
 
 static void u64s(char *buf, size_t n, uint64_t v, int present)
@@ -44,7 +45,8 @@ static void task_value(const struct mmg_record *r, size_t i, char *buf, size_t n
     case 7: u64s(buf, n, r->dp, r->dp != 0); break;
     case 8: snprintf(buf, n, "%s", r->model); break;
     case 9: snprintf(buf, n, "%s", r->spec); break;
-    default: snprintf(buf, n, "%s", r->sha256); break;
+    case 10: snprintf(buf, n, "%s", r->sha256); break;
+    default: u64s(buf, n, r->host, r->peak != 0); break; /* 0 without offload */
     }
 }
 

@@ -20,22 +20,32 @@ struct envopt {
     mmg_opt_id id;
 };
 
-/* The GPU-, node- and task-shaping entries of env_vars[] in Slurm 22.05's
- * src/sbatch/opt.c, src/salloc/opt.c and src/srun/libsrun/opt.c, in their
- * order (a later entry for the same option wins).  sbatch and salloc read no
- * node or task count from the environment. */
+/* The GPU-, node-, task-, CPU- and memory-shaping entries of env_vars[] in
+ * Slurm 22.05's src/sbatch/opt.c, src/salloc/opt.c and src/srun/libsrun/opt.c,
+ * in their order (a later entry for the same option wins).  sbatch and salloc
+ * read no node, task or CPU-per-task count from the environment. */
 static const struct envopt env_opts[] = {
     { "SBATCH_IGNORE_PBS", MMG_TOOL_SBATCH, MMG_O_IGNORE_PBS },
+    { "SBATCH_CPUS_PER_GPU", MMG_TOOL_SBATCH, MMG_O_CPUS_PER_GPU },
     { "SBATCH_GRES", MMG_TOOL_SBATCH, MMG_O_GRES },
     { "SBATCH_GPUS", MMG_TOOL_SBATCH, MMG_O_GPUS },
     { "SBATCH_GPUS_PER_NODE", MMG_TOOL_SBATCH, MMG_O_GPUS_PER_NODE },
     { "SBATCH_GPUS_PER_SOCKET", MMG_TOOL_SBATCH, MMG_O_GPUS_PER_SOCKET },
     { "SBATCH_GPUS_PER_TASK", MMG_TOOL_SBATCH, MMG_O_GPUS_PER_TASK },
+    { "SBATCH_MEM_PER_CPU", MMG_TOOL_SBATCH, MMG_O_MEM_PER_CPU },
+    { "SBATCH_MEM_PER_GPU", MMG_TOOL_SBATCH, MMG_O_MEM_PER_GPU },
+    { "SBATCH_MEM_PER_NODE", MMG_TOOL_SBATCH, MMG_O_MEM },
+    { "SALLOC_CPUS_PER_GPU", MMG_TOOL_SALLOC, MMG_O_CPUS_PER_GPU },
     { "SALLOC_GPUS", MMG_TOOL_SALLOC, MMG_O_GPUS },
     { "SALLOC_GPUS_PER_NODE", MMG_TOOL_SALLOC, MMG_O_GPUS_PER_NODE },
     { "SALLOC_GPUS_PER_SOCKET", MMG_TOOL_SALLOC, MMG_O_GPUS_PER_SOCKET },
     { "SALLOC_GPUS_PER_TASK", MMG_TOOL_SALLOC, MMG_O_GPUS_PER_TASK },
     { "SALLOC_GRES", MMG_TOOL_SALLOC, MMG_O_GRES },
+    { "SALLOC_MEM_PER_CPU", MMG_TOOL_SALLOC, MMG_O_MEM_PER_CPU },
+    { "SALLOC_MEM_PER_GPU", MMG_TOOL_SALLOC, MMG_O_MEM_PER_GPU },
+    { "SALLOC_MEM_PER_NODE", MMG_TOOL_SALLOC, MMG_O_MEM },
+    { "SRUN_CPUS_PER_TASK", MMG_TOOL_SRUN, MMG_O_CPUS_PER_TASK },
+    { "SLURM_CPUS_PER_GPU", MMG_TOOL_SRUN, MMG_O_CPUS_PER_GPU },
     { "SLURM_GPUS", MMG_TOOL_SRUN, MMG_O_GPUS },
     { "SLURM_GPUS_PER_NODE", MMG_TOOL_SRUN, MMG_O_GPUS_PER_NODE },
     { "SLURM_GPUS_PER_SOCKET", MMG_TOOL_SRUN, MMG_O_GPUS_PER_SOCKET },
@@ -43,6 +53,9 @@ static const struct envopt env_opts[] = {
     { "SLURM_GRES", MMG_TOOL_SRUN, MMG_O_GRES },
     { "SLURM_JOB_ID", MMG_TOOL_SRUN, MMG_O_JOBID },
     { "SLURM_JOB_NUM_NODES", MMG_TOOL_SRUN, MMG_O_NODES },
+    { "SLURM_MEM_PER_CPU", MMG_TOOL_SRUN, MMG_O_MEM_PER_CPU },
+    { "SLURM_MEM_PER_GPU", MMG_TOOL_SRUN, MMG_O_MEM_PER_GPU },
+    { "SLURM_MEM_PER_NODE", MMG_TOOL_SRUN, MMG_O_MEM },
     { "SLURM_NPROCS", MMG_TOOL_SRUN, MMG_O_NTASKS },
     { "SLURM_NTASKS", MMG_TOOL_SRUN, MMG_O_NTASKS },
     { "SLURM_NTASKS_PER_NODE", MMG_TOOL_SRUN, MMG_O_NTASKS_PER_NODE },

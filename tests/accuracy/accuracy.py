@@ -18,7 +18,9 @@ measured, negative = under-prediction (the dangerous direction).
   accuracy.py --only REGEX        rows whose id matches
   accuracy.py --json              one JSON object (schema in docs/oracle.md)
   accuracy.py --check BASELINE    exit 1 if a group misses its goal and is not
-                                  excused in BASELINE, or regresses past it
+                                  excused in BASELINE (with a reason), or regresses
+                                  past it
+  accuracy.py --write-baseline F  write today's groups that miss the goal to F
 """
 import argparse
 import json
@@ -115,7 +117,8 @@ def module_overrides(row):
         tm = lc["target_modules"]
         mods[-1]["lora"] = {"r": lc["r"], "lora_alpha": lc["lora_alpha"],
                             "lora_dropout": lc["lora_dropout"],
-                            "target_modules": LORA_ALL if tm == "language-linear" else tm}
+                            "target_modules": LORA_ALL if tm == "language-linear" else tm,
+                            "autocast_adapter_dtype": bool(lc.get("autocast_adapter_dtype", True))}
     return mods
 
 
@@ -269,6 +272,8 @@ def check(summary, baseline_path):
             if not b:
                 fails.append("%s %s misses the goal and has no baseline entry" % (sec, k))
                 continue
+            if not b.get("reason") or b["reason"].startswith("TODO"):
+                fails.append("%s %s: the baseline gives no reason" % (sec, k))
             if g["describable"] < b["describable"]:
                 fails.append("%s %s: %d rows describable, baseline %d" % (sec, k, g["describable"],
                                                                           b["describable"]))
@@ -281,18 +286,51 @@ def check(summary, baseline_path):
     return fails
 
 
+def write_baseline(summary, path):
+    """groups that miss the goal, with today's numbers; a reason already written
+    for a group is kept, a new group gets a placeholder that --check refuses"""
+    old = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+    out = {"_comment": "groups of tests/accuracy/accuracy.py that do not meet the goal yet: "
+                       "each with the reason and the numbers it may not get worse than"}
+    for sec in ("families", "parallel"):
+        out[sec] = {}
+        for k, g in sorted(summary[sec].items()):
+            if g["meets_goal"]:
+                continue
+            reason = old.get(sec, {}).get(k, {}).get("reason", "TODO: say why")
+            out[sec][k] = {"reason": reason, "describable": g["describable"],
+                           "mape": round(g["mape"], 6) if g["mape"] is not None else None,
+                           "max_under": round(g["max_under"], 6) if g["max_under"] is not None
+                           else None,
+                           "phase_right": round(g["phase_right"], 6)
+                           if g["phase_right"] is not None else None}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mmguard", default=os.path.join(ROOT, "build", "mmguard"))
     ap.add_argument("--data", default=os.path.join(ROOT, "tests", "truth", "data", "truth.jsonl"))
+    ap.add_argument("--prefer", metavar="FILE",
+                    help="rows of FILE replace the data's rows of the same id (a regeneration in progress)")
     ap.add_argument("--only", help="regex on row ids")
     ap.add_argument("--worst", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--check", metavar="BASELINE")
+    ap.add_argument("--write-baseline", metavar="FILE",
+                    help="write the groups that miss the goal, with their numbers, to FILE")
     ap.add_argument("--keep", action="store_true", help="keep each row's spec directory (printed)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     a = ap.parse_args()
     rows = load(a.data)
+    if a.prefer and os.path.exists(a.prefer):
+        newer = {r["id"]: r for r in load(a.prefer)}
+        rows = [newer.get(r["id"], r) for r in rows]
     if a.only:
         rows = [r for r in rows if re.search(a.only, r["id"])]
     if not rows:
@@ -315,6 +353,9 @@ def main():
         table("all", {"all": summary["all"]})
         if a.worst:
             worst(results, a.worst)
+    if a.write_baseline:
+        write_baseline(summary, a.write_baseline)
+        print("accuracy: wrote %s" % a.write_baseline)
     if a.check:
         fails = check(summary, a.check)
         for f in fails:

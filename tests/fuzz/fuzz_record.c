@@ -32,13 +32,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (mmg_record_parse(text, &back, err, sizeof err) != 0)
             FUZZ_FAIL("a written record does not read back");
         if (strcmp(back.spec, r.spec) || strcmp(back.error, r.error) || back.peak != r.peak ||
-            back.has_model != r.has_model || back.n_terms != r.n_terms)
+            back.has_model != r.has_model || back.n_terms != r.n_terms ||
+            back.n_points != r.n_points ||
+            (r.n_points && memcmp(back.points, r.points, r.n_points * sizeof r.points[0])))
             FUZZ_FAIL("a record changed on its way back");
     }
     if (r.has_model) {
         (void)mmg_record_peak_for_dp(&r, 1);
         (void)mmg_record_peak_for_dp(&r, 2);
         (void)mmg_record_peak_for_dp(&r, 65536);
+        (void)mmg_record_peak_for_dp(&r, UINT32_MAX);
     }
     free(in);
     return 0;

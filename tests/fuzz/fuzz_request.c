@@ -9,46 +9,10 @@
 #include <string.h>
 
 #include "fuzz_common.h"
+#include "fuzz_split.h"
 #include "request.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-/* The next NUL-terminated part of the input (malloc'd), or "" at the end. */
-static char *part(const uint8_t **d, size_t *n)
-{
-    const uint8_t *nul = memchr(*d, '\0', *n);
-    size_t len = nul ? (size_t)(nul - *d) : *n;
-    char *s = malloc(len + 1);
-    if (!s)
-        FUZZ_FAIL("out of memory");
-    memcpy(s, *d, len);
-    s[len] = '\0';
-    *d += len + (nul != NULL);
-    *n -= len + (nul != NULL);
-    return s;
-}
-
-/* "a\nb\nc" -> {"a","b","c",NULL} pointing into s (argv[0] first when given). */
-static char **lines(char *s, const char *first, int *count)
-{
-    size_t n = 2;
-    for (char *p = s; *p; p++)
-        n += *p == '\n';
-    char **v = calloc(n + 1, sizeof *v);
-    int k = 0;
-    if (!v)
-        FUZZ_FAIL("out of memory");
-    if (first)
-        v[k++] = (char *)first;
-    for (char *p = s, *nl; p && *p; p = nl) {
-        nl = strchr(p, '\n');
-        if (nl)
-            *nl++ = '\0';
-        v[k++] = p;
-    }
-    *count = k;
-    return v;
-}
 
 static void check_str(const char *s, size_t n)
 {
@@ -84,36 +48,13 @@ static void use_request(struct mmg_reqin *r)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const mmg_tool tools[] = { MMG_TOOL_SBATCH, MMG_TOOL_SALLOC, MMG_TOOL_SRUN };
-    struct mmg_reqin *r;
-    char *script, *env, *args, *job, **envp, **argv;
-    int nenv, nargs;
+    struct fuzz_input in;
     if (size < 1 || size > 65536)
         return 0;
-    r = malloc(sizeof *r);
-    if (!r)
-        FUZZ_FAIL("out of memory");
-    mmg_reqin_init(r, tools[data[0] % 3]);
-    data++;
-    size--;
-    script = part(&data, &size);
-    env = part(&data, &size);
-    args = part(&data, &size);
-    job = part(&data, &size);
-    envp = lines(env, NULL, &nenv);
-    argv = lines(args, mmg_tool_name(r->tool), &nargs);
-    (void)mmg_script_apply(r, script, strlen(script));
-    mmg_env_apply(r, envp);
-    (void)mmg_args_apply(r, nargs, argv, MMG_FROM_ARGS, NULL);
-    (void)mmg_alloc_apply(r, job);
-    (void)mmg_hostlist_count(args);
-    use_request(r);
-    free(envp);
-    free(argv);
-    free(script);
-    free(env);
-    free(args);
-    free(job);
-    free(r);
+    fuzz_input_read(&in, data, size);
+    (void)mmg_alloc_apply(in.r, in.last); /* the last part: an scontrol record */
+    (void)mmg_hostlist_count(in.args);
+    use_request(in.r);
+    fuzz_input_free(&in);
     return 0;
 }

@@ -1,12 +1,13 @@
 /* peak_tool.c - the C side of `make check-jobsubmit-peak`: for each spec (at
- * its own data-parallel degree and at 1) the MMGUARD record the plugin would
- * publish (record.c), then mm_peak_for_dp() for every N = 1..4096; or the same
- * for a record taken from a real job.  tests/jobsubmit/peak_check.lua holds
+ * its own data-parallel degree and at 1, each replayed at N = 1..COVER too)
+ * the MMGUARD record the plugin would publish (record.c), then its
+ * mm_peak_for_dp() for every N = 1..4096 ("-": not covered); or the same for
+ * a record taken from a real job.  tests/jobsubmit/peak_check.lua holds
  * job_submit.lua's peak(N) of the record against each line.
  *
  *   peak_tool spec FILE...     predictions of these specs
  *   peak_tool record TEXT      a published MMGUARD value
- * Output: "v=2 ..." record lines, each followed by "N<TAB>PEAK" lines. */
+ * Output: "v=3 ..." record lines, each followed by "N<TAB>PEAK" lines. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "record.h"
 
 #define MAX_N 4096
+#define COVER 64
 
 static void emit(const struct mmg_record *r)
 {
@@ -24,8 +26,13 @@ static void emit(const struct mmg_record *r)
         return;
     }
     printf("%s\n", text);
-    for (uint32_t n = 1; n <= MAX_N; n++)
-        printf("%" PRIu32 "\t%" PRIu64 "\n", n, mmg_record_peak_for_dp(r, n));
+    for (uint32_t n = 1; n <= MAX_N; n++) {
+        uint64_t pk = mmg_record_peak_for_dp(r, n);
+        if (pk == MM_PEAK_UNKNOWN)
+            printf("%" PRIu32 "\t-\n", n);
+        else
+            printf("%" PRIu32 "\t%" PRIu64 "\n", n, pk);
+    }
 }
 
 static int from_spec(const char *path, const char *set)
@@ -33,8 +40,12 @@ static int from_spec(const char *path, const char *set)
     mm_error e;
     mm_prediction p;
     struct mmg_record r;
+    uint32_t ns[COVER];
     mm_spec *spec = mm_spec_load_file(path, &e);
-    if (!spec || (set && mm_spec_set(spec, set, &e) != 0) || mm_predict(spec, &p, &e) != 0) {
+    for (uint32_t i = 0; i < COVER; i++)
+        ns[i] = i + 1;
+    if (!spec || (set && mm_spec_set(spec, set, &e) != 0) || mm_predict(spec, &p, &e) != 0 ||
+        mm_dp_cover(spec, &p, ns, COVER, &e) != 0) {
         fprintf(stderr, "peak_tool: %s: %s\n", path, e.msg);
         if (spec)
             mm_spec_free(spec);

@@ -163,6 +163,7 @@ case("GPU requests: every case of tests/unit/request_cases.txt", function()
     local cases = load_table(root .. "/tests/unit/request_cases.txt")
     assert(#cases >= 20, "too few cases")
     for _, tc in ipairs(cases) do
+      if tc.expect:sub(1, 4) ~= "mem " then   -- host memory: the next case
         local req, status, why = M.eval_request(job_fields(tc.text))
         if req then
             local got = string.format("ok gpus=%s type=%s nodes=%s-%s", M.istr(req.gpus), req.type or "",
@@ -175,7 +176,58 @@ case("GPU requests: every case of tests/unit/request_cases.txt", function()
             if not want then error(tc.name .. ": unknown (" .. why .. "), want " .. tc.expect) end
             if why:sub(1, #want) ~= want then error(tc.name .. ": '" .. why .. "', want '" .. want .. "...'") end
         end
+      end
     end
+end)
+
+-- The "mem" cases: job_desc memory fields as 22.05 shows them to Lua, the
+-- site's defaults, the host need and the size to ask for.
+local function mem_case_fields(text)
+    local j = job_fields("")
+    local site = { def_mem_per_node = 0, def_mem_per_cpu = 0, def_mem_per_gpu = 0, node_mem = 0,
+                   max_gpus_per_node = 8 }
+    local host, ovh = 0, 3221225472
+    local sitekeys = { dmn = "def_mem_per_node", dmc = "def_mem_per_cpu", dmg = "def_mem_per_gpu",
+                       node_mem = "node_mem", maxgpn = "max_gpus_per_node" }
+    local jobkeys = { mpn = "min_mem_per_node", mpc = "min_mem_per_cpu", cpt = "cpus_per_task",
+                      mincpus = "pn_min_cpus" }
+    local rest = {}
+    for k, v in text:gmatch("(%S+)=(%S*)") do
+        if sitekeys[k] then site[sitekeys[k]] = tonumber(v)
+        elseif jobkeys[k] then j[jobkeys[k]] = tonumber(v)
+        elseif k == "mpg" then j.mem_per_tres = "gres:gpu:" .. v
+        elseif k == "cpg" then j.cpus_per_tres = "gres:gpu:" .. v
+        elseif k == "host" then host = tonumber(v)
+        elseif k == "ovh" then ovh = tonumber(v)
+        else rest[#rest + 1] = k .. "=" .. v end
+    end
+    for k, v in pairs(job_fields(table.concat(rest, " "))) do j[k] = v end
+    return j, site, host, ovh
+end
+
+case("host memory: every mem case of tests/unit/request_cases.txt", function()
+    local n = 0
+    for _, tc in ipairs(load_table(root .. "/tests/unit/request_cases.txt")) do
+        if tc.expect:sub(1, 4) == "mem " then
+            n = n + 1
+            local j, site, host, ovh = mem_case_fields(tc.text)
+            local req, _, why = M.eval_request(j)
+            if not req then error(tc.name .. ": " .. tostring(why)) end
+            local st, node = M.host_request(j, req, site)
+            local got
+            if st == "whole" then
+                got = string.format("mem whole ranks=%s cpus=%s", M.istr(node.ranks), M.istr(node.cpus))
+            else
+                local need = node.ranks * (host + ovh)
+                local _, ask = M.mem_ask(node, need)
+                got = string.format("mem sized kind=%s default=%s ranks=%s cpus=%s have=%s need=%s fits=%s ask=%s",
+                    node.kind, node.from_default and "yes" or "no", M.istr(node.ranks), M.istr(node.cpus),
+                    M.istr(node.have), M.istr(need), need <= node.have and "yes" or "no", ask)
+            end
+            eq(got, tc.expect, tc.name)
+        end
+    end
+    assert(n >= 15, "too few mem cases")
 end)
 
 -- ---- arithmetic and the published record ------------------------------------------
@@ -189,23 +241,32 @@ local function record(o)
         decision = o.decision or "accept", spec = "/home/alice/llava \"quoted\".yaml",
         sha256 = string.rep("ab", 32), model = "llava-1.5-7b-finetune", gpu = "h100",
         gpu_mem = 81559 * MiB, usable = 70 * GiB, dp = o.dp or 4, request = "h100:4x1-1/node",
-        peak = 44 * GiB, alloc = 40 * GiB, mmb = 4,
-        ctx = GiB, nccl = GiB, afix = 512 * MiB, afrac = 0.05, slack = o.slack or 0,
+        peak = 44 * GiB, alloc = 40 * GiB, mmb = 4, host = o.host,
+        ctx = GiB, nccl = GiB, afix = 512 * MiB, afrac = 0.05,
         dp1 = o.dp1 or 130 * GiB, terms = o.terms or { { 10 * GiB, 120 * GiB }, { 20 * GiB, 0 } },
+        res = o.res or { { 1, 4294967295, 0, 0 } },
     }
     return M.format_record(r)
 end
 local HUGE = record({ terms = { { 500 * GiB, 10 * GiB } }, dp1 = 510 * GiB })
 
-case("peak model arithmetic, allocator slack included", function()
+case("peak model arithmetic, allocator slack per replayed degree", function()
     local m = assert(M.parse_record(record()))
     -- +1: the double 0.05 is slightly above 1/20, the slack is rounded up
     eq(M.peak_for_dp(m, 1), 138 * GiB + 1, "peak(1)")
     eq(M.peak_for_dp(m, 2), 76 * GiB + 1, "peak(2)")
     eq(M.peak_for_dp(m, 4), 44 * GiB + 512 * MiB + 1, "peak(4)")
-    local s = assert(M.parse_record(record({ slack = 3 * GiB })))
-    eq(M.peak_for_dp(s, 2), 79 * GiB + 1, "slack adds to every N")
-    eq(M.peak_for_dp(s, 1), 141 * GiB + 1, "and to N=1")
+    -- reserved 133 GiB at N=1 (3 above allocated), 42 at N=2 and 3 (allocated 70 at 2:
+    -- no slack there, 50 at 3), nothing known at 4 and 5, 1 GiB paged from 6 on
+    local s = assert(M.parse_record(record({ res = { { 1, 1, 133 * GiB, 0 }, { 2, 3, 42 * GiB, 0 },
+                                                      { 6, 4294967295, 0, GiB } } })))
+    eq(M.peak_for_dp(s, 1), 141 * GiB + 1, "slack at N=1")
+    eq(M.peak_for_dp(s, 2), 76 * GiB + 1, "reserved below allocated: no slack")
+    eq(M.peak_for_dp(s, 3), 55 * GiB + 1, "peak(3)")
+    eq(M.peak_for_dp(s, 4), nil, "not replayed at 4: unknown")
+    eq(M.peak_for_dp(s, 5), nil, "nor at 5")
+    -- allocated(40) = 20 GiB: 21 + afix 0.5 + ctx 1 + nccl 1 + paged 1
+    eq(M.peak_for_dp(s, 40), 24 * GiB + 512 * MiB + 1, "paged bytes added")
     eq(M.ceil_mul(100, 0.05), 6, "100 * 0.05000000000000000277 -> 6")
     eq(M.ceil_mul(3, 0.1), 1, "0.3 -> 1")
     local q, rem = M.muldiv(9007199254740991, 999999999, 1000000000)
@@ -218,14 +279,20 @@ case("the MMGUARD record: round trip and hostile text", function()
     eq(m.spec, "/home/alice/llava \"quoted\".yaml", "decoded path")
     eq(M.format_record(m), record(), "round trip")
     has(record(), 'spec=/home/alice/llava%20"quoted".yaml ', "blanks encoded (as record.c does)")
-    for _, bad in ipairs({ "", "v=1 decision=accept", "v=2 decision=accept decision=warn", "v=2 color=red",
-        "v=2  decision=accept", "v=2 peak=12a", "v=2 peak=99999999999999999999", "v=2 spec=%0Aetc",
-        "v=2 spec=%00", "v=2 spec=ab%4", "v=2 decision=acceptable", "v=2 ctx=1 nccl=1",
-        "v=2 afrac=nan ctx=1 nccl=1 afix=1 slack=1 dp1=1 terms=1:1",
-        "v=2 afrac=0 ctx=1 nccl=1 afix=1 slack=1 dp1=1 terms=1:1," }) do
+    local model = "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res="
+    for _, bad in ipairs({ "", "v=1 decision=accept", "v=2 decision=accept", "v=3 decision=accept decision=warn",
+        "v=3 color=red", "v=3 slack=1",
+        "v=3  decision=accept", "v=3 peak=12a", "v=3 peak=99999999999999999999", "v=3 spec=%0Aetc",
+        "v=3 spec=%00", "v=3 spec=ab%4", "v=3 decision=acceptable", "v=3 ctx=1 nccl=1",
+        "v=3 afrac=nan ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res=1-1:0:0",
+        "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1, res=1-1:0:0",
+        model, model .. "1-1:0:0,", model .. "0-1:0:0", model .. "2-1:0:0", model .. "1-2:0",
+        model .. "1-2:0:0,2-3:0:0", model .. "3-4:0:0,1-2:0:0", model .. "1-4294967296:0:0",
+        model .. "1-1:0:x", model .. string.rep("1-1:0:0,", 64) .. "1-1:0:0" }) do
         eq(M.parse_record(bad), nil, "parse of '" .. bad .. "'")
     end
-    eq(M.parse_record("v=2 " .. string.rep("x", 9000)), nil, "too long")
+    assert(M.parse_record(model .. "1-1:0:0,2-3:5:6,7-4294967295:0:0"), "three ranges")
+    eq(M.parse_record("v=3 " .. string.rep("x", 9000)), nil, "too long")
 end)
 
 case("sizes", function()
@@ -278,7 +345,9 @@ local function job(o)
         tres_per_task = o.tpt, tres_per_socket = o.tps,
         ntasks_per_node = o.ntasks_per_node or 65534.0, num_tasks = o.num_tasks or 4294967294.0,
         spank_job_env = spank, environment = o.env or { PATH = "/usr/bin" },
-        admin_comment = o.admin_comment,
+        admin_comment = o.admin_comment, min_mem_per_node = o.mem, min_mem_per_cpu = o.mem_per_cpu,
+        mem_per_tres = o.mem_per_tres, cpus_per_task = o.cpus_per_task or 65534.0,
+        pn_min_cpus = 65534.0,
     }
 end
 
@@ -414,6 +483,10 @@ case("resize: --gpus (tres_per_job)", function()
     eq(j.tres_per_node, nil, "no per-node request added")
     eq(env.SLURM_GPUS, "3", "env")
     eq(j.num_tasks, 3, "tasks follow")
+    -- the host bytes per process stay (an upper bound at more GPUs)
+    local env2 = { SLURM_SPANK_MMGUARD = record({ dp = 2, host = 30 * GiB }) }
+    eq(slurm_job_submit(job({ tpj = "gres:gpu:2", env = env2, num_tasks = 2.0, model = record({ dp = 2, host = 30 * GiB }) }), {}, 1000), slurm.SUCCESS, "rc")
+    eq(assert(M.parse_record(env2.SLURM_SPANK_MMGUARD)).host, 30 * GiB, "record: host per process kept")
 end)
 
 case("nothing fits: reject", function()
@@ -424,11 +497,82 @@ case("nothing fits: reject", function()
     has(user_msgs[1], "no resize fits", "msg")
 end)
 
+-- ---- host memory -------------------------------------------------------------------
+
+-- 30 GiB offloaded per process at the plugin's 4 GPUs (record dp=4)
+local HOSTREC = record({ host = 30 * GiB })
+local function host_log() return (last_log() or ""):match('"host":(%b{})') end
+
+case("host memory: --mem too small for the offloaded states: rejected, with the size to ask for", function()
+    write_conf(BASE .. "action=reject\n")
+    local j = job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 65536.0 })
+    eq(slurm_job_submit(j, {}, 1000), slurm.ERROR, "rc")
+    has(user_msgs[1], "job rejected: predicted host memory 132.0 GiB per node (4 GPU processes x (30.0 GiB offloaded + 3.0 GiB runtime)) does not fit the 64.0 GiB the job gets (--mem=65536M)", "message")
+    has(user_msgs[1], "to fit: --mem=132G", "the size to ask for")
+    eq(last_decision(), "reject", "decision")
+    has(host_log(), '"result":"misfit"', "logged")
+    has(host_log(), '"need_bytes":141733920768', "need")
+    has(host_log(), '"have_bytes":68719476736', "have")
+end)
+
+case("host memory: enough --mem passes; host_mem=off and action=warn", function()
+    write_conf(BASE .. "action=reject\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 140000.0 }), {}, 1000), slurm.SUCCESS, "fits")
+    eq(last_decision(), "accept", "accept")
+    has(host_log(), '"result":"fits"', "logged")
+    eq(#user_msgs, 0, "silent")
+    write_conf(BASE .. "action=reject\nhost_mem=off\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 1024.0 }), {}, 1000), slurm.SUCCESS, "off")
+    eq(host_log(), nil, "not checked")
+    for _, c in ipairs({ "action=warn\n", "action=reject\nhost_mem=warn\n" }) do
+        write_conf(BASE .. c)
+        eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 1024.0 }), {}, 1000), slurm.SUCCESS, c)
+        has(user_msgs[#user_msgs], "WARNING: predicted host memory", "warned")
+        eq(last_decision(), "warn", "decision")
+    end
+    -- action=resize: nothing resizes memory; slurmctld rejects (the plugin only warned)
+    write_conf(BASE .. "action=resize\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 1024.0 }), {}, 1000), slurm.ERROR, "resize")
+end)
+
+case("host memory: per GPU, per CPU, site defaults, the whole node", function()
+    write_conf(BASE .. "action=reject\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem_per_tres = "gres:gpu:20480" }), {}, 1000), slurm.ERROR, "per GPU")
+    has(user_msgs[#user_msgs], "(--mem-per-gpu=20480M x 4 GPUs); to fit: --mem-per-gpu=33G", "per GPU ask")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem_per_cpu = 8192.0, cpus_per_task = 8.0,
+        num_tasks = 4.0, ntasks_per_node = 4.0 }), {}, 1000), slurm.SUCCESS, "per CPU: 4 x 8 CPUs x 8 GiB")
+    has(host_log(), '"request":"--mem-per-cpu=8192M x 32 CPUs"', "per CPU")
+    -- no request and no default: the whole node, not checked
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC }), {}, 1000), slurm.SUCCESS, "whole node")
+    has(host_log(), '"result":"unchecked"', "unchecked")
+    -- the site's DefMemPerGPU, asked back as --mem
+    write_conf(BASE .. "action=reject\ndef_mem_per_gpu=16GiB\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC }), {}, 1000), slurm.ERROR, "default per GPU")
+    has(user_msgs[#user_msgs], "the 64.0 GiB the job gets (no --mem: the site's def_mem_per_gpu=16.0 GiB x 4 GPUs); to fit: --mem=132G", "default")
+    -- --mem=0 with node_mem: the node's memory is all there is
+    write_conf(BASE .. "action=reject\nnode_mem=100GiB\n")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = HOSTREC, mem = 0.0 }), {}, 1000), slurm.ERROR, "whole node too small")
+    has(user_msgs[#user_msgs], "the 100.0 GiB the job gets (a whole node: --mem=0, node_mem in mmguard.conf); to fit: fewer GPU processes per node", "whole")
+end)
+
+case("host memory at another GPU count: an upper bound whatever the offload", function()
+    write_conf(BASE .. "action=reject\n")
+    -- 2 GPUs (fewer than the plugin's 4): partitioned states grow at most 4/2: 60 GiB each
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:2", model = HOSTREC, mem = 120000.0 }), {}, 1000), slurm.ERROR, "N=2")
+    has(user_msgs[1], "126.0 GiB per node (2 GPU processes x (60.0 GiB offloaded + 3.0 GiB runtime))", "scaled up")
+    -- 8 GPUs: offloaded activations do not shrink with N: kept at 30 GiB
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:8", model = HOSTREC, mem = 280000.0 }), {}, 1000), slurm.SUCCESS, "N=8")
+    has(host_log(), '"need_bytes":283467841536', "8 x 33 GiB")
+    -- on 2 nodes of 4: 4 processes per node
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", nodes = 2.0, model = HOSTREC, mem = 140000.0 }), {}, 1000), slurm.SUCCESS, "2 nodes")
+    has(host_log(), '"processes":4', "per node")
+end)
+
 case("cannot decide (malformed record, no GPU, per socket, unknown type): on_error", function()
-    for _, o in ipairs({ { tpn = "gres:gpu:h100:1", model = "v=2 ctx=12 garbage" },
+    for _, o in ipairs({ { tpn = "gres:gpu:h100:1", model = "v=3 ctx=12 garbage" },
                           { tpn = "gres:shard:1" }, { tps = "gres:gpu:1" },
                           { tpn = "gres:gpu:v100:2" },
-                          { tpn = "gres:gpu:1", model = "v=2 decision=error error=bad%20spec" } }) do
+                          { tpn = "gres:gpu:1", model = "v=3 decision=error error=bad%20spec" } }) do
         write_conf(BASE .. "action=resize\non_error=allow\n")
         local j = job(o)
         eq(slurm_job_submit(j, {}, 1000), slurm.SUCCESS, "allow")

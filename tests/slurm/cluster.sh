@@ -21,6 +21,8 @@
 #   JOB_SUBMIT_LUA  job_submit.lua: copied next to slurm.conf, JobSubmitPlugins=lua
 #   GRES            GPU GRES of the node (default h100:8), e.g. h100:8,h200:4;
 #                   each GPU is a symlink to /dev/null (gres.conf File=)
+#   NODE_MEM        the node's RealMemory in MB (default: Slurm's 1); slurmd then
+#                   reports the configured values (SlurmdParameters=config_overrides)
 #   SLURM_EXTRA     extra lines appended to slurm.conf
 # Every wait is bounded; daemons are stopped by PID with a SIGKILL fallback.
 set -eu
@@ -171,7 +173,8 @@ InactiveLimit=0
 KillWait=2
 MinJobAge=300
 $jobsubmit
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(nproc) Gres=$node_gres State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(nproc) Gres=$node_gres ${NODE_MEM:+RealMemory=$NODE_MEM }State=UNKNOWN
+${NODE_MEM:+SlurmdParameters=config_overrides}
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 ${SLURM_EXTRA:-}
 CONF

@@ -343,11 +343,19 @@ def run_rank(setup, rank=0, world=1, trace=False):
                              save_strategy="no", logging_strategy="no", disable_tqdm=True,
                              gradient_checkpointing=False)
 
+    # the device copy of the batch a GPU job holds (device_batch_copy): accelerate's
+    # DataLoaderShard sends each batch to the device (data_loader.py __iter__,
+    # send_to_device) and Trainer._inner_training_loop keeps the micro-batches of the
+    # step in `batch_samples` until after optimizer.step(); the copies are kept here
+    # and released after the step
+    device_batch = []
+
     class TruthTrainer(Trainer):
         def _prepare_input(self, data):
-            # the H2D copy a GPU job makes of the host batch (device_batch_copy)
             if isinstance(data, torch.Tensor) and "device_batch_copy" in emus:
-                return data.clone()
+                c = data.clone()
+                device_batch.append(c)
+                return c
             return super()._prepare_input(data)
 
     trainer = TruthTrainer(model=model, args=args)
@@ -460,6 +468,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
             wrapped.zero_grad() if par == "fsdp1" else model.zero_grad()
         lossv = float(loss)
         del loss
+        device_batch.clear()
         if measure:
             meter.stop()
             if tracer:
@@ -478,7 +487,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
         result["preprocessor"] = json.loads(p.to_json_string())
     if tracer:
         lines = []
-        tracer.report(out=lines.append, top=40)
+        tracer.report(out=lines.append, top=int(os.environ.get("TRUTH_TRACE_TOP", "40")))
         tracer.op_totals(out=lines.append, top=40)
         result["trace"] = lines
     return result

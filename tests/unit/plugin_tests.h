@@ -8,6 +8,8 @@
 #include <check.h>
 #include <stddef.h>
 
+#include "request.h"
+
 /* One case of a table: "== NAME", "| line"s (escapes decoded), one
  * expectation line. */
 struct table_case {
@@ -20,7 +22,12 @@ struct table_case {
 size_t table_load(const char *path, struct table_case **cases);
 void table_free(struct table_case *cases, size_t n);
 
+/* r walked over the command line given as a NULL-terminated list (argv[0]
+ * is the tool), as mmg_args_apply() walks it (test_request.c). */
+int reqin_args(struct mmg_reqin *r, mmg_tool tool, const char *a0, ...);
+
 TCase *request_tcase(void);
 TCase *record_tcase(void);
+TCase *memreq_tcase(void);
 
 #endif

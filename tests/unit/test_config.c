@@ -72,6 +72,12 @@ static void value_of(const struct mmg_config *c, const char *key, char *out, siz
     else if (!strcmp(key, "ctld_log")) snprintf(out, n, "%s", c->ctld_log);
     else if (!strcmp(key, "max_gpus_per_node")) snprintf(out, n, "%u", c->max_gpus_per_node);
     else if (!strcmp(key, "resize_types")) snprintf(out, n, "%s", c->resize_types);
+    else if (!strcmp(key, "host_mem")) snprintf(out, n, "%s", mmg_hostmem_name(c->host_mem));
+    else if (!strcmp(key, "host_overhead")) snprintf(out, n, "%llu", (unsigned long long)c->host_overhead);
+    else if (!strcmp(key, "def_mem_per_node")) snprintf(out, n, "%llu", (unsigned long long)c->def_mem_per_node);
+    else if (!strcmp(key, "def_mem_per_cpu")) snprintf(out, n, "%llu", (unsigned long long)c->def_mem_per_cpu);
+    else if (!strcmp(key, "def_mem_per_gpu")) snprintf(out, n, "%llu", (unsigned long long)c->def_mem_per_gpu);
+    else if (!strcmp(key, "node_mem")) snprintf(out, n, "%llu", (unsigned long long)c->node_mem);
     else if (!strncmp(key, "gpu.", 4) && (g = mmg_config_gpu(c, key + 4)))
         snprintf(out, n, "%llu", (unsigned long long)g->bytes);
     else if (!strncmp(key, "usable.", 7) && (g = mmg_config_gpu(c, key + 7)))
@@ -227,5 +233,6 @@ Suite *config_suite(void)
     suite_add_tcase(s, tc);
     suite_add_tcase(s, request_tcase());
     suite_add_tcase(s, record_tcase());
+    suite_add_tcase(s, memreq_tcase());
     return s;
 }

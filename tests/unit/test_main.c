@@ -15,6 +15,9 @@ int main(void)
     srunner_add_suite(sr, reserve_suite());
     srunner_add_suite(sr, import_suite());
     srunner_add_suite(sr, parallel_suite());
+    srunner_add_suite(sr, fit_suite());
+    srunner_add_suite(sr, engine_suite());
+    srunner_add_suite(sr, features_suite());
     srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

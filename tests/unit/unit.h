@@ -18,5 +18,8 @@ Suite *alloc_suite(void);
 Suite *reserve_suite(void);
 Suite *import_suite(void);
 Suite *parallel_suite(void);
+Suite *fit_suite(void);
+Suite *engine_suite(void);
+Suite *features_suite(void);
 
 #endif

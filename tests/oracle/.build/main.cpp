@@ -1,17 +1,5 @@
-"""Exact live-tensor byte counter for torch's CPU allocator (tests/oracle).
+#include <torch/extension.h>
 
-Builds (once, cached) a tiny C++ extension that installs a c10::Allocator in
-front of the default CPU allocator.  Every CPU tensor storage allocated after
-install() is counted: live bytes, peak, a resettable peak, and the same three
-numbers with each request rounded up to 512 B (what the CUDA caching allocator
-reports as allocated).  A global "uncounted" switch lets the oracle allocate
-scratch that has no counterpart on the GPU (RNG state kept on the host,
-on-chip flash-attention tiles); each allocation remembers whether it was
-counted so frees stay consistent.
-"""
-import os
-
-_SRC = r"""
 #include <torch/extension.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -89,48 +77,3 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("nalloc", &nalloc);
   m.def("set_uncounted", &set_uncounted);
 }
-"""
-
-_mod = None
-
-
-def build_dir():
-    d = os.environ.get("MMGUARD_ORACLE_BUILD") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), ".build")
-    os.makedirs(d, exist_ok=True)
-    return d
-
-
-def load():
-    """Build (cached under tests/oracle/.build) and return the extension."""
-    global _mod
-    if _mod is None:
-        from torch.utils.cpp_extension import load_inline
-        _mod = load_inline(name="mmguard_memcount", cpp_sources=[_SRC],
-                           build_directory=build_dir(), verbose=False,
-                           extra_cflags=["-O2"])
-    return _mod
-
-
-class uncounted:
-    """Context manager: allocations inside are not counted (nor their frees)."""
-
-    def __enter__(self):
-        self._old = _mod.set_uncounted(True)
-
-    def __exit__(self, *a):
-        _mod.set_uncounted(self._old)
-
-
-def headers_missing():
-    """Return a reason string when the C++ extension cannot be built here."""
-    try:
-        from torch.utils.cpp_extension import include_paths
-    except Exception as e:  # pragma: no cover
-        return "torch.utils.cpp_extension unavailable (%s)" % e
-    dirs = include_paths() + ["/usr/include", "/usr/local/include"]
-    if not any(os.path.exists(os.path.join(d, "torch", "extension.h")) for d in dirs):
-        return "torch C++ headers missing (Debian: apt-get install libtorch-dev)"
-    if not any(os.path.exists(os.path.join(d, "pybind11", "pybind11.h")) for d in dirs):
-        return "pybind11 headers missing (Debian: apt-get install pybind11-dev)"
-    return None

@@ -1,0 +1,342 @@
+/* dp.c - the per-GPU peak as a function of the data-parallel degree N.
+ *
+ * peak(N) = dev(allocated(N), reserved(N)) + paged(N): allocated(N) has a
+ * closed form - the sim's live bytes at every event are fixed + (N > 1 ?
+ * multi : 0) + ceil(sharded / N), so the maximum over the step is the maximum
+ * over the pareto points (fixed + multi, sharded) the sim collects, exactly,
+ * for every N >= 2 (dp_envelope keeps every point that is the maximum at some
+ * N).  reserved(N), the caching allocator's, has none: it is not even
+ * monotone in N (blocks of one size land in segments cached for another), so
+ * it is replayed at each N it is wanted for.  One simulated step serves every
+ * N: the sim's allocations and frees come in the same order at any N, only
+ * sharded sizes (/ N) and DDP buckets (N > 1) change, and reserve_replay takes
+ * the sizes at the N it replays.  A prediction records the degrees it
+ * replayed (dp_points); without a sharded tensor the replay is the same for
+ * every N >= 2, so one replay covers them all. */
+#include "dp.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DP_CHECK_N 4096u /* degrees checked one by one in dp_envelope */
+
+static uint64_t term_at(const mm_dp_term *t, uint64_t n)
+{
+    return mm_sat_add(t->fixed, mm_ceil_div(t->sharded, n));
+}
+
+/* Mark, in need[], every point that is the (first) maximum at some N in
+ * [2, DP_CHECK_N], and for N beyond it the points that could still be: the
+ * largest fixed part, and any whose fixed + ceil(sharded / (DP_CHECK_N + 1))
+ * exceeds it (F + ceil(S / N) only falls with N).  For many points. */
+static void mark_winners(const mm_dp_term *in, size_t n, unsigned char *need)
+{
+    for (uint64_t N = 2; N <= DP_CHECK_N; N++) {
+        size_t best = 0;
+        uint64_t bv = term_at(&in[0], N);
+        for (size_t i = 1; i < n; i++) {
+            uint64_t v = term_at(&in[i], N);
+            if (v > bv) {
+                bv = v;
+                best = i;
+            }
+        }
+        need[best] = 1;
+    }
+    size_t top = 0;
+    for (size_t i = 1; i < n; i++)
+        if (in[i].fixed > in[top].fixed ||
+            (in[i].fixed == in[top].fixed && in[i].sharded > in[top].sharded))
+            top = i;
+    need[top] = 1;
+    for (size_t i = 0; i < n; i++)
+        if (term_at(&in[i], DP_CHECK_N + 1) > in[top].fixed)
+            need[i] = 1;
+}
+
+/* the highest line F + S x other than k at x */
+static double others_at(const mm_dp_term *in, size_t n, size_t k, double x)
+{
+    double m = -1;
+    for (size_t j = 0; j < n; j++)
+        if (j != k && (double)in[j].fixed + (double)in[j].sharded * x > m)
+            m = (double)in[j].fixed + (double)in[j].sharded * x;
+    return m;
+}
+
+/* Mark every point that can be the maximum at some N >= 2, without a
+ * division per N: F + ceil(S / N) lies less than a byte above the line
+ * F + S x at x = 1 / N, so a point whose line stays 2 bytes (1 + room for
+ * rounding) below the highest other line everywhere on x in [0, 1/2] never
+ * is.  Its line minus the upper envelope of the others is concave in x, so
+ * it suffices to look at 0, 1/2 and where two other lines cross.  A superset
+ * of the winners: the envelope stays exact.  For a few points whose bytes a
+ * double holds to the byte (below 2^52). */
+static void mark_needed(const mm_dp_term *in, size_t n, unsigned char *need)
+{
+    double xs[2 + 16 * 15 / 2];
+    int small = n <= 16;
+    for (size_t i = 0; i < n && small; i++)
+        small = in[i].fixed < (1ull << 52) && in[i].sharded < (1ull << 52);
+    if (!small) {
+        mark_winners(in, n, need);
+        return;
+    }
+    for (size_t k = 0; k < n; k++) {
+        size_t nx = 0;
+        xs[nx++] = 0;
+        xs[nx++] = 0.5;
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = i + 1; j < n; j++) {
+                if (i == k || j == k || in[i].sharded == in[j].sharded)
+                    continue;
+                double x = ((double)in[i].fixed - (double)in[j].fixed) /
+                           ((double)in[j].sharded - (double)in[i].sharded);
+                if (x > 0 && x < 0.5)
+                    xs[nx++] = x;
+            }
+        for (size_t t = 0; t < nx && !need[k]; t++)
+            need[k] = (double)in[k].fixed + (double)in[k].sharded * xs[t] + 2 >
+                      others_at(in, n, k, xs[t]);
+    }
+}
+
+/* merge the two points with the closest slopes into their maximum */
+static void merge_closest(mm_dp_term *t, size_t *k)
+{
+    size_t bi = 0;
+    uint64_t bd = UINT64_MAX;
+    for (size_t i = 0; i + 1 < *k; i++) {
+        uint64_t a = t[i].sharded, b = t[i + 1].sharded;
+        uint64_t d = a > b ? a - b : b - a;
+        if (d < bd) {
+            bd = d;
+            bi = i;
+        }
+    }
+    if (t[bi + 1].fixed > t[bi].fixed)
+        t[bi].fixed = t[bi + 1].fixed;
+    if (t[bi + 1].sharded > t[bi].sharded)
+        t[bi].sharded = t[bi + 1].sharded;
+    memmove(&t[bi + 1], &t[bi + 2], (*k - bi - 2) * sizeof *t);
+    (*k)--;
+}
+
+static int by_sharded(const void *a, const void *b)
+{
+    const mm_dp_term *x = a, *y = b;
+    if (x->sharded != y->sharded)
+        return x->sharded < y->sharded ? -1 : 1;
+    return x->fixed < y->fixed ? 1 : x->fixed > y->fixed ? -1 : 0;
+}
+
+size_t dp_envelope(const mm_dp_term *in, size_t n, mm_dp_term *out, int *exact)
+{
+    *exact = 1;
+    if (n <= 1) {
+        if (n)
+            out[0] = in[0];
+        return n;
+    }
+    mm_dp_term *tmp = malloc(n * sizeof *tmp);
+    unsigned char *need = calloc(n, 1);
+    size_t k = 0;
+    if (!tmp || !need) { /* keep the largest fixed and sharded parts: an upper bound */
+        mm_dp_term m = in[0];
+        for (size_t i = 1; i < n; i++) {
+            m.fixed = in[i].fixed > m.fixed ? in[i].fixed : m.fixed;
+            m.sharded = in[i].sharded > m.sharded ? in[i].sharded : m.sharded;
+        }
+        free(tmp);
+        free(need);
+        out[0] = m;
+        *exact = n == 1;
+        return 1;
+    }
+    mark_needed(in, n, need);
+    for (size_t i = 0; i < n; i++)
+        if (need[i])
+            tmp[k++] = in[i];
+    qsort(tmp, k, sizeof *tmp, by_sharded);
+    if (k > MM_MAX_TERMS)
+        *exact = 0;
+    while (k > MM_MAX_TERMS)
+        merge_closest(tmp, &k);
+    memcpy(out, tmp, k * sizeof *out);
+    free(tmp);
+    free(need);
+    return k;
+}
+
+uint64_t dp_allocated(const mm_prediction *p, uint32_t n)
+{
+    if (n <= 1)
+        return p->allocated_dp1;
+    uint64_t a = 0;
+    for (size_t i = 0; i < p->n_terms; i++) {
+        uint64_t v = term_at(&p->terms[i], n);
+        if (v > a)
+            a = v;
+    }
+    return a;
+}
+
+uint64_t dp_device_level(const mm_overheads *o, uint64_t alloc, uint64_t slack, uint32_t n)
+{
+    long double a = (long double)alloc * (1.0L + (long double)o->alloc_frac);
+    uint64_t v = a >= 1.8e19L ? UINT64_MAX : (uint64_t)ceill(a);
+    v = mm_sat_add(v, o->alloc_fixed);
+    v = mm_sat_add(v, slack);
+    v = mm_sat_add(v, o->cuda_context);
+    if (n > 1)
+        v = mm_sat_add(v, o->nccl);
+    return v;
+}
+
+static const mm_dp_point *point_for(const mm_prediction *p, uint32_t n)
+{
+    for (size_t i = 0; i < p->n_dp_points; i++)
+        if (p->dp_points[i].n_from <= n && n <= p->dp_points[i].n_to)
+            return &p->dp_points[i];
+    return NULL;
+}
+
+uint64_t mm_peak_for_dp(const mm_prediction *p, uint32_t n)
+{
+    n = n ? n : 1;
+    const mm_dp_point *pt = point_for(p, n);
+    if (!pt)
+        return MM_PEAK_UNKNOWN;
+    uint64_t a = dp_allocated(p, n);
+    uint64_t slack = pt->reserved > a ? pt->reserved - a : 0;
+    return mm_sat_add(dp_device_level(&p->overheads, a, slack, n), pt->paged);
+}
+
+/* join points i and i + 1 when they are neighbours with the same values */
+static void join(mm_prediction *p, size_t i)
+{
+    mm_dp_point *x = &p->dp_points[i], *y = x + 1;
+    if (i + 1 >= p->n_dp_points || x->n_to == UINT32_MAX || x->n_to + 1 != y->n_from ||
+        x->reserved != y->reserved || x->paged != y->paged)
+        return;
+    x->n_to = y->n_to;
+    memmove(y, y + 1, (p->n_dp_points - i - 2) * sizeof *y);
+    p->n_dp_points--;
+}
+
+int dp_add_point(mm_prediction *p, uint32_t from, uint32_t to, uint64_t reserved,
+                 uint64_t paged)
+{
+    size_t at = 0;
+    while (at < p->n_dp_points && p->dp_points[at].n_to < from)
+        at++;
+    if (at < p->n_dp_points && p->dp_points[at].n_from <= to)
+        return 0; /* already covered (the same replay gave it) */
+    mm_dp_point *v = realloc(p->dp_points, (p->n_dp_points + 1) * sizeof *v);
+    if (!v)
+        return -1;
+    p->dp_points = v;
+    memmove(&v[at + 1], &v[at], (p->n_dp_points - at) * sizeof *v);
+    v[at] = (mm_dp_point){.n_from = from, .n_to = to, .reserved = reserved, .paged = paged};
+    p->n_dp_points++;
+    join(p, at);
+    if (at)
+        join(p, at - 1);
+    return 0;
+}
+
+/* ---- the step log ------------------------------------------------------------------- */
+
+int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint64_t n,
+                int own_n, steplog *L, mm_error *err)
+{
+    memset(L, 0, sizeof *L);
+    L->n_log = own_n ? (n ? n : 1) : n > 2 ? n : 2;
+    step_cfg cfg = {.rows_from = rows_from, .largest_param = largest, .dp = L->n_log,
+                    .nofold = 1, .log = 1};
+    mm_alloc_conf_default(&L->conf);
+    if (sp->device.alloc_conf[0] && mm_alloc_conf_parse(&L->conf, sp->device.alloc_conf, err) < 0)
+        return -1;
+    if (step_run(sp, &L->s, &cfg, err)) {
+        steplog_free(L);
+        return -1;
+    }
+    optimizer_kind o = sp->training.optimizer;
+    L->per_param = sp->training.zero_stage == 0;
+    L->pairs = o == OPT_ADAMW || o == OPT_ADAM || o == OPT_ADAMW_8BIT;
+    for (size_t i = 0; i < L->s.nev && !L->n_dependent; i++)
+        L->n_dependent = L->s.t[L->s.ev[i].id].sharded == SIM_SHARDED;
+    if (L->s.outside_bytes && step_parallel(sp) != PAR_DDP)
+        L->n_dependent = 1; /* paged states divided by N */
+    return 0;
+}
+
+int steplog_reserved(const steplog *L, uint64_t n, uint64_t *reserved, mm_error *err)
+{
+    reserve_result r;
+    if (reserve_replay(&L->s, n, &L->conf, L->per_param, L->pairs, &r)) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    *reserved = r.reserved_peak;
+    return 0;
+}
+
+void steplog_free(steplog *L)
+{
+    sim_free(&L->s);
+}
+
+int dp_paged_at(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint64_t n,
+                uint64_t *paged, mm_error *err)
+{
+    sim s;
+    step_cfg cfg = {.rows_from = rows_from, .largest_param = largest, .dp = n, .snap_at = 1};
+    int rc = step_run(sp, &s, &cfg, err);
+    *paged = s.outside_bytes;
+    sim_free(&s);
+    return rc;
+}
+
+/* ---- more degrees for a prediction ------------------------------------------------------ */
+
+int dp_covered(const mm_prediction *p, uint32_t n)
+{
+    return point_for(p, n) != NULL;
+}
+
+int dp_cover_at(const mm_spec *sp, const steplog *L, mm_prediction *p, uint32_t n,
+                mm_error *err)
+{
+    uint64_t res, paged = L->s.outside_bytes;
+    if (steplog_reserved(L, n, &res, err))
+        return -1;
+    if (L->n_dependent && L->s.outside_bytes &&
+        dp_paged_at(sp, &L->s, L->s.largest_param, n, &paged, err))
+        return -1;
+    int rc = n >= 2 && !L->n_dependent ? dp_add_point(p, 2, UINT32_MAX, res, paged)
+                                       : dp_add_point(p, n, n, res, paged);
+    if (rc)
+        mm_err(err, "out of memory");
+    return rc;
+}
+
+int mm_dp_cover(const mm_spec *sp, mm_prediction *p, const uint32_t *ns, size_t k, mm_error *err)
+{
+    size_t todo = 0;
+    for (size_t i = 0; i < k; i++)
+        todo += ns[i] >= 1 && !dp_covered(p, ns[i]);
+    if (!todo)
+        return 0;
+    steplog L;
+    if (steplog_run(sp, NULL, 0, sp->training.data_parallel, 0, &L, err))
+        return -1;
+    int rc = 0;
+    for (size_t i = 0; i < k && !rc; i++)
+        if (ns[i] >= 1 && !dp_covered(p, ns[i]))
+            rc = dp_cover_at(sp, &L, p, ns[i], err);
+    steplog_free(&L);
+    return rc;
+}

@@ -1,0 +1,308 @@
+/* test_fit.c - the data-parallel model and fit's searches against direct
+ * predictions.  mm_peak_for_dp() at a degree the allocator was replayed at
+ * must be the peak a prediction made at that degree gives (ZeRO 0-3, FSDP,
+ * LoRA, offload, paged states, accumulation); the shortcuts a prediction
+ * takes (one simulated step for every N, the peak without its breakdown)
+ * must not change a byte; fit's GPU count is the smallest one a prediction
+ * at that count fits.  tests/dp/dp_exact.c does the same for every N up to
+ * 4096 (make check-dp). */
+#include "dp.h"
+#include "predict.h"
+#include "unit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static mm_spec *load(const char *rel)
+{
+    char path[512];
+    mm_error e;
+    snprintf(path, sizeof path, "%s/%s", SRCDIR, rel);
+    mm_spec *s = mm_spec_load_file(path, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    return s;
+}
+
+static void set(mm_spec *s, const char *kv)
+{
+    mm_error e;
+    ck_assert_msg(kv == NULL || mm_spec_set(s, kv, &e) == 0, "%s: %s", kv, e.msg);
+}
+
+static mm_prediction predict_at(const mm_spec *s, uint32_t n, unsigned flags)
+{
+    mm_spec *c = mm_spec_clone(s);
+    char kv[48];
+    mm_prediction p;
+    mm_error e;
+    snprintf(kv, sizeof kv, "training.data_parallel=%u", n);
+    set(c, kv);
+    ck_assert_msg(mm_predict_ex(c, &p, &e, flags) == 0, "%s", e.msg);
+    mm_spec_free(c);
+    return p;
+}
+
+/* the strategies whose peak depends on N in different ways */
+static const char *const variants[][3] = {
+    {"training.zero_stage=0", NULL, NULL},   /* DDP: buckets only when N > 1 */
+    {"training.zero_stage=1", NULL, NULL},
+    {"training.zero_stage=2", NULL, NULL},
+    {"training.zero_stage=3", NULL, NULL},
+    {"training.zero_stage=0", "fsdp.version=1", NULL},
+    {"training.zero_stage=0", "fsdp.version=2", NULL},
+    {"training.zero_stage=3", "deepspeed.offload_param=cpu", "deepspeed.offload_optimizer=cpu"},
+    {"training.zero_stage=2", "training.optimizer=paged_adamw_8bit", NULL}, /* paged / N */
+    {"training.zero_stage=1", "training.gradient_accumulation_steps=4", NULL},
+};
+#define NVARIANTS (sizeof variants / sizeof variants[0])
+
+/* a fine-tune and a LoRA run, cut to 4 + 4 layers so that a prediction is quick */
+static mm_spec *small(int lora, size_t v)
+{
+    mm_spec *s = load(lora ? "contrib/models/llava-1.5-7b-lora.yaml"
+                           : "contrib/models/llava-1.5-7b-finetune.yaml");
+    set(s, "language_model.num_hidden_layers=4");
+    set(s, "vision_tower.num_hidden_layers=4");
+    set(s, "training.micro_batch_size=2");
+    for (int k = 0; k < 3; k++)
+        set(s, variants[v][k]);
+    return s;
+}
+
+static const uint32_t degrees[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,   10,  11,   12,   13,  16,
+                                   17, 24, 31, 32, 33, 48, 64, 65, 100, 257, 1000, 4095, 4096};
+#define NDEGREES (sizeof degrees / sizeof degrees[0])
+
+START_TEST(dp_model_equals_direct_predictions)
+{
+    mm_error e;
+    for (int lora = 0; lora <= 1; lora++) {
+        for (size_t v = 0; v < NVARIANTS; v++) {
+            mm_spec *s = small(lora, v);
+            mm_prediction p;
+            ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+            ck_assert(p.terms_exact);
+            ck_assert_uint_eq(mm_peak_for_dp(&p, p.data_parallel), p.peak_bytes);
+            ck_assert_int_eq(mm_dp_cover(s, &p, degrees, NDEGREES, &e), 0);
+            for (size_t i = 0; i < NDEGREES; i++) {
+                uint32_t n = degrees[i];
+                mm_prediction q = predict_at(s, n, 0);
+                ck_assert_msg(mm_peak_for_dp(&p, n) == q.peak_bytes,
+                              "lora %d variant %zu N=%u: model %llu, prediction %llu", lora, v, n,
+                              (unsigned long long)mm_peak_for_dp(&p, n),
+                              (unsigned long long)q.peak_bytes);
+                ck_assert_uint_eq(dp_allocated(&p, n), q.allocated_peak_bytes);
+                mm_prediction_free(&q);
+            }
+            mm_prediction_free(&p);
+            mm_spec_free(s);
+        }
+    }
+}
+END_TEST
+
+/* What a prediction covers by itself: its own N, and every N >= 2 when no
+ * tensor is sharded over N (the replay is then the same); a sharded spec
+ * says "unknown" for an N it was not replayed at, never a guess. */
+START_TEST(dp_model_covers_only_what_was_replayed)
+{
+    mm_spec *ddp = small(0, 0), *z3 = small(0, 3);
+    set(ddp, "training.data_parallel=8");
+    set(z3, "training.data_parallel=8");
+    mm_prediction a = predict_at(ddp, 8, 0), b = predict_at(z3, 8, 0);
+    ck_assert_uint_eq(a.n_dp_points, 1);
+    ck_assert_uint_eq(a.dp_points[0].n_from, 2);
+    ck_assert_uint_eq(a.dp_points[0].n_to, UINT32_MAX);
+    ck_assert_uint_eq(mm_peak_for_dp(&a, 1), MM_PEAK_UNKNOWN);
+    ck_assert_uint_ne(mm_peak_for_dp(&a, 1000000), MM_PEAK_UNKNOWN);
+    ck_assert_uint_eq(b.n_dp_points, 1);
+    ck_assert_uint_eq(mm_peak_for_dp(&b, 7), MM_PEAK_UNKNOWN);
+    ck_assert_uint_eq(mm_peak_for_dp(&b, 9), MM_PEAK_UNKNOWN);
+    ck_assert_uint_eq(mm_peak_for_dp(&b, 8), b.peak_bytes);
+    /* covering merges equal neighbours and keeps the list ordered */
+    mm_error e;
+    const uint32_t ns[] = {30, 3, 1, 2, 4000, 3};
+    ck_assert_int_eq(mm_dp_cover(z3, &b, ns, 6, &e), 0);
+    for (size_t i = 1; i < b.n_dp_points; i++)
+        ck_assert_uint_lt(b.dp_points[i - 1].n_to, b.dp_points[i].n_from);
+    for (size_t i = 0; i < 6; i++)
+        ck_assert_uint_ne(mm_peak_for_dp(&b, ns[i]), MM_PEAK_UNKNOWN);
+    ck_assert_uint_eq(mm_peak_for_dp(&b, 5), MM_PEAK_UNKNOWN);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+    mm_spec_free(ddp);
+    mm_spec_free(z3);
+}
+END_TEST
+
+/* The allocator replays one simulated step for every N (sizes taken at N);
+ * a step simulated at the spec's own N must give every field, byte for
+ * byte; and the peak alone (fit's searches) the same peak. */
+static const char *const specs[] = {
+    "contrib/models/llava-1.5-7b-finetune.yaml",  "contrib/models/llava-1.5-7b-lora.yaml",
+    "contrib/models/llava-1.5-7b-pretrain.yaml",  "contrib/models/llava-1.5-13b-finetune.yaml",
+    "contrib/models/llava-1.5-13b-lora.yaml",     "contrib/models/llava-1.5-13b-pretrain.yaml",
+    "tests/jobsubmit/specs/fits-h100x1.yaml",     "tests/jobsubmit/specs/resize-h100.yaml",
+    "tests/jobsubmit/specs/resize-h200.yaml",     "tests/import/specs/qwen2_5vl_full_sft.yaml",
+    "tests/import/specs/llava-1.5-7b-zero3-offload.yaml",
+};
+static const char *const shapes[][2] = {
+    {NULL, NULL},
+    {"training.data_parallel=1", NULL},
+    {"training.data_parallel=2", "training.zero_stage=0"},
+    {"training.data_parallel=1", "training.zero_stage=0"},
+    {"training.data_parallel=3", "device.alloc_conf=expandable_segments:True"},
+};
+
+START_TEST(shortcuts_change_nothing)
+{
+    mm_error e;
+    int compared = 0;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            mm_spec *s = load(specs[i]);
+            if ((shapes[k][0] && mm_spec_set(s, shapes[k][0], &e)) ||
+                (shapes[k][1] && mm_spec_set(s, shapes[k][1], &e))) {
+                mm_spec_free(s); /* a combination the spec refuses (e.g. offload at ZeRO-0) */
+                continue;
+            }
+            mm_prediction a, b;
+            mm_peak_only q;
+            ck_assert_msg(mm_predict_ex(s, &a, &e, 0) == 0, "%s", e.msg);
+            ck_assert_msg(mm_predict_ex(s, &b, &e, MM_PREDICT_OWN_LOG) == 0, "%s", e.msg);
+            char *ja = mm_prediction_json(&a, 0), *jb = mm_prediction_json(&b, 0);
+            ck_assert_msg(strcmp(ja, jb) == 0, "%s shape %zu:\n%s\n%s", specs[i], k, ja, jb);
+            ck_assert_int_eq(mm_predict_peak(s, &q, 0, &e), 0);
+            ck_assert_uint_eq(q.peak, a.peak_bytes);
+            ck_assert_uint_eq(q.allocated, a.allocated_peak_bytes);
+            ck_assert_uint_le(q.lower, q.peak);
+            ck_assert_int_eq(mm_predict_peak(s, &q, 1, &e), 0);
+            ck_assert_uint_eq(q.peak, 0);
+            ck_assert_uint_le(q.lower, a.peak_bytes);
+            free(ja);
+            free(jb);
+            mm_prediction_free(&a);
+            mm_prediction_free(&b);
+            mm_spec_free(s);
+            compared++;
+        }
+    }
+    ck_assert_int_ge(compared, 45);
+}
+END_TEST
+
+/* dp_envelope against brute force: every N up to 5000, lines that win only
+ * between the old sample points (2..16, then powers of two) kept, more than
+ * MM_MAX_TERMS winners merged into an over-estimate. */
+static uint64_t brute(const mm_dp_term *t, size_t n, uint64_t N)
+{
+    uint64_t best = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = t[i].fixed + (t[i].sharded + N - 1) / N;
+        best = v > best ? v : best;
+    }
+    return best;
+}
+
+/* the envelope of pts, evaluated through a prediction, against brute force:
+ * equal (exact) or never below */
+static size_t check_envelope(const mm_dp_term *pts, size_t n, mm_dp_term *out, int want_exact)
+{
+    int exact;
+    size_t k = dp_envelope(pts, n, out, &exact);
+    mm_prediction p;
+    memset(&p, 0, sizeof p);
+    memcpy(p.terms, out, k * sizeof *out);
+    p.n_terms = k;
+    ck_assert_int_eq(exact, want_exact);
+    for (uint64_t N = 2; N <= 5000; N++) {
+        if (want_exact)
+            ck_assert_uint_eq(dp_allocated(&p, (uint32_t)N), brute(pts, n, N));
+        else
+            ck_assert_uint_ge(dp_allocated(&p, (uint32_t)N), brute(pts, n, N));
+    }
+    return k;
+}
+
+START_TEST(envelope_is_exact)
+{
+    /* A wins up to N = 17, C from 19 on, B only at N = 18 (never sampled
+     * before); D and E never win, D stays far below (dropped), E within a
+     * byte or two of B (kept or not: it changes no maximum) */
+    const mm_dp_term pts[] = {{100, 1600}, {190, 0}, {146, 800}, {150, 100}, {145, 799}};
+    mm_dp_term out[MM_MAX_TERMS];
+    int kept_b = 0, kept_d = 0;
+    size_t k = check_envelope(pts, 5, out, 1);
+    for (size_t i = 0; i < k; i++) {
+        kept_b |= out[i].fixed == 146 && out[i].sharded == 800;
+        kept_d |= out[i].fixed == 150 && out[i].sharded == 100;
+    }
+    ck_assert(kept_b && !kept_d);
+    /* seventeen points (the division-per-N path): exact as well */
+    mm_dp_term seventeen[17];
+    for (int i = 0; i < 17; i++)
+        seventeen[i] = (mm_dp_term){.fixed = 1000 + (uint64_t)i * 37 % 101,
+                                    .sharded = (uint64_t)(i * 53 % 17) * 1000};
+    check_envelope(seventeen, 17, out, 1);
+    /* bytes a double does not hold to the byte (absurd, but valid): N by N */
+    const mm_dp_term huge[] = {{(1ull << 60) + 1, 3}, {1ull << 60, (1ull << 40) + 7}, {5, 1ull << 61}};
+    check_envelope(huge, 3, out, 1);
+    /* twelve lines, each the maximum somewhere: merged, never below */
+    mm_dp_term many[12];
+    for (int i = 0; i < 12; i++)
+        many[i] = (mm_dp_term){.fixed = 1000000 - (uint64_t)(12 - i) * (12 - i) * 1000,
+                               .sharded = (uint64_t)(12 - i) * 100000};
+    ck_assert_uint_eq(check_envelope(many, 12, out, 0), MM_MAX_TERMS);
+}
+END_TEST
+
+/* The smallest GPU count is the smallest a prediction at that count fits:
+ * a 13B fine-tune that needs 7 H100s (it was 19 when the allocator slack of
+ * a prediction at 2 GPUs was carried to every count). */
+START_TEST(fit_gpu_count_is_direct)
+{
+    const char *cases[][2] = {
+        {"contrib/models/llava-1.5-13b-finetune.yaml", "training.data_parallel=4"},
+        {"contrib/models/llava-1.5-7b-finetune.yaml", "training.zero_stage=2"},
+    };
+    uint64_t usable = 81559ull * 1024 * 1024 / 10 * 9;
+    for (size_t c = 0; c < 2; c++) {
+        mm_spec *s = load(cases[c][0]);
+        set(s, cases[c][1]);
+        mm_fit_result f;
+        mm_error e;
+        ck_assert_int_eq(mm_fit(s, usable, &f, &e), 0);
+        ck_assert_uint_gt(f.min_data_parallel, 1);
+        ck_assert_int_eq(f.min_data_parallel_ckpt, 0);
+        char kv[48];
+        snprintf(kv, sizeof kv, "training.zero_stage=%d", f.min_data_parallel_zero);
+        set(s, kv);
+        for (uint32_t n = 1; n <= f.min_data_parallel; n++) {
+            mm_prediction q = predict_at(s, n, 0);
+            if (n < f.min_data_parallel)
+                ck_assert_uint_gt(q.peak_bytes, usable);
+            else
+                ck_assert_uint_le(q.peak_bytes, usable);
+            mm_prediction_free(&q);
+        }
+        if (c == 0)
+            ck_assert_uint_le(f.min_data_parallel, 8);
+        mm_spec_free(s);
+    }
+}
+END_TEST
+
+Suite *fit_suite(void)
+{
+    Suite *s = suite_create("fit");
+    TCase *tc = tcase_create("dp");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, dp_model_equals_direct_predictions);
+    tcase_add_test(tc, dp_model_covers_only_what_was_replayed);
+    tcase_add_test(tc, shortcuts_change_nothing);
+    tcase_add_test(tc, envelope_is_exact);
+    tcase_add_test(tc, fit_gpu_count_is_direct);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -451,15 +451,22 @@ local function rec_value(m, k, v)
         end
         return #m.terms > 0
     elseif k == "res" then
-        -- "FROM-TO:RESERVED:PAGED,...": ascending, disjoint degree ranges
+        -- "FROM-TO:RESERVED:PAGED[:ALLOCATED],...": ascending, disjoint degree
+        -- ranges; ALLOCATED (>= 1) where the range's own sim gave it (dp.h)
         m.res = {}
         local after = 0
         for _, e in ipairs(split(v, ",")) do
             local a, b, r, p = e:match("^(%d+)-(%d+):(%d+):(%d+)$")
+            local al
+            if not a then a, b, r, p, al = e:match("^(%d+)-(%d+):(%d+):(%d+):(%d+)$") end
             local from, to, res, paged = parse_uint(a), parse_uint(b), parse_uint(r), parse_uint(p)
+            local alloc = false
+            if al then alloc = parse_uint(al) end
             if not (from and to and res and paged) or from < 1 or from > to or to > MAX_DEGREE
-                or from <= after or #m.res >= REC_POINTS then return false end
-            m.res[#m.res + 1] = { from, to, res, paged }
+                or from <= after or #m.res >= REC_POINTS or alloc == nil or alloc == 0 then
+                return false
+            end
+            m.res[#m.res + 1] = { from, to, res, paged, alloc }
             after = to
         end
         return #m.res > 0
@@ -529,7 +536,8 @@ end
 --   allocated(1) = dp1, allocated(N >= 2) = max_k (F_k + ceil(S_k / N))
 --   peak(N) = ceil(allocated * (1 + afrac)) + afix + (max(R, allocated) - allocated)
 --             + ctx + (N > 1 ? nccl : 0) + P
--- with R, P of the res range that holds N (the allocator model replayed at N);
+-- with R, P of the res range that holds N (the allocator model replayed at N),
+-- and that range's own allocated peak in place of the terms where it has one;
 -- nil for an N no range holds: the record does not say, and nothing is guessed.
 -- (here the product is exact; the C code rounds it in long double).
 function M.alloc_for_dp(m, n)
@@ -549,7 +557,7 @@ function M.peak_for_dp(m, n)
         if p[1] <= n and n <= p[2] then point = p end
     end
     if not point then return nil end
-    local alloc = M.alloc_for_dp(m, n)
+    local alloc = point[5] or M.alloc_for_dp(m, n)
     local peak = add(alloc, ceil_mul(alloc, m.afrac))
     local slack = point[3] > alloc and point[3] - alloc or 0
     peak = add(add(add(peak, m.afix), slack), m.ctx)

@@ -170,8 +170,13 @@ size_t dp_envelope(const mm_dp_term *in, size_t n, mm_dp_term *out, int *exact)
     return k;
 }
 
+static const mm_dp_point *point_for(const mm_prediction *p, uint32_t n);
+
 uint64_t dp_allocated(const mm_prediction *p, uint32_t n)
 {
+    const mm_dp_point *pt = point_for(p, n ? n : 1);
+    if (pt && pt->allocated)
+        return pt->allocated;
     if (n <= 1)
         return p->allocated_dp1;
     uint64_t a = 0;
@@ -219,7 +224,7 @@ static void join(mm_prediction *p, size_t i)
 {
     mm_dp_point *x = &p->dp_points[i], *y = x + 1;
     if (i + 1 >= p->n_dp_points || x->n_to == UINT32_MAX || x->n_to + 1 != y->n_from ||
-        x->reserved != y->reserved || x->paged != y->paged)
+        x->reserved != y->reserved || x->paged != y->paged || x->allocated != y->allocated)
         return;
     x->n_to = y->n_to;
     memmove(y, y + 1, (p->n_dp_points - i - 2) * sizeof *y);
@@ -227,7 +232,7 @@ static void join(mm_prediction *p, size_t i)
 }
 
 int dp_add_point(mm_prediction *p, uint32_t from, uint32_t to, uint64_t reserved,
-                 uint64_t paged)
+                 uint64_t paged, uint64_t allocated)
 {
     size_t at = 0;
     while (at < p->n_dp_points && p->dp_points[at].n_to < from)
@@ -239,7 +244,8 @@ int dp_add_point(mm_prediction *p, uint32_t from, uint32_t to, uint64_t reserved
         return -1;
     p->dp_points = v;
     memmove(&v[at + 1], &v[at], (p->n_dp_points - at) * sizeof *v);
-    v[at] = (mm_dp_point){.n_from = from, .n_to = to, .reserved = reserved, .paged = paged};
+    v[at] = (mm_dp_point){.n_from = from, .n_to = to, .reserved = reserved, .paged = paged,
+                          .allocated = allocated};
     p->n_dp_points++;
     join(p, at);
     if (at)
@@ -253,6 +259,8 @@ int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
                 int own_n, steplog *L, mm_error *err)
 {
     memset(L, 0, sizeof *L);
+    if (dp_per_degree(sp))
+        own_n = 1; /* its layout at n, not at another degree */
     L->n_log = own_n ? (n ? n : 1) : n > 2 ? n : 2;
     step_cfg cfg = {.rows_from = rows_from, .largest_param = largest, .dp = L->n_log,
                     .nofold = 1, .log = 1};
@@ -266,6 +274,8 @@ int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
     optimizer_kind o = sp->training.optimizer;
     L->per_param = sp->training.zero_stage == 0;
     L->pairs = o == OPT_ADAMW || o == OPT_ADAM || o == OPT_ADAMW_8BIT;
+    L->per_degree = dp_per_degree(sp);
+    L->n_dependent = L->per_degree;
     for (size_t i = 0; i < L->s.nev && !L->n_dependent; i++)
         L->n_dependent = L->s.t[L->s.ev[i].id].sharded == SIM_SHARDED;
     if (L->s.outside_bytes && step_parallel(sp) != PAR_DDP)
@@ -307,17 +317,41 @@ int dp_covered(const mm_prediction *p, uint32_t n)
     return point_for(p, n) != NULL;
 }
 
+int dp_per_degree(const mm_spec *sp)
+{
+    return step_parallel(sp) != PAR_DDP;
+}
+
+/* a degree of a per-degree spec: the step simulated at n itself */
+static int cover_direct(const mm_spec *sp, mm_prediction *p, uint32_t n, mm_error *err)
+{
+    steplog L;
+    uint64_t res;
+    if (steplog_run(sp, NULL, 0, n, 1, &L, err))
+        return -1;
+    int rc = steplog_reserved(&L, n, &res, err);
+    uint64_t alloc = L.s.peak ? L.s.peak : 1, paged = L.s.outside_bytes;
+    steplog_free(&L);
+    if (!rc && dp_add_point(p, n, n, res, paged, alloc)) {
+        mm_err(err, "out of memory");
+        rc = -1;
+    }
+    return rc;
+}
+
 int dp_cover_at(const mm_spec *sp, const steplog *L, mm_prediction *p, uint32_t n,
                 mm_error *err)
 {
+    if (L->per_degree)
+        return cover_direct(sp, p, n, err);
     uint64_t res, paged = L->s.outside_bytes;
     if (steplog_reserved(L, n, &res, err))
         return -1;
     if (L->n_dependent && L->s.outside_bytes &&
         dp_paged_at(sp, &L->s, L->s.largest_param, n, &paged, err))
         return -1;
-    int rc = n >= 2 && !L->n_dependent ? dp_add_point(p, 2, UINT32_MAX, res, paged)
-                                       : dp_add_point(p, n, n, res, paged);
+    int rc = n >= 2 && !L->n_dependent ? dp_add_point(p, 2, UINT32_MAX, res, paged, 0)
+                                       : dp_add_point(p, n, n, res, paged, 0);
     if (rc)
         mm_err(err, "out of memory");
     return rc;
@@ -330,6 +364,12 @@ int mm_dp_cover(const mm_spec *sp, mm_prediction *p, const uint32_t *ns, size_t 
         todo += ns[i] >= 1 && !dp_covered(p, ns[i]);
     if (!todo)
         return 0;
+    if (dp_per_degree(sp)) {
+        for (size_t i = 0; i < k; i++)
+            if (ns[i] >= 1 && !dp_covered(p, ns[i]) && cover_direct(sp, p, ns[i], err))
+                return -1;
+        return 0;
+    }
     steplog L;
     if (steplog_run(sp, NULL, 0, sp->training.data_parallel, 0, &L, err))
         return -1;

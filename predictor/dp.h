@@ -14,6 +14,7 @@ typedef struct steplog {
     mm_alloc_conf conf;
     int per_param, pairs;  /* reserve_replay's arguments for this spec */
     uint64_t n_log;        /* the degree the sim ran at (>= 2: DDP buckets logged) */
+    int per_degree;        /* dp_per_degree(): each N gets its own sim */
     int n_dependent;       /* a sharded tensor (or paged states divided by N): the replay
                               and the paged bytes differ from one N to another; else they
                               are the same for every N >= 2 */
@@ -32,6 +33,11 @@ void steplog_free(steplog *L);
  * not change the replay).  `sp` is the spec L and p come from. */
 int dp_cover_at(const mm_spec *sp, const steplog *L, mm_prediction *p, uint32_t n,
                 mm_error *err);
+/* ZeRO and FSDP lay their partitions out per N (DeepSpeed's padded flat
+ * groups, round-robin gradient order and sub-groups; FSDP's padded flat
+ * parameters, parallel_*.c), so one N's log does not give another N's sizes:
+ * each degree is simulated on its own and its point keeps its allocated peak. */
+int dp_per_degree(const mm_spec *sp);
 /* Whether a dp point of p covers n. */
 int dp_covered(const mm_prediction *p, uint32_t n);
 
@@ -54,6 +60,6 @@ uint64_t dp_device_level(const mm_overheads *o, uint64_t alloc, uint64_t slack, 
 /* Record what a replay at the degrees [from, to] gave (merged with an equal
  * neighbour).  0, or -1 out of memory. */
 int dp_add_point(mm_prediction *p, uint32_t from, uint32_t to, uint64_t reserved,
-                 uint64_t paged);
+                 uint64_t paged, uint64_t allocated);
 
 #endif

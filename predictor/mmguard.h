@@ -119,6 +119,8 @@ typedef struct mm_dp_point {
     uint32_t n_from, n_to;    /* the degrees N in [n_from, n_to] */
     uint64_t reserved;        /* the allocator model's reserved peak at those N */
     uint64_t paged;           /* on the GPU outside the allocator (paged optimizer states) */
+    uint64_t allocated;       /* the sim's allocated peak at those N where the dp terms do
+                                 not give it (ZeRO / FSDP lay partitions out per N); 0 = terms */
 } mm_dp_point;
 
 typedef struct mm_overheads {

@@ -84,6 +84,8 @@ static void put_value(struct out *o, const struct mmg_record *r, const struct ke
             const mm_dp_point *q = &r->points[i];
             put(o, "%s%" PRIu32 "-%" PRIu32 ":%" PRIu64 ":%" PRIu64, i ? "," : "", q->n_from,
                 q->n_to, q->reserved, q->paged);
+            if (q->allocated)
+                put(o, ":%" PRIu64, q->allocated);
         }
         break;
     }
@@ -232,7 +234,21 @@ static int cut(const char **s, size_t *n, char sep, size_t *na)
     return 0;
 }
 
-/* "FROM-TO:RESERVED:PAGED" with 1 <= FROM <= TO, after the previous TO */
+/* "PAGED" or "PAGED:ALLOCATED" (ALLOCATED >= 1: a per-degree point, dp.h) */
+static int get_paged(const char *s, size_t n, mm_dp_point *q)
+{
+    const char *d = s;
+    size_t nd;
+    q->allocated = 0;
+    if (cut(&s, &n, ':', &nd) != 0)
+        return get_u64(d, n, UINT64_MAX, &q->paged);
+    return get_u64(d, nd, UINT64_MAX, &q->paged) != 0 ||
+                   get_u64(s, n, UINT64_MAX, &q->allocated) != 0 || q->allocated == 0
+               ? -1
+               : 0;
+}
+
+/* "FROM-TO:RESERVED:PAGED[:ALLOCATED]" with 1 <= FROM <= TO, after the previous TO */
 static int get_point(const char *s, size_t n, size_t idx, struct mmg_record *r)
 {
     const char *a = s, *b, *c;
@@ -248,7 +264,7 @@ static int get_point(const char *s, size_t n, size_t idx, struct mmg_record *r)
     c = s;
     if (cut(&s, &n, ':', &nc) != 0 || get_u64(a, na, UINT32_MAX, &from) != 0 ||
         get_u64(b, nb, UINT32_MAX, &to) != 0 || get_u64(c, nc, UINT64_MAX, &q->reserved) != 0 ||
-        get_u64(s, n, UINT64_MAX, &q->paged) != 0 || from < 1 || from > to || from <= after)
+        get_paged(s, n, q) != 0 || from < 1 || from > to || from <= after)
         return -1;
     q->n_from = (uint32_t)from;
     q->n_to = (uint32_t)to;

@@ -288,10 +288,17 @@ case("the MMGUARD record: round trip and hostile text", function()
         "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1, res=1-1:0:0",
         model, model .. "1-1:0:0,", model .. "0-1:0:0", model .. "2-1:0:0", model .. "1-2:0",
         model .. "1-2:0:0,2-3:0:0", model .. "3-4:0:0,1-2:0:0", model .. "1-4294967296:0:0",
-        model .. "1-1:0:x", model .. string.rep("1-1:0:0,", 64) .. "1-1:0:0" }) do
+        model .. "1-1:0:x", model .. string.rep("1-1:0:0,", 64) .. "1-1:0:0",
+        model .. "1-1:0:0:0", model .. "1-1:0:0:x", model .. "1-1:0:0:1:2" }) do
         eq(M.parse_record(bad), nil, "parse of '" .. bad .. "'")
     end
     assert(M.parse_record(model .. "1-1:0:0,2-3:5:6,7-4294967295:0:0"), "three ranges")
+    -- a range with its own allocated peak (a per-degree ZeRO / FSDP point) uses it
+    local half = "v=3 afrac=0.5 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res="
+    eq(M.peak_for_dp(assert(M.parse_record(half .. "1-1:100:0:50")), 1), 50 + 25 + 1 + 50 + 1,
+       "own allocated")
+    eq(M.peak_for_dp(assert(M.parse_record(half .. "1-1:100:0")), 1), 1 + 1 + 1 + 99 + 1,
+       "allocated from dp1")
     eq(M.parse_record("v=3 " .. string.rep("x", 9000)), nil, "too long")
 end)
 

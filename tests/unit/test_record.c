@@ -72,6 +72,18 @@ START_TEST(round_trip)
     ck_assert_uint_eq(back.points[1].n_to, UINT32_MAX);
     ck_assert_uint_eq(back.points[1].paged, 7);
     ck_assert_uint_eq(back.points[0].reserved, r.points[0].reserved);
+    /* a per-degree point carries its own allocated peak, used in place of the terms */
+    r.points[0].allocated = 150000000000ull;
+    ck_assert_int_eq(mmg_record_format(&r, text, sizeof(text)), 0);
+    ck_assert_ptr_nonnull(strstr(text, " res=1-1:156842542080:0:150000000000,4-"));
+    ck_assert_msg(mmg_record_parse(text, &back, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_uint_eq(back.points[0].allocated, 150000000000ull);
+    ck_assert_uint_eq(back.points[1].allocated, 0);
+    /* ceil(1.05 a) (0.05 in binary: one byte either way) + slack + ctx */
+    uint64_t want = 157500000000ull + 6842542080ull + 808452096ull;
+    ck_assert_uint_ge(mmg_record_peak_for_dp(&back, 1), want);
+    ck_assert_uint_le(mmg_record_peak_for_dp(&back, 1), want + 1);
+    r.points[0].allocated = 0;
     /* an error decision without a prediction: only what is known */
     memset(&r, 0, sizeof(r));
     snprintf(r.decision, sizeof(r.decision), "error");
@@ -118,6 +130,8 @@ START_TEST(hostile)
         { "v=3 res=2-1:0:0", "bad value of 'res'" },
         { "v=3 res=1-2:0", "bad value of 'res'" },
         { "v=3 res=1-2:0:0:0", "bad value of 'res'" },
+        { "v=3 res=1-2:0:0:x", "bad value of 'res'" },
+        { "v=3 res=1-2:0:0:1:2", "bad value of 'res'" },
         { "v=3 res=1-2:0:0,2-3:0:0", "bad value of 'res'" },
         { "v=3 res=3-4:0:0,1-2:0:0", "bad value of 'res'" },
         { "v=3 res=1-4294967295:0:0,4294967295-4294967295:0:0", "bad value of 'res'" },

@@ -325,13 +325,18 @@ int dp_per_degree(const mm_spec *sp)
 /* a degree of a per-degree spec: the step simulated at n itself */
 static int cover_direct(const mm_spec *sp, mm_prediction *p, uint32_t n, mm_error *err)
 {
+    sim s;
     steplog L;
     uint64_t res;
-    if (steplog_run(sp, NULL, 0, n, 1, &L, err))
+    step_cfg cfg = {.dp = n}; /* the allocated peak as a prediction at n finds it */
+    if (step_run(sp, &s, &cfg, err) || steplog_run(sp, &s, s.largest_param, n, 1, &L, err)) {
+        sim_free(&s);
         return -1;
+    }
     int rc = steplog_reserved(&L, n, &res, err);
-    uint64_t alloc = L.s.peak ? L.s.peak : 1, paged = L.s.outside_bytes;
+    uint64_t alloc = s.peak ? s.peak : 1, paged = L.s.outside_bytes;
     steplog_free(&L);
+    sim_free(&s);
     if (!rc && dp_add_point(p, n, n, res, paged, alloc)) {
         mm_err(err, "out of memory");
         rc = -1;

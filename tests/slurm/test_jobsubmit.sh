@@ -133,7 +133,7 @@ start "action=reject" "margin=5%" "reserve=1GiB" "on_error=reject"
 run sbatch --mm-model="$RESIZE" --mm-gpus=4 --gres=gpu:h100:2 -t 30 -o /dev/null "$work/job.sh"
 expect "reject: sbatch exit 1" test "$rc" -eq 1
 expect "reject: the message names the peak, the GPU count and the usable memory" \
-    has "$work/err" 'mmguard: job rejected: predicted peak [0-9.]+ GiB per GPU does not fit h100 \([0-9.]+ GiB usable of [0-9.]+ GiB\) with 2 GPUs \(gres:gpu:h100:2 on 1 node\); to fit: ask for 3 GPUs per node'
+    has "$work/err" 'mmguard: job rejected: predicted peak [0-9.]+ GiB per GPU does not fit h100 \([0-9.]+ GiB usable of [0-9.]+ GiB\) with 2 GPUs \(gres:gpu:h100:2 on 1 node\); to fit: ask for 4 GPUs per node'
 expect "reject: ctld log line with gpus, time limit and the plugin's own N" \
     sh -c "[ '$(last_ctld decision)' = reject ] && [ '$(last_ctld gpus)' = 2 ] && [ '$(last_ctld time_limit_minutes)' = 30 ] && [ '$(last_ctld source)' = slurmctld ] && [ '$(last_ctld plugin_data_parallel)' = 4 ]"
 run sbatch --mm-model="$RESIZE" --gres=gpu:h100:4 -t 90 -o /dev/null "$work/job.sh"

@@ -288,8 +288,16 @@ def smoke_rows_match_committed_data():
         assert len(m["ranks"]) == s["world_size"]
         if s["id"] in committed:
             c = committed[s["id"]]["measured"]
-            assert c["phase_peak_bytes"] == m["phase_peak_bytes"], (s["id"], c["phase_peak_bytes"],
-                                                                      m["phase_peak_bytes"])
+            cp, mp = dict(c["phase_peak_bytes"]), dict(m["phase_peak_bytes"])
+            if s.get("parallel") == "fsdp2":
+                # FSDP2 on gloo: when the last reduce-scatter's buffers are released
+                # depends on the comm thread (two runs of this row measured 89,178,286
+                # and 104,112,846 bytes in the optimizer phase); the step's peak and
+                # the other phases are exact
+                assert mp["optimizer"] <= m["peak_bytes"] and cp["optimizer"] <= c["peak_bytes"]
+                del cp["optimizer"], mp["optimizer"]
+            assert c["peak_bytes"] == m["peak_bytes"], (s["id"], c["peak_bytes"], m["peak_bytes"])
+            assert cp == mp, (s["id"], c["phase_peak_bytes"], m["phase_peak_bytes"])
         else:
             print("  (no committed row for %s: not compared)" % s["id"])
 

@@ -452,7 +452,10 @@ def spec_for(cfg, framework=None, attention_used=None):
     if g.mode == "lora":
         llm["lora"] = {"r": g.lora["r"], "alpha": g.lora["alpha"],
                        "dropout": g.lora["dropout"],
-                       "target_modules": list(g.lora["target_modules"])}
+                       "target_modules": list(g.lora["target_modules"]),
+                       # calibrate.py passes get_peft_model(..., autocast_adapter_dtype=False):
+                       # the adapters stay bf16 (LLaVA's train.py casts them to bf16 too)
+                       "autocast_adapter_dtype": False}
     modules.append(llm)
     spec = {
         "name": cfg.id,

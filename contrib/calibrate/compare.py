@@ -52,6 +52,11 @@ def predict(mmguard, spec, device=None, timeout=60, alloc_conf=None):
     alloc_conf: the PYTORCH_CUDA_ALLOC_CONF the run used (records made before the spec
     carried it keep it in their config only)."""
     spec = json.loads(json.dumps(spec))
+    for m in spec.get("modules", []):
+        # records made before the spec had the key: calibrate.py always passed
+        # autocast_adapter_dtype=False (bf16 adapters), PEFT's default is True
+        if isinstance(m.get("lora"), dict):
+            m["lora"].setdefault("autocast_adapter_dtype", False)
     if device:
         spec["device"] = dict(device)
     if alloc_conf and "alloc_conf" not in spec.get("device", {}):

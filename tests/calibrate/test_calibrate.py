@@ -242,7 +242,8 @@ class TestSpec(unittest.TestCase):
         llm = s["modules"][2]
         self.assertFalse(llm["trainable"])
         self.assertEqual(llm["lora"], {"r": 128, "alpha": 256, "dropout": 0.05,
-                                       "target_modules": cc.LORA_LLAVA["target_modules"]})
+                                       "target_modules": cc.LORA_LLAVA["target_modules"],
+                                       "autocast_adapter_dtype": False})
         s = cc.spec_for(by["llava7b-L8-finetune-sdpa"].configs()[0])
         self.assertTrue(s["modules"][2]["trainable"])
         self.assertEqual(s["modules"][2]["num_hidden_layers"], 8)

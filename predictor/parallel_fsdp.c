@@ -17,6 +17,8 @@
 #include "parallel.h"
 #include "util.h"
 
+#include <string.h>
+
 enum { MK_POST = 0, MK_PRE, MK_FOLDED };
 
 static int fsdp2(const par_state *ps)
@@ -85,6 +87,30 @@ static int32_t gather_backward(par_state *ps, uint64_t params)
     return p;
 }
 
+/* FSDP2's foreach_reduce copies the gradients into the reduce-scatter input
+ * and clears its list (_fsdp_collectives.py:603-606), but the loop before it
+ * (:580-590, `for i, (fsdp_param, unsharded_grad) in enumerate(...)`, run
+ * whenever world_size > 1) leaves its variable on the group's last gradient:
+ * that one lives until foreach_reduce returns (:769), past the allocation of
+ * the reduce-scatter output (:612-616) and its cast.  A unit's parameters are
+ * in registration order; the root of a *ForCausalLM or
+ * *ForConditionalGeneration registers lm_head last (untied: its own weight).
+ * A wrapped layer's last parameter is a norm weight or a bias: not modelled.
+ * Returns the held gradient's id, -1 for none. */
+static int32_t root_last_grad(const par_state *ps, int32_t mark)
+{
+    sim *s = ps->c->s;
+    if (s->dp <= 1)
+        return -1;
+    for (size_t i = s->nt; i-- > (mark > 0 ? (size_t)mark : 0);) {
+        const sim_tensor *t = &s->t[i];
+        if (t->alive && t->cls == F_GRAD && t->sharded == SIM_FIXED && t->base < 0 &&
+            t->row != ps->r_grads && !strcmp(s->rows[t->row].name, "lm_head"))
+            return (int32_t)i;
+    }
+    return -1;
+}
+
 /* Post-backward of a unit with `params` parameters, `tr` of them trainable,
  * whose gradients were made since tensor `mark`.  FSDP1 (_runtime_utils.py
  * _post_backward_hook, _reduce_grad): the flat parameter's gradient (the
@@ -121,6 +147,8 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, int32_t mar
     drop(s, p);
     drop(s, &ps->rs_held);
     int32_t in = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->rdt), F_GRAD, 0) : -1;
+    int32_t last = p == &ps->root_p ? root_last_grad(ps, mark) : -1;
+    sim_hold(s, last);
     par_drop_grads(ps, mark);
     if (in >= 0) {
         int32_t out = sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->rdt), F_GRAD, SIM_SHARDED);
@@ -129,6 +157,7 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, int32_t mar
             sim_drop(s, out);
         }
     }
+    sim_drop(s, last); /* foreach_reduce returns */
     ps->rs_held = in;
 }
 

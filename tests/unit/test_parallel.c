@@ -352,6 +352,42 @@ START_TEST(zero3_prefetch_is_bounded)
 }
 END_TEST
 
+/* bytes of F_GRAD tensors of `row` alive right after the last allocation on
+ * `at` (-1: none) */
+static int64_t grads_alive_at_last(const sim *s, const char *row, const char *at)
+{
+    size_t last = s->nev;
+    for (size_t i = 0; i < s->nev; i++)
+        if (!s->ev[i].is_free && s->ev[i].row < s->nrows && !strcmp(s->rows[s->ev[i].row].name, at))
+            last = i;
+    if (last == s->nev)
+        return -1;
+    int64_t b = 0;
+    for (size_t i = 0; i <= last; i++)
+        if (s->ev[i].cls == F_GRAD && s->ev[i].row < s->nrows && !strcmp(s->rows[s->ev[i].row].name, row))
+            b += s->ev[i].is_free ? -(int64_t)s->ev[i].bytes : (int64_t)s->ev[i].bytes;
+    return b;
+}
+
+/* FSDP2's foreach_reduce (_fsdp_collectives.py:580-590) leaves its loop
+ * variable on the unit's last gradient while the list is cleared (:606): the
+ * root's last parameter, lm_head (bf16, V*H), is still alive when the
+ * reduce-scatter output, the last allocation of the step's reductions, is
+ * made.  One process never runs that loop (world_size 1). */
+START_TEST(fsdp2_root_reduce_keeps_the_last_gradient)
+{
+    mm_spec *sp = tiny(", data_parallel: 2", "fsdp: {version: 2}\n");
+    sim s;
+    run(sp, &s, 2);
+    ck_assert_int_eq(grads_alive_at_last(&s, "lm_head", "runtime.reduced_grads"), (int64_t)(2 * V * H));
+    sim_free(&s);
+    run(sp, &s, 1);
+    ck_assert_int_eq(grads_alive_at_last(&s, "lm_head", "runtime.reduced_grads"), 0);
+    sim_free(&s);
+    mm_spec_free(sp);
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
@@ -367,6 +403,7 @@ Suite *parallel_suite(void)
     tcase_add_test(tc, zero2_round_robin_changes_the_partition);
     tcase_add_test(tc, ddp_find_unused_clones_the_outputs);
     tcase_add_test(tc, fsdp_prefetch_and_reshard_change_the_gathered_units);
+    tcase_add_test(tc, fsdp2_root_reduce_keeps_the_last_gradient);
     suite_add_tcase(s, tc);
     return s;
 }

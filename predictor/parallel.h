@@ -39,6 +39,11 @@ typedef struct par_state {
     /* FSDP (parallel_fsdp.c) */
     uint64_t pdt, rdt;                 /* compute (param_dtype) and reduce dtype bytes */
     int32_t root_p;                    /* the root unit's unsharded parameters, -1 sharded */
+    uint64_t w_esz;                    /* FSDP2, no MixedPrecision: bytes of a wide (fp32
+                                          adapter) element, 0 none */
+    uint64_t w_tr[MM_MAX_MODULES];     /* wide elements of each module's layers, */
+    uint64_t l_tr[MM_MAX_MODULES];     /* of all their trainable elements */
+    uint64_t root_w;                   /* wide elements in the root */
     int32_t ag_held;                   /* FSDP2: the last all-gather output, freed by the next */
     int32_t rs_held;                   /* FSDP2: the last reduce-scatter input, freed by the next */
     int32_t pf_f, pf_p;                /* the unit prefetched for backward (flat output, params) */

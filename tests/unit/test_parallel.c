@@ -388,6 +388,38 @@ START_TEST(fsdp2_root_reduce_keeps_the_last_gradient)
 }
 END_TEST
 
+/* FSDP2 with no MixedPrecision policy gathers every parameter in its own
+ * dtype (_fsdp_collectives.py:799-800: mixed dtypes go as bytes): PEFT's fp32
+ * adapters on this bf16 model are 4 bytes each in a layer's per-parameter
+ * copies; with param_dtype bf16 everything is cast to 2.  The adapters of one
+ * layer, r = 8 on all seven linears: 4 x 8 x (H + H) + 3 x 8 x (H + I). */
+START_TEST(fsdp2_gathers_fp32_adapters_in_their_dtype)
+{
+    const char *fs[] = {"fsdp: {version: 2}\n", "fsdp: {version: 2, param_dtype: bf16}\n"};
+    uint64_t g[2][8], A = 4 * 8 * (H + H) + 3 * 8 * (H + I);
+    for (int i = 0; i < 2; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf,
+                 "name: par\nmodules:\n"
+                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
+                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
+                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+                 H, L, I, V, fs[i]);
+        mm_error e;
+        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+        ck_assert_msg(sp != NULL, "%s", e.msg);
+        sim s;
+        run(sp, &s, 2);
+        ck_assert_uint_ge(allocs_of(&s, "runtime.gathered_params", g[i], 8), 4);
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+    ck_assert_uint_eq(g[0][0], g[1][0]);         /* the root: no adapters */
+    ck_assert_uint_eq(g[0][3] - g[1][3], 2 * A); /* a layer's copies */
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
@@ -404,6 +436,7 @@ Suite *parallel_suite(void)
     tcase_add_test(tc, ddp_find_unused_clones_the_outputs);
     tcase_add_test(tc, fsdp_prefetch_and_reshard_change_the_gathered_units);
     tcase_add_test(tc, fsdp2_root_reduce_keeps_the_last_gradient);
+    tcase_add_test(tc, fsdp2_gathers_fp32_adapters_in_their_dtype);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -91,6 +91,8 @@ void fsdp_forward_begin(par_state *ps);
 void fsdp_forward_end(par_state *ps);
 void fsdp_backward_begin(par_state *ps);
 void fsdp_backward_end(par_state *ps);
+/* FSDP1: trainable elements in the busiest rank's chunks beyond P_tr / N */
+uint64_t fsdp1_state_excess(const par_state *ps);
 
 /* parallel_zero.c: DeepSpeed ZeRO stages 1-2 and the shared parts */
 int zero_layout(par_state *ps, int round_robin_order, zlayout *z);

@@ -15,8 +15,10 @@
  * sim_layer_ev); markers on the tape stand for the pre- and post-backward
  * hooks. */
 #include "parallel.h"
+#include "family.h"
 #include "util.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 enum { MK_POST = 0, MK_PRE, MK_FOLDED };
@@ -99,6 +101,111 @@ static void wide_setup(par_state *ps)
             units = sim_add(s, units, unit_wide(ps, m, l));
     }
     ps->root_w = all > units ? all - units : 0;
+}
+
+/* ---- FSDP1: the trainable elements of the busiest rank's shards ---------------- */
+
+/* One flat parameter cut into N equal chunks (_flat_param.py
+ * _get_shard: the padded flat parameter's chunk `rank`); acc[r] += the
+ * trainable elements of rank r's chunk. */
+typedef struct flatcut {
+    uint64_t N, S, off;
+    uint64_t *acc;                     /* NULL: only count the elements */
+} flatcut;
+
+static void cut_segment(flatcut *f, uint64_t n, int trainable)
+{
+    if (f->acc && trainable && n && f->S) {
+        uint64_t last = (f->off + n - 1) / f->S;
+        for (uint64_t r = f->off / f->S; r <= last && r < f->N; r++) {
+            uint64_t lo = r * f->S, hi = lo + f->S;
+            uint64_t a = f->off > lo ? f->off : lo, b = f->off + n < hi ? f->off + n : hi;
+            f->acc[r] += b - a;
+        }
+    }
+    f->off += n;
+}
+
+enum { U_ROOT = MM_MAX_LAYERS, U_EMB, U_HEAD };
+
+/* CLIP and SigLIP list their vision embeddings (and SigLIP its pooling
+ * head) in _no_split_modules (transformers 5.17 modeling_clip.py:397
+ * CLIPVisionEmbeddings, modeling_siglip.py:366-371 SiglipVisionEmbeddings,
+ * SiglipMultiheadAttentionPoolingHead): units of their own.  Returns U_EMB,
+ * U_HEAD or U_ROOT for the row's unit outside the layers. */
+static uint64_t own_unit(const par_state *ps, const sim_row *R)
+{
+    const module_spec *m = &ps->sp->modules[R->module];
+    const family_def *f = m->kind == MOD_VISION ? family_at(m->kind, m->family) : NULL;
+    int clip = f && !strcmp(f->name, "clip"), siglip = f && !strcmp(f->name, "siglip");
+    if ((clip || siglip) && !strncmp(R->name, "embeddings.", 11))
+        return U_EMB;
+    if (siglip && (!strcmp(R->name, "head") || !strncmp(R->name, "head.", 5)))
+        return U_HEAD;
+    return U_ROOT;
+}
+
+/* a unit's parameters in module order, row by row (a row's instance k is
+ * layer k's); unit U_ROOT: the root, every row outside the layers and the
+ * units of own_unit; U_EMB, U_HEAD: that unit of module m */
+static void unit_walk(const par_state *ps, uint32_t m, uint64_t unit, flatcut *f)
+{
+    const sim *s = ps->c->s;
+    int layer = unit < MM_MAX_LAYERS;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        if (!R->params || !R->count || (unit != U_ROOT && R->module != m) || in_layers(R) != layer ||
+            (!layer && own_unit(ps, R) != unit))
+            continue;
+        uint64_t n = R->params / R->count;
+        uint32_t tc = R->trainable_count;
+        for (uint32_t k = layer ? (uint32_t)unit : 0; k < R->count && (!layer || k == unit); k++)
+            cut_segment(f, n, k < tc && R->trainable);
+    }
+}
+
+static void unit_cut(const par_state *ps, uint32_t m, uint64_t layer, flatcut *f)
+{
+    uint64_t *acc = f->acc;
+    f->acc = NULL;
+    f->off = 0;
+    unit_walk(ps, m, layer, f);
+    f->S = mm_ceil_div(f->off, f->N);
+    f->acc = acc;
+    f->off = 0;
+    unit_walk(ps, m, layer, f);
+}
+
+/* FSDP1 shards each unit's flat parameter, frozen and trainable parameters
+ * alike, into N equal chunks.  With use_orig_params the optimizer holds the
+ * original parameters, views into this rank's chunk (_flat_param.py
+ * _use_sharded_views), and keeps states only for those that get a gradient;
+ * without it, it holds the flat shards, all of the same size.  A root of a
+ * frozen vision tower followed by trainable embeddings and head puts the
+ * frozen ones in rank 0's chunk, the trainable ones in the last ranks'.
+ * Returns the trainable elements the busiest rank holds beyond an even
+ * share (P_tr / N). */
+uint64_t fsdp1_state_excess(const par_state *ps)
+{
+    sim *s = ps->c->s;
+    flatcut f = {.N = s->dp ? s->dp : 1};
+    if (fsdp2(ps) || !ps->sp->fsdp.use_orig_params || f.N < 2 ||
+        !(f.acc = calloc(f.N, sizeof *f.acc)))
+        return 0;
+    unit_cut(ps, 0, U_ROOT, &f);
+    for (uint32_t m = 0; m < ps->sp->n_modules && m < MM_MAX_MODULES; m++) {
+        uint64_t n = ps->sp->modules[m].num_hidden_layers + ps->sp->modules[m].num_global_layers;
+        unit_cut(ps, m, U_EMB, &f);
+        unit_cut(ps, m, U_HEAD, &f);
+        for (uint64_t l = 0; l < n && l < MM_MAX_LAYERS; l++)
+            unit_cut(ps, m, l, &f);
+    }
+    uint64_t most = 0;
+    for (uint64_t r = 0; r < f.N; r++)
+        most = f.acc[r] > most ? f.acc[r] : most;
+    free(f.acc);
+    uint64_t even = ps->P_tr / f.N;
+    return most > even ? most - even : 0;
 }
 
 /* Issue a unit's all-gather.  FSDP1 gathers straight into the padded flat

@@ -420,6 +420,43 @@ START_TEST(fsdp2_gathers_fp32_adapters_in_their_dtype)
 }
 END_TEST
 
+/* FSDP1 with use_orig_params: each layer's flat parameter (here LoRA on every
+ * linear: frozen bases, trainable adapters) is cut into N equal chunks and
+ * the optimizer keeps AdamW states only for the trainable views in this
+ * rank's chunk.  A layer, in registration order: q, k, v, o (base H*H,
+ * adapters 2*8*H each), gate, up, down (base H*I, adapters 8*(H+I)), two
+ * norms: 49 792 elements, the chunk boundary at 24 896 falls in gate's base,
+ * so rank 0 holds the four attention adapters (4 096), rank 1 the rest
+ * (4 608); over two layers rank 1 holds 512 more than half of 17 408.  The
+ * bf16 model's states are bf16 (2 x 2 bytes).  Without use_orig_params the
+ * optimizer holds the even flat shards. */
+START_TEST(fsdp1_uneven_chunks_hold_uneven_states)
+{
+    const char *fs[] = {"fsdp: {version: 1, use_orig_params: true}\n",
+                        "fsdp: {version: 1, use_orig_params: false}\n"};
+    uint64_t b[2];
+    for (int i = 0; i < 2; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf,
+                 "name: par\nmodules:\n"
+                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
+                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
+                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+                 H, L, I, V, fs[i]);
+        mm_error e;
+        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+        ck_assert_msg(sp != NULL, "%s", e.msg);
+        sim s;
+        run(sp, &s, 2);
+        b[i] = start_bytes(&s);
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+    ck_assert_uint_eq(b[0] - b[1], 512 * 4);
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
@@ -437,6 +474,7 @@ Suite *parallel_suite(void)
     tcase_add_test(tc, fsdp_prefetch_and_reshard_change_the_gathered_units);
     tcase_add_test(tc, fsdp2_root_reduce_keeps_the_last_gradient);
     tcase_add_test(tc, fsdp2_gathers_fp32_adapters_in_their_dtype);
+    tcase_add_test(tc, fsdp1_uneven_chunks_hold_uneven_states);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -252,6 +252,21 @@ static uint64_t row_model_states(par_state *ps, lctx *c, uint32_t r, int offl_op
     return st;
 }
 
+/* FSDP1's chunks hold unequal shares of the trainable parameters: the busiest
+ * rank's optimizer states beyond an even share (parallel_fsdp.c) */
+static void fsdp1_uneven_states(par_state *ps, sim *s, int offl_opt)
+{
+    const training_spec *t = &ps->sp->training;
+    if (ps->kind != PAR_FSDP1 || offl_opt || t->optimizer == OPT_PAGED_ADAMW ||
+        t->optimizer == OPT_PAGED_ADAMW_8BIT)
+        return;
+    sim_row x = {.count = 1, .trainable_count = 1};
+    x.trainable = fsdp1_state_excess(ps);
+    uint64_t st = x.trainable ? row_states(ps, s, &x, t->optimizer) : 0;
+    if (st)
+        sim_alloc(s, ps->r_step, st, F_OPT, SIM_FIXED);
+}
+
 void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
 {
     sim *s = c->s;
@@ -267,6 +282,7 @@ void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
     for (size_t r = 0; r < nrows; r++)
         all_states = sim_add(s, all_states, row_model_states(ps, c, (uint32_t)r, offl_opt, offl_par));
     host_states(ps, s, sp, all_states);
+    fsdp1_uneven_states(ps, s, offl_opt);
     if (ps->kind == PAR_DDP)
         ddp_buckets(ps, c);
     if (zero == 3)

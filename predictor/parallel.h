@@ -39,6 +39,11 @@ typedef struct par_state {
     /* FSDP (parallel_fsdp.c) */
     uint64_t pdt, rdt;                 /* compute (param_dtype) and reduce dtype bytes */
     int32_t root_p;                    /* the root unit's unsharded parameters, -1 sharded */
+    uint64_t w_esz;                    /* FSDP2, no MixedPrecision: bytes of a wide (fp32
+                                          adapter) element, 0 none */
+    uint64_t w_tr[MM_MAX_MODULES];     /* wide elements of each module's layers, */
+    uint64_t l_tr[MM_MAX_MODULES];     /* of all their trainable elements */
+    uint64_t root_w;                   /* wide elements in the root */
     int32_t ag_held;                   /* FSDP2: the last all-gather output, freed by the next */
     int32_t rs_held;                   /* FSDP2: the last reduce-scatter input, freed by the next */
     int32_t pf_f, pf_p;                /* the unit prefetched for backward (flat output, params) */
@@ -86,6 +91,8 @@ void fsdp_forward_begin(par_state *ps);
 void fsdp_forward_end(par_state *ps);
 void fsdp_backward_begin(par_state *ps);
 void fsdp_backward_end(par_state *ps);
+/* FSDP1: trainable elements in the busiest rank's chunks beyond P_tr / N */
+uint64_t fsdp1_state_excess(const par_state *ps);
 
 /* parallel_zero.c: DeepSpeed ZeRO stages 1-2 and the shared parts */
 int zero_layout(par_state *ps, int round_robin_order, zlayout *z);

@@ -15,7 +15,11 @@
  * sim_layer_ev); markers on the tape stand for the pre- and post-backward
  * hooks. */
 #include "parallel.h"
+#include "family.h"
 #include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 enum { MK_POST = 0, MK_PRE, MK_FOLDED };
 
@@ -35,6 +39,175 @@ static int alive(const sim *s, int32_t id)
     return id >= 0 && (size_t)id < s->nt && s->t[id].alive;
 }
 
+/* FSDP2 without a MixedPrecision policy gathers and reduces each parameter in
+ * its own dtype: mixed dtypes are all-gathered as bytes
+ * (_fsdp_collectives.py:799-800 _get_all_gather_input_metadatas: uint8) and
+ * copied out per parameter; reduce_dtype None is the gradients' dtype
+ * (foreach_reduce :559-560).  PEFT's fp32 adapters on a 16-bit model (the
+ * rows' pesz) are "wide": 4 bytes each there.  A unit's wide elements (m =
+ * MM_MAX_MODULES: the root); a layer gets its module's share of them. */
+static uint64_t unit_wide(const par_state *ps, uint32_t m, uint64_t l)
+{
+    if (!ps->w_esz)
+        return 0;
+    if (m >= MM_MAX_MODULES)
+        return ps->root_w;
+    if (!ps->l_tr[m])
+        return 0;
+    return (uint64_t)((unsigned __int128)par_unit_trainable(ps, m, l) * ps->w_tr[m] / ps->l_tr[m]);
+}
+
+/* bytes of n elements, w of them wide, in the gather (param) dtype */
+static uint64_t in_pdt(const par_state *ps, uint64_t n, uint64_t w, uint64_t dt)
+{
+    sim *s = ps->c->s;
+    w = w < n ? w : n;
+    return sim_add(s, sim_mul(s, n - w, dt), sim_mul(s, w, ps->w_esz));
+}
+
+static uint64_t unit_bytes(const par_state *ps, uint32_t m, uint64_t l)
+{
+    return in_pdt(ps, par_unit_params(ps, m, l), unit_wide(ps, m, l), ps->pdt);
+}
+
+static int in_layers(const sim_row *R)
+{
+    return strstr(R->name, "layers.") != NULL;
+}
+
+/* the wide elements per module's layers and in the root (fsdp_setup) */
+static void wide_setup(par_state *ps)
+{
+    sim *s = ps->c->s;
+    uint64_t all = 0, units = 0;
+    if (!fsdp2(ps) || ps->sp->fsdp.mixed_precision)
+        return;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        int wide = R->pesz > ps->store && R->trainable;
+        if (wide) {
+            ps->w_esz = R->pesz > ps->w_esz ? R->pesz : ps->w_esz;
+            all = sim_add(s, all, R->trainable);
+        }
+        if (R->module < MM_MAX_MODULES && in_layers(R)) {
+            ps->l_tr[R->module] = sim_add(s, ps->l_tr[R->module], R->trainable);
+            if (wide)
+                ps->w_tr[R->module] = sim_add(s, ps->w_tr[R->module], R->trainable);
+        }
+    }
+    for (uint32_t m = 0; m < ps->sp->n_modules && m < MM_MAX_MODULES; m++) {
+        uint64_t n = ps->sp->modules[m].num_hidden_layers + ps->sp->modules[m].num_global_layers;
+        for (uint64_t l = 0; l < n && l < MM_MAX_LAYERS; l++)
+            units = sim_add(s, units, unit_wide(ps, m, l));
+    }
+    ps->root_w = all > units ? all - units : 0;
+}
+
+/* ---- FSDP1: the trainable elements of the busiest rank's shards ---------------- */
+
+/* One flat parameter cut into N equal chunks (_flat_param.py
+ * _get_shard: the padded flat parameter's chunk `rank`); acc[r] += the
+ * trainable elements of rank r's chunk. */
+typedef struct flatcut {
+    uint64_t N, S, off;
+    uint64_t *acc;                     /* NULL: only count the elements */
+} flatcut;
+
+static void cut_segment(flatcut *f, uint64_t n, int trainable)
+{
+    if (f->acc && trainable && n && f->S) {
+        uint64_t last = (f->off + n - 1) / f->S;
+        for (uint64_t r = f->off / f->S; r <= last && r < f->N; r++) {
+            uint64_t lo = r * f->S, hi = lo + f->S;
+            uint64_t a = f->off > lo ? f->off : lo, b = f->off + n < hi ? f->off + n : hi;
+            f->acc[r] += b - a;
+        }
+    }
+    f->off += n;
+}
+
+enum { U_ROOT = MM_MAX_LAYERS, U_EMB, U_HEAD };
+
+/* CLIP and SigLIP list their vision embeddings (and SigLIP its pooling
+ * head) in _no_split_modules (transformers 5.17 modeling_clip.py:397
+ * CLIPVisionEmbeddings, modeling_siglip.py:366-371 SiglipVisionEmbeddings,
+ * SiglipMultiheadAttentionPoolingHead): units of their own.  Returns U_EMB,
+ * U_HEAD or U_ROOT for the row's unit outside the layers. */
+static uint64_t own_unit(const par_state *ps, const sim_row *R)
+{
+    const module_spec *m = &ps->sp->modules[R->module];
+    const family_def *f = m->kind == MOD_VISION ? family_at(m->kind, m->family) : NULL;
+    int clip = f && !strcmp(f->name, "clip"), siglip = f && !strcmp(f->name, "siglip");
+    if ((clip || siglip) && !strncmp(R->name, "embeddings.", 11))
+        return U_EMB;
+    if (siglip && (!strcmp(R->name, "head") || !strncmp(R->name, "head.", 5)))
+        return U_HEAD;
+    return U_ROOT;
+}
+
+/* a unit's parameters in module order, row by row (a row's instance k is
+ * layer k's); unit U_ROOT: the root, every row outside the layers and the
+ * units of own_unit; U_EMB, U_HEAD: that unit of module m */
+static void unit_walk(const par_state *ps, uint32_t m, uint64_t unit, flatcut *f)
+{
+    const sim *s = ps->c->s;
+    int layer = unit < MM_MAX_LAYERS;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        if (!R->params || !R->count || (unit != U_ROOT && R->module != m) || in_layers(R) != layer ||
+            (!layer && own_unit(ps, R) != unit))
+            continue;
+        uint64_t n = R->params / R->count;
+        uint32_t tc = R->trainable_count;
+        for (uint32_t k = layer ? (uint32_t)unit : 0; k < R->count && (!layer || k == unit); k++)
+            cut_segment(f, n, k < tc && R->trainable);
+    }
+}
+
+static void unit_cut(const par_state *ps, uint32_t m, uint64_t layer, flatcut *f)
+{
+    uint64_t *acc = f->acc;
+    f->acc = NULL;
+    f->off = 0;
+    unit_walk(ps, m, layer, f);
+    f->S = mm_ceil_div(f->off, f->N);
+    f->acc = acc;
+    f->off = 0;
+    unit_walk(ps, m, layer, f);
+}
+
+/* FSDP1 shards each unit's flat parameter, frozen and trainable parameters
+ * alike, into N equal chunks.  With use_orig_params the optimizer holds the
+ * original parameters, views into this rank's chunk (_flat_param.py
+ * _use_sharded_views), and keeps states only for those that get a gradient;
+ * without it, it holds the flat shards, all of the same size.  A root of a
+ * frozen vision tower followed by trainable embeddings and head puts the
+ * frozen ones in rank 0's chunk, the trainable ones in the last ranks'.
+ * Returns the trainable elements the busiest rank holds beyond an even
+ * share (P_tr / N). */
+uint64_t fsdp1_state_excess(const par_state *ps)
+{
+    sim *s = ps->c->s;
+    flatcut f = {.N = s->dp ? s->dp : 1};
+    if (fsdp2(ps) || !ps->sp->fsdp.use_orig_params || f.N < 2 ||
+        !(f.acc = calloc(f.N, sizeof *f.acc)))
+        return 0;
+    unit_cut(ps, 0, U_ROOT, &f);
+    for (uint32_t m = 0; m < ps->sp->n_modules && m < MM_MAX_MODULES; m++) {
+        uint64_t n = ps->sp->modules[m].num_hidden_layers + ps->sp->modules[m].num_global_layers;
+        unit_cut(ps, m, U_EMB, &f);
+        unit_cut(ps, m, U_HEAD, &f);
+        for (uint64_t l = 0; l < n && l < MM_MAX_LAYERS; l++)
+            unit_cut(ps, m, l, &f);
+    }
+    uint64_t most = 0;
+    for (uint64_t r = 0; r < f.N; r++)
+        most = f.acc[r] > most ? f.acc[r] : most;
+    free(f.acc);
+    uint64_t even = ps->P_tr / f.N;
+    return most > even ? most - even : 0;
+}
+
 /* Issue a unit's all-gather.  FSDP1 gathers straight into the padded flat
  * parameter (_flat_param.py unshard: _alloc_padded_unsharded_flat_param); with
  * MixedPrecision the shard is first cast into _mp_shard, freed after
@@ -42,10 +215,9 @@ static int alive(const sim *s, int32_t id)
  * allocates the flat output (_fsdp_collectives.py foreach_all_gather:
  * all_gather_output), with a param_dtype after casting the shards into one
  * flat input (_get_param_all_gather_inputs: flat_foreach_copy_input). */
-static int32_t ag_issue(par_state *ps, uint64_t params)
+static int32_t ag_issue(par_state *ps, uint64_t b)
 {
     sim *s = ps->c->s;
-    uint64_t b = sim_mul(s, params, ps->pdt);
     int32_t cast = ps->pdt != ps->store ? sim_alloc(s, ps->r_gather, b, F_PARAM, SIM_SHARDED) : -1;
     int32_t out = sim_alloc(s, ps->r_gather, b, F_PARAM, SIM_FIXED);
     sim_drop(s, cast);
@@ -54,35 +226,58 @@ static int32_t ag_issue(par_state *ps, uint64_t params)
 
 /* FSDP2's copy-out into per-parameter tensors (foreach_all_gather_copy_out:
  * alloc_all_gather_outputs, split_with_sizes_copy) */
-static int32_t copy_out(par_state *ps, uint64_t params)
+static int32_t copy_out(par_state *ps, uint64_t b)
 {
-    sim *s = ps->c->s;
-    return sim_alloc(s, ps->r_gather, sim_mul(s, params, ps->pdt), F_PARAM, SIM_FIXED);
+    return sim_alloc(ps->c->s, ps->r_gather, b, F_PARAM, SIM_FIXED);
 }
 
 /* forward: FSDP2 keeps the flat output until the next all-gather's copy-out
  * (_fsdp_param_group.py wait_for_unshard: comm_ctx.all_gather_state) */
-static int32_t gather_forward(par_state *ps, uint64_t params)
+static int32_t gather_forward(par_state *ps, uint64_t b)
 {
     sim *s = ps->c->s;
-    int32_t out = ag_issue(ps, params);
+    int32_t out = ag_issue(ps, b);
     if (!fsdp2(ps))
         return out;
-    int32_t p = copy_out(ps, params);
+    int32_t p = copy_out(ps, b);
     sim_drop(s, ps->ag_held);
     ps->ag_held = out;
     return p;
 }
 
 /* backward: the flat output is freed right after the copy-out */
-static int32_t gather_backward(par_state *ps, uint64_t params)
+static int32_t gather_backward(par_state *ps, uint64_t b)
 {
-    int32_t out = ag_issue(ps, params);
+    int32_t out = ag_issue(ps, b);
     if (!fsdp2(ps))
         return out;
-    int32_t p = copy_out(ps, params);
+    int32_t p = copy_out(ps, b);
     sim_drop(ps->c->s, out);
     return p;
+}
+
+/* FSDP2's foreach_reduce copies the gradients into the reduce-scatter input
+ * and clears its list (_fsdp_collectives.py:603-606), but the loop before it
+ * (:580-590, `for i, (fsdp_param, unsharded_grad) in enumerate(...)`, run
+ * whenever world_size > 1) leaves its variable on the group's last gradient:
+ * that one lives until foreach_reduce returns (:769), past the allocation of
+ * the reduce-scatter output (:612-616) and its cast.  A unit's parameters are
+ * in registration order; the root of a *ForCausalLM or
+ * *ForConditionalGeneration registers lm_head last (untied: its own weight).
+ * A wrapped layer's last parameter is a norm weight or a bias: not modelled.
+ * Returns the held gradient's id, -1 for none. */
+static int32_t root_last_grad(const par_state *ps, int32_t mark)
+{
+    sim *s = ps->c->s;
+    if (s->dp <= 1)
+        return -1;
+    for (size_t i = s->nt; i-- > (mark > 0 ? (size_t)mark : 0);) {
+        const sim_tensor *t = &s->t[i];
+        if (t->alive && t->cls == F_GRAD && t->sharded == SIM_FIXED && t->base < 0 &&
+            t->row != ps->r_grads && !strcmp(s->rows[t->row].name, "lm_head"))
+            return (int32_t)i;
+    }
+    return -1;
 }
 
 /* Post-backward of a unit with `params` parameters, `tr` of them trainable,
@@ -96,7 +291,8 @@ static int32_t gather_backward(par_state *ps, uint64_t params)
  * gradients in reduce_dtype (kept until the next reduce-scatter), the
  * gradients freed, the output shard becomes .grad (cast when reduce_dtype
  * differs from the parameter). */
-static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, int32_t mark, int32_t *p)
+static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, uint64_t w, int32_t mark,
+                        int32_t *p)
 {
     sim *s = ps->c->s;
     if (!fsdp2(ps)) {
@@ -120,15 +316,19 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, int32_t mar
     }
     drop(s, p);
     drop(s, &ps->rs_held);
-    int32_t in = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->rdt), F_GRAD, 0) : -1;
+    uint64_t rb = in_pdt(ps, tr, w, ps->rdt);
+    int32_t in = tr ? sim_alloc(s, ps->r_grads, rb, F_GRAD, 0) : -1;
+    int32_t last = p == &ps->root_p ? root_last_grad(ps, mark) : -1;
+    sim_hold(s, last);
     par_drop_grads(ps, mark);
     if (in >= 0) {
-        int32_t out = sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->rdt), F_GRAD, SIM_SHARDED);
+        int32_t out = sim_alloc(s, ps->r_grads, rb, F_GRAD, SIM_SHARDED);
         if (ps->rdt != ps->store) {
             sim_alloc(s, ps->r_grads, sim_mul(s, tr, ps->store), F_GRAD, SIM_SHARDED);
             sim_drop(s, out);
         }
     }
+    sim_drop(s, last); /* foreach_reduce returns */
     ps->rs_held = in;
 }
 
@@ -146,7 +346,7 @@ static void prefetch(par_state *ps, size_t k)
     size_t j = (size_t)next_unit(s, k, &m);
     if (!m || alive(s, m->aux[2]))
         return;
-    int32_t f = ag_issue(ps, par_unit_params(ps, (uint32_t)m->aux[0], (uint64_t)m->aux[1]));
+    int32_t f = ag_issue(ps, unit_bytes(ps, (uint32_t)m->aux[0], (uint64_t)m->aux[1]));
     if (fsdp2(ps))
         ps->pf_f = f;
     else
@@ -162,7 +362,7 @@ static int post_prefetch(const par_state *ps)
 static void pre_backward(par_state *ps, const sim_node *n)
 {
     sim *s = ps->c->s;
-    uint64_t params = par_unit_params(ps, (uint32_t)n->aux[0], (uint64_t)n->aux[1]);
+    uint64_t params = unit_bytes(ps, (uint32_t)n->aux[0], (uint64_t)n->aux[1]);
     size_t k = (size_t)n->aux[5];
     int32_t p = n->aux[2];
     if (!alive(s, p)) {
@@ -186,8 +386,8 @@ static void post_backward(par_state *ps, const sim_node *n)
 {
     uint32_t mi = (uint32_t)n->aux[0];
     uint64_t l = (uint64_t)n->aux[1];
-    reduce_unit(ps, par_unit_params(ps, mi, l), par_unit_trainable(ps, mi, l), ps->cur_mark,
-                &ps->cur_p);
+    reduce_unit(ps, par_unit_params(ps, mi, l), par_unit_trainable(ps, mi, l),
+                unit_wide(ps, mi, l), ps->cur_mark, &ps->cur_p);
     if (post_prefetch(ps)) /* BACKWARD_POST: _post_backward_hook's _prefetch_handle */
         prefetch(ps, ps->cur_k);
 }
@@ -197,13 +397,15 @@ static void folded_backward(par_state *ps, const sim_node *n)
 {
     sim *s = ps->c->s;
     uint64_t g = 0;
+    uint32_t m = (uint32_t)n->aux[0];
     for (uint64_t l = (uint64_t)n->aux[1]; l < (uint64_t)n->aux[1] + (uint64_t)n->aux[4]; l++) {
-        uint64_t tr = par_unit_trainable(ps, (uint32_t)n->aux[0], l);
+        uint64_t tr = par_unit_trainable(ps, m, l);
         if (tr)
-            g = sim_add(s, g, fsdp2(ps) ? tr : par_unit_params(ps, (uint32_t)n->aux[0], l));
+            g = sim_add(s, g, fsdp2(ps) ? in_pdt(ps, tr, unit_wide(ps, m, l), ps->store)
+                                        : sim_mul(s, par_unit_params(ps, m, l), ps->store));
     }
     if (g)
-        sim_alloc(s, ps->r_grads, sim_mul(s, g, ps->store), F_GRAD, SIM_SHARDED);
+        sim_alloc(s, ps->r_grads, g, F_GRAD, SIM_SHARDED);
 }
 
 static void marker(sim *s, const sim_node *n, void *ctx)
@@ -238,7 +440,7 @@ static void forward_prefetch(par_state *ps, uint32_t m, uint64_t next)
         return;
     if (next >= ms->num_hidden_layers + ms->num_global_layers || !par_unit_params(ps, m, next))
         return;
-    ps->ffp = ag_issue(ps, par_unit_params(ps, m, next));
+    ps->ffp = ag_issue(ps, unit_bytes(ps, m, next));
 }
 
 /* the layer loop: gather at the unit's pre-forward, reshard at its
@@ -258,7 +460,7 @@ static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
     if (e->what == SIM_LAYER_BEGIN) {
         ps->fwd_k = e->grad ? par_marker(s, ps->r_grads, marker, ps, e->module, e->layer,
                                          MK_POST, 1) + 1 : 0;
-        ps->fwd_p = ps->ffp >= 0 ? ps->ffp : gather_forward(ps, params);
+        ps->fwd_p = ps->ffp >= 0 ? ps->ffp : gather_forward(ps, unit_bytes(ps, e->module, e->layer));
         ps->ffp = -1;
         forward_prefetch(ps, e->module, e->layer + 1);
         return;
@@ -294,6 +496,8 @@ void fsdp_setup(par_state *ps, lctx *c)
     ps->cur_k = 0;
     ps->cur_mark = 0;
     ps->pf_k = ps->fwd_k = 0;
+    ps->w_esz = ps->root_w = 0;
+    wide_setup(ps);
     (void)c;
 }
 
@@ -301,7 +505,7 @@ void fsdp_forward_begin(par_state *ps)
 {
     sim *s = ps->c->s;
     sim_label(s, "fsdp all-gather", ps->r_gather);
-    ps->root_p = ps->root ? gather_forward(ps, ps->root) : -1;
+    ps->root_p = ps->root ? gather_forward(ps, in_pdt(ps, ps->root, ps->root_w, ps->pdt)) : -1;
     s->on_layer = on_layer;
     s->on_layer_ctx = ps;
 }
@@ -324,7 +528,7 @@ void fsdp_backward_begin(par_state *ps)
     sim *s = ps->c->s;
     sim_label(s, "fsdp all-gather", ps->r_gather);
     if (ps->root && !alive(s, ps->root_p))
-        ps->root_p = gather_backward(ps, ps->root);
+        ps->root_p = gather_backward(ps, in_pdt(ps, ps->root, ps->root_w, ps->pdt));
     prefetch(ps, s->ntape);
     s->on_wgrad = hold_grad;
     s->on_wgrad_ctx = ps;
@@ -337,7 +541,7 @@ void fsdp_backward_end(par_state *ps)
     sim *s = ps->c->s;
     s->on_wgrad = NULL;
     sim_label(s, "fsdp reduce-scatter", ps->r_grads);
-    reduce_unit(ps, ps->root, ps->root_tr, ps->step_mark, &ps->root_p);
+    reduce_unit(ps, ps->root, ps->root_tr, ps->root_w, ps->step_mark, &ps->root_p);
     drop(s, &ps->rs_held);
     drop(s, &ps->pf_f);
     drop(s, &ps->pf_p);

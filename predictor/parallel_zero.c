@@ -42,19 +42,41 @@ static int in_layers(const sim_row *R)
     return strstr(R->name, "layers.") != NULL;
 }
 
-/* one row's requires_grad tensors (its instances) into the group's list */
-static void row_pieces(uint64_t n, uint32_t c, uint32_t k, pieces *out)
+/* a linear row's bias elements per instance: what its parameters hold
+ * beyond the out x in weight (0 when the row does not add up to one) */
+static uint64_t linear_bias(const sim_row *R)
+{
+    uint64_t w = R->mat_rows * R->mat_cols, per = R->count ? R->params / R->count : 0;
+    if (strcmp(R->kind, "linear") || !w || per <= w)
+        return 0;
+    return per - w == R->mat_rows ? per - w : 0;
+}
+
+/* one row's requires_grad tensors (its instances) in one group: the norms
+ * and the linears' biases are the no-decay group's, the rest the decay
+ * group's */
+static void row_pieces(const sim_row *R, uint64_t n, uint32_t c, uint32_t k, int nodecay,
+                       pieces *out)
 {
     c = c ? c : 1;
-    if (k < c)
-        add_piece(out, 0, n / c + (k == 0 ? n % c : 0));
+    if (k >= c)
+        return;
+    uint64_t piece = n / c + (k == 0 ? n % c : 0), b = linear_bias(R);
+    b = b < piece ? b : 0;
+    if (strstr(R->kind, "norm"))
+        piece = nodecay ? piece : 0;
+    else
+        piece = nodecay ? b : piece - b;
+    if (piece)
+        add_piece(out, 0, piece);
 }
 
 /* The trainable tensors of one group in the order DeepSpeed flattens them:
  * model.parameters() order - per module the rows before its layers, the
- * layers one after another, the rows after (the Trainer's no-decay group:
- * the LayerNorm / RMSNorm modules, trainer.py get_decay_parameter_names;
- * biases stay with their weights). */
+ * layers one after another, the rows after.  The Trainer's no-decay group
+ * holds the LayerNorm modules' parameters and every name matching "bias",
+ * "layernorm", "rmsnorm", "norm" (transformers 5.17 trainer.py:1374-1375
+ * get_decay_parameter_names): the norms and the biases. */
 static int group_pieces(const par_state *ps, int nodecay, pieces *out)
 {
     sim *s = ps->c->s;
@@ -72,8 +94,9 @@ static int group_pieces(const par_state *ps, int nodecay, pieces *out)
                     const sim_row *R = &s->rows[r];
                     int lay = in_layers(R), want = part == 1 ? lay : !lay && (part == 0) == (r < first);
                     uint64_t n = par_requires_grad(ps, R);
-                    if (R->module == m && n && want && (strstr(R->kind, "norm") != NULL) == nodecay)
-                        row_pieces(n, n == R->trainable ? R->trainable_count : R->count, k, out);
+                    if (R->module == m && n && want)
+                        row_pieces(R, n, n == R->trainable ? R->trainable_count : R->count, k,
+                                   nodecay, out);
                 }
     }
     return s->oom ? -1 : 0;

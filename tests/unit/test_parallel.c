@@ -352,6 +352,111 @@ START_TEST(zero3_prefetch_is_bounded)
 }
 END_TEST
 
+/* bytes of F_GRAD tensors of `row` alive right after the last allocation on
+ * `at` (-1: none) */
+static int64_t grads_alive_at_last(const sim *s, const char *row, const char *at)
+{
+    size_t last = s->nev;
+    for (size_t i = 0; i < s->nev; i++)
+        if (!s->ev[i].is_free && s->ev[i].row < s->nrows && !strcmp(s->rows[s->ev[i].row].name, at))
+            last = i;
+    if (last == s->nev)
+        return -1;
+    int64_t b = 0;
+    for (size_t i = 0; i <= last; i++)
+        if (s->ev[i].cls == F_GRAD && s->ev[i].row < s->nrows && !strcmp(s->rows[s->ev[i].row].name, row))
+            b += s->ev[i].is_free ? -(int64_t)s->ev[i].bytes : (int64_t)s->ev[i].bytes;
+    return b;
+}
+
+/* FSDP2's foreach_reduce (_fsdp_collectives.py:580-590) leaves its loop
+ * variable on the unit's last gradient while the list is cleared (:606): the
+ * root's last parameter, lm_head (bf16, V*H), is still alive when the
+ * reduce-scatter output, the last allocation of the step's reductions, is
+ * made.  One process never runs that loop (world_size 1). */
+START_TEST(fsdp2_root_reduce_keeps_the_last_gradient)
+{
+    mm_spec *sp = tiny(", data_parallel: 2", "fsdp: {version: 2}\n");
+    sim s;
+    run(sp, &s, 2);
+    ck_assert_int_eq(grads_alive_at_last(&s, "lm_head", "runtime.reduced_grads"), (int64_t)(2 * V * H));
+    sim_free(&s);
+    run(sp, &s, 1);
+    ck_assert_int_eq(grads_alive_at_last(&s, "lm_head", "runtime.reduced_grads"), 0);
+    sim_free(&s);
+    mm_spec_free(sp);
+}
+END_TEST
+
+/* FSDP2 with no MixedPrecision policy gathers every parameter in its own
+ * dtype (_fsdp_collectives.py:799-800: mixed dtypes go as bytes): PEFT's fp32
+ * adapters on this bf16 model are 4 bytes each in a layer's per-parameter
+ * copies; with param_dtype bf16 everything is cast to 2.  The adapters of one
+ * layer, r = 8 on all seven linears: 4 x 8 x (H + H) + 3 x 8 x (H + I). */
+START_TEST(fsdp2_gathers_fp32_adapters_in_their_dtype)
+{
+    const char *fs[] = {"fsdp: {version: 2}\n", "fsdp: {version: 2, param_dtype: bf16}\n"};
+    uint64_t g[2][8], A = 4 * 8 * (H + H) + 3 * 8 * (H + I);
+    for (int i = 0; i < 2; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf,
+                 "name: par\nmodules:\n"
+                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
+                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
+                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+                 H, L, I, V, fs[i]);
+        mm_error e;
+        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+        ck_assert_msg(sp != NULL, "%s", e.msg);
+        sim s;
+        run(sp, &s, 2);
+        ck_assert_uint_ge(allocs_of(&s, "runtime.gathered_params", g[i], 8), 4);
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+    ck_assert_uint_eq(g[0][0], g[1][0]);         /* the root: no adapters */
+    ck_assert_uint_eq(g[0][3] - g[1][3], 2 * A); /* a layer's copies */
+}
+END_TEST
+
+/* FSDP1 with use_orig_params: each layer's flat parameter (here LoRA on every
+ * linear: frozen bases, trainable adapters) is cut into N equal chunks and
+ * the optimizer keeps AdamW states only for the trainable views in this
+ * rank's chunk.  A layer, in registration order: q, k, v, o (base H*H,
+ * adapters 2*8*H each), gate, up, down (base H*I, adapters 8*(H+I)), two
+ * norms: 49 792 elements, the chunk boundary at 24 896 falls in gate's base,
+ * so rank 0 holds the four attention adapters (4 096), rank 1 the rest
+ * (4 608); over two layers rank 1 holds 512 more than half of 17 408.  The
+ * bf16 model's states are bf16 (2 x 2 bytes).  Without use_orig_params the
+ * optimizer holds the even flat shards. */
+START_TEST(fsdp1_uneven_chunks_hold_uneven_states)
+{
+    const char *fs[] = {"fsdp: {version: 1, use_orig_params: true}\n",
+                        "fsdp: {version: 1, use_orig_params: false}\n"};
+    uint64_t b[2];
+    for (int i = 0; i < 2; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf,
+                 "name: par\nmodules:\n"
+                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
+                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
+                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+                 H, L, I, V, fs[i]);
+        mm_error e;
+        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+        ck_assert_msg(sp != NULL, "%s", e.msg);
+        sim s;
+        run(sp, &s, 2);
+        b[i] = start_bytes(&s);
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+    ck_assert_uint_eq(b[0] - b[1], 512 * 4);
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
@@ -367,6 +472,9 @@ Suite *parallel_suite(void)
     tcase_add_test(tc, zero2_round_robin_changes_the_partition);
     tcase_add_test(tc, ddp_find_unused_clones_the_outputs);
     tcase_add_test(tc, fsdp_prefetch_and_reshard_change_the_gathered_units);
+    tcase_add_test(tc, fsdp2_root_reduce_keeps_the_last_gradient);
+    tcase_add_test(tc, fsdp2_gathers_fp32_adapters_in_their_dtype);
+    tcase_add_test(tc, fsdp1_uneven_chunks_hold_uneven_states);
     suite_add_tcase(s, tc);
     return s;
 }

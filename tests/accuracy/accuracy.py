@@ -88,7 +88,7 @@ def parallel_sections(setup, spec):
         ds = {k: z[k] for k in ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
                                 "contiguous_gradients", "stage3_prefetch_bucket_size",
                                 "stage3_max_live_parameters", "stage3_param_persistence_threshold",
-                                "sub_group_size", "stage3_max_reuse_distance") if k in z}
+                                "sub_group_size", "stage3_max_reuse_distance", "round_robin_gradients") if k in z}
         spec["deepspeed"] = ds
     elif par in ("fsdp1", "fsdp2"):
         f = {"version": 1 if par == "fsdp1" else 2}

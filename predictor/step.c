@@ -66,37 +66,35 @@ static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const
                 c->ntaps++;
 }
 
+/* one per-(module, layer) table (layer_tp, layer_p, layer_gb), zeroed or a copy of `from` */
+static uint64_t *layer_table(const uint64_t *from)
+{
+    size_t n = (size_t)MM_MAX_MODULES * MM_MAX_LAYERS;
+    uint64_t *t = calloc(n, sizeof *t);
+    if (t && from)
+        memcpy(t, from, n * sizeof *t);
+    return t;
+}
+
 /* pass 1: rows and parameter counts (or copied from an earlier run) */
 static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
 {
-    if (cfg->rows_from && cfg->rows_from->nrows) {
-        const sim *f = cfg->rows_from;
+    const sim *f = cfg->rows_from && cfg->rows_from->nrows ? cfg->rows_from : NULL;
+    s->layer_tp = layer_table(f ? f->layer_tp : NULL);
+    s->layer_p = layer_table(f ? f->layer_p : NULL);
+    s->layer_gb = layer_table(f ? f->layer_gb : NULL);
+    if (!s->layer_tp || !s->layer_p || !s->layer_gb)
+        return -1;
+    if (f) {
         s->rows = malloc(f->nrows * sizeof *s->rows);
-        s->layer_tp = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_tp);
-        s->layer_p = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_p);
-        s->layer_gb = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_gb);
-        if (!s->rows || !s->layer_tp || !s->layer_p || !s->layer_gb)
+        if (!s->rows)
             return -1;
         memcpy(s->rows, f->rows, f->nrows * sizeof *s->rows);
-        if (f->layer_tp)
-            memcpy(s->layer_tp, f->layer_tp, (size_t)MM_MAX_MODULES * MM_MAX_LAYERS *
-                                                 sizeof *s->layer_tp);
-        if (f->layer_p)
-            memcpy(s->layer_p, f->layer_p, (size_t)MM_MAX_MODULES * MM_MAX_LAYERS *
-                                               sizeof *s->layer_p);
-        if (f->layer_gb)
-            memcpy(s->layer_gb, f->layer_gb, (size_t)MM_MAX_MODULES * MM_MAX_LAYERS *
-                                                 sizeof *s->layer_gb);
         s->nrows = s->caprows = f->nrows;
         memcpy(s->rcache, f->rcache, sizeof s->rcache); /* same rows, same ids */
         c->largest_param = cfg->largest_param;
         return 0;
     }
-    s->layer_tp = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_tp);
-    s->layer_p = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_p);
-    s->layer_gb = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *s->layer_gb);
-    if (!s->layer_tp || !s->layer_p || !s->layer_gb)
-        return -1;
     c->counting = 1;
     prog_forward(c);
     c->counting = 0;

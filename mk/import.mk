@@ -1,5 +1,5 @@
 # mk/import.mk - `mmguard import` on the published files of real jobs
-# (tests/import/run.sh reads ../shared/import: HF configs, LLaVA's and
+# (tests/import/run.sh reads tests/fixtures/import: HF configs, LLaVA's and
 # LLaMA-Factory's DeepSpeed configs, flags and YAMLs), plain and under
 # ASan+UBSan; and the catalog of HF ids installed beside the presets.
 # Included by the top Makefile.
@@ -7,7 +7,7 @@
 #   make check-import      the suite with build/mmguard and build/mmguard-asan
 #   make install-import    contrib/models/catalog.txt under share/mmguard/models
 
-IMPORT_DATA ?= ../shared/import
+IMPORT_DATA ?= tests/fixtures/import
 
 CHECK_TARGETS   += check-import
 INSTALL_TARGETS += install-import

@@ -1,12 +1,12 @@
 # mk/presets.mk - the shipped model presets (contrib/models) against facts: exact parameter
 # and trainable counts, the catalog of HF ids, round trips with the recipes' published files
-# (IMPORT_DATA, ../shared/import), and docs/models.md's generated table.
+# (IMPORT_DATA, tests/fixtures/import), and docs/models.md's generated table.
 # Included by the top Makefile (mk/*.mk).
 #
 #   make check-presets   tests/presets/presets.py check, with build/mmguard and build/mmguard-asan
 #   make models-doc      rewrite docs/models.md's table from the presets' predictions
 
-IMPORT_DATA ?= ../shared/import
+IMPORT_DATA ?= tests/fixtures/import
 
 CHECK_TARGETS += check-presets
 

@@ -1,12 +1,12 @@
 #!/bin/sh
 # tests/import/run.sh - `mmguard import` on the published files of real jobs
-# (../shared/import, see its SOURCES.md): the spec keys each reader writes,
+# (tests/fixtures/import, see its SOURCES.md): the spec keys each reader writes,
 # the assumptions and ignored keys it lists, errors with file:line:col, and
 # round trips: an imported job predicts what the same job written by hand
 # predicts, within 0.1 %.  MMGUARD=path/to/mmguard, IMPORT_DATA=the data.
 set -u
 M=${MMGUARD:-build/mmguard}
-S=${IMPORT_DATA:-../shared/import}
+S=${IMPORT_DATA:-tests/fixtures/import}
 H=tests/import/specs
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -299,10 +299,19 @@ printf 'one-field-only\n' > "$T/catalog.txt"
 expect 2 "$M" import --catalog "$T" --hf a/b
 has "catalog.txt:1:1: expected 'HF-ID FILE'"
 # the shipped catalog, when its presets are there
-if [ -f contrib/models/catalog.txt ]; then
-    expect 0 "$M" import --catalog contrib/models --hf liuhaotian/llava-v1.5-7b
-    key num_hidden_layers 32
-fi
+expect 0 "$M" import --catalog contrib/models --hf liuhaotian/llava-v1.5-7b
+key num_hidden_layers 32
+
+# the uninstalled binary finds its own tree's catalog from any directory (no --catalog, no
+# MMGUARD_CATALOG): a LLaMA-Factory YAML that names its model by HF id, run from elsewhere
+MA=$(cd "$(dirname "$M")" && pwd)/$(basename "$M")
+FA=$(cd "$F" && pwd)
+expect 0 sh -c 'cd "$1" && env -u MMGUARD_CATALOG "$2" import --llamafactory "$3"' - "$T" "$MA" \
+    "$FA/qwen2_5vl_lora_sft.yaml"
+has "lora: {r: 8, alpha: 16, dropout: 0, target_modules: all-linear}"
+has "/contrib/models/qwen2.5-vl-7b-full.yaml"
+expect 0 sh -c 'cd / && env -u MMGUARD_CATALOG "$1" import --hf Qwen/Qwen2-VL-7B-Instruct' - "$MA"
+key num_hidden_layers 28
 
 # ---- usage -----------------------------------------------------------------------------------
 expect 2 "$M" import --trainer a.json --args "--bf16"

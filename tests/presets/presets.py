@@ -5,13 +5,15 @@
   presets.py doc            print docs/models.md as it must read
   presets.py doc --write    rewrite docs/models.md
 
-Environment: MMGUARD (default build/mmguard), IMPORT_DATA (default ../shared/import, the
+Environment: MMGUARD (default build/mmguard), IMPORT_DATA (default tests/fixtures/import, the
 published configs and recipe files; relative to the repository root, where this runs).
 
 What `check` asserts, for every contrib/models/*.yaml (a preset without facts here fails):
   - it predicts (`mmguard predict PRESET --json`, exit 0);
   - parameters_count is the model's exact count (FACTS below: transformers' count of the
     model built from its config, with its source), plus the LoRA adapters its recipe adds;
+  - where the model's checkpoint index is published in IMPORT_DATA (its metadata.total_size,
+    every tensor in one 2-byte dtype), the exact count is total_size / 2;
   - trainable_count is what its mode trains: the trainable modules' exact counts, and for
     LoRA the adapters, r * (in + out) summed over the targeted linear layers, computed here
     from the config's dimensions (not from mmguard);
@@ -34,15 +36,15 @@ import sys
 import tempfile
 
 MM = os.environ.get("MMGUARD", "build/mmguard")
-DATA = os.environ.get("IMPORT_DATA", "../shared/import")
+DATA = os.environ.get("IMPORT_DATA", "tests/fixtures/import")
 MODELS = "contrib/models"
 DOC = "docs/models.md"
 
 # ---- facts -----------------------------------------------------------------------------
 # Exact parameter counts: transformers 5.17.0, the model built on the meta device from its
 # config (/work/scratch/catalog/<model>.json "params", made by count_params.py there), unless
-# said otherwise; ../shared/import/PARAMS.md gives total_size / 2 of the published checkpoint
-# index for four of them, which agrees to the parameter.  Per-module counts are the same
+# said otherwise; for the ones with `index`, check_index holds it to total_size / 2 of the
+# published checkpoint index (IMPORT_DATA/<index>/model.safetensors.index.json).  Per-module counts are the same
 # script's (model.<child> + lm_head).
 #
 # LoRA layers: (in, out) of each targeted nn.Linear in one layer, from the config.
@@ -68,7 +70,7 @@ def adapters(linears, r, layers, targets):
 
 
 # LLaVA-1.5 (liuhaotian, vocab 32000): count_params.py on llava-hf/llava-1.5-7b-hf's config
-# (../shared/import/llava-1.5-7b-hf) with text_config.vocab_size 32000, and for 13B also
+# (tests/fixtures/import/llava-1.5-7b-hf) with text_config.vocab_size 32000, and for 13B also
 # hidden 5120, 40 layers, 40 heads, intermediate 13824 (vicuna-13b-v1.5): transformers 5.17.0.
 # The decoders' LoRA layers: lmsys/vicuna-{7,13}b-v1.5's config.json.
 LLAVA = {
@@ -96,19 +98,17 @@ FACTS = {
     # preset: hf id, exact base count, its source, trainable (exact), adapters (exact)
     **{f"llava-1.5-{s}-{m}.yaml": llava(s, m)
        for s in LLAVA for m in ("finetune", "lora", "pretrain")},
-    # catalog qwen2-vl-7b-instruct.json; = PARAMS.md total_size / 2
     "qwen2-vl-7b-full.yaml": dict(
-        id="Qwen/Qwen2-VL-7B-Instruct", params=8291375616,
-        src="catalog qwen2-vl-7b-instruct.json; ../shared/import/PARAMS.md",
+        id="Qwen/Qwen2-VL-7B-Instruct", params=8291375616, index="qwen2-vl-7b-instruct",
+        src="catalog qwen2-vl-7b-instruct.json; the published checkpoint index",
         trainable=7070619136 + 544997376),  # language_model + lm_head
-    # catalog qwen2.5-vl-7b-instruct.json; = PARAMS.md total_size / 2
     "qwen2.5-vl-7b-full.yaml": dict(
-        id="Qwen/Qwen2.5-VL-7B-Instruct", params=8292166656,
-        src="catalog qwen2.5-vl-7b-instruct.json; ../shared/import/PARAMS.md",
+        id="Qwen/Qwen2.5-VL-7B-Instruct", params=8292166656, index="qwen2.5-vl-7b-instruct",
+        src="catalog qwen2.5-vl-7b-instruct.json; the published checkpoint index",
         trainable=44574464 + 7070619136 + 544997376),  # visual.merger + language model
     "qwen2.5-vl-7b-lora.yaml": dict(
-        id="Qwen/Qwen2.5-VL-7B-Instruct", params=8292166656,
-        src="catalog qwen2.5-vl-7b-instruct.json; ../shared/import/PARAMS.md",
+        id="Qwen/Qwen2.5-VL-7B-Instruct", params=8292166656, index="qwen2.5-vl-7b-instruct",
+        src="catalog qwen2.5-vl-7b-instruct.json; the published checkpoint index",
         adapters=adapters(decoder_linears(3584, 28, 4, 128, 18944), 8, 28, ALL7), trainable=0),
     "qwen2.5-vl-72b-lora.yaml": dict(
         id="Qwen/Qwen2.5-VL-72B-Instruct", params=73410777344,
@@ -124,10 +124,10 @@ FACTS = {
         id="Qwen/Qwen3-VL-30B-A3B-Instruct", params=31070754032,
         src="catalog qwen3-vl-30b-a3b-instruct.json",
         trainable=30679808 + 30220957696 + 311164928),
-    # catalog internvl3-8b.json (the converted InternVLConfig); = PARAMS.md total_size / 2
+    # catalog internvl3-8b.json (the converted InternVLConfig)
     "internvl3-8b-full.yaml": dict(
-        id="OpenGVLab/InternVL3-8B", params=7944373760,
-        src="catalog internvl3-8b.json; ../shared/import/PARAMS.md",
+        id="OpenGVLab/InternVL3-8B", params=7944373760, index="internvl3-8b",
+        src="catalog internvl3-8b.json; the published checkpoint index",
         trainable=27540480 + 7069221376 + 543599616),  # projector + language model
     # everything trains but SigLIP's post_layernorm (2 x 1152): the features are the last
     # layer's output before it (vision_feature_layer -1), so it gets no gradient
@@ -379,10 +379,25 @@ def check(run):
         if FACTS.get(target, {}).get("adapters"):
             run.ok(d["trainable_count"] > 0, f"catalog: {ident} ({target}) imports with nothing "
                    "trainable: the preset's trainable: false came without its lora")
+    check_index(run)
     check_modules(run, tmp)
     check_round_trips(run, tmp)
     check_specs(run, tmp)
     check_doc(run)
+
+
+def check_index(run):
+    """an exact count with a published checkpoint index is its total_size / 2 (one 2-byte dtype)"""
+    for name, fact in sorted(FACTS.items()):
+        if "index" not in fact:
+            continue
+        path = f"{DATA}/{fact['index']}/model.safetensors.index.json"
+        if not run.ok(os.path.isfile(path), f"{name}: {path} missing (IMPORT_DATA)"):
+            continue
+        with open(path) as f:
+            total = json.load(f)["metadata"]["total_size"]
+        run.ok(total == 2 * fact["params"], f"{name}: params {fact['params']} but {path} says "
+               f"total_size {total} = {total // 2} 2-byte parameters")
 
 
 def check_modules(run, tmp):

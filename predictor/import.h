@@ -101,8 +101,11 @@ void imp_job_init(imp_job *j, imp_spec *s);
 int imp_model(imp_job *j, const char *ref, const char *where, mm_error *err);
 /* the catalog entry of an HF id: 1 found (path set), 0 not in it, -1 error */
 int imp_catalog_find(const char *dir, const char *id, char *path, size_t n, mm_error *err);
-/* the default catalog: $MMGUARD_CATALOG, the installed one, or contrib/models */
+/* the default catalog: $MMGUARD_CATALOG, the one beside the program (set by
+ * imp_catalog_beside), the installed one, or contrib/models */
 const char *imp_catalog_default(void);
+/* the CLI: the directory of its own executable, whose tree's catalog comes next */
+void imp_catalog_beside(const char *bindir);
 /* a preset spec's modules (a catalog entry that is an mmguard spec) */
 int imp_preset(imp_spec *s, const char *path, mm_error *err);
 

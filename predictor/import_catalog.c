@@ -6,6 +6,7 @@
 #include "import_rd.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,15 +16,45 @@
 #define MM_DATADIR "/usr/local/share/mmguard"
 #endif
 
+/* the catalog beside the running program (imp_catalog_beside), "" when none */
+static char beside[4096];
+
+static int has_catalog(const char *dir)
+{
+    char cat[4200];
+    struct stat st;
+    snprintf(cat, sizeof cat, "%s/catalog.txt", dir);
+    return stat(cat, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* A program in BINDIR finds the catalog of its own tree: BINDIR/../share/mmguard/models
+ * (an install moved as a whole) or BINDIR/../contrib/models (the uninstalled build/mmguard
+ * of a source tree), whatever the current directory is. */
+void imp_catalog_beside(const char *bindir)
+{
+    static const char *const rel[] = {"/../share/mmguard/models", "/../contrib/models"};
+    beside[0] = 0;
+    for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+        char dir[sizeof beside], real[PATH_MAX];
+        int n = snprintf(dir, sizeof dir, "%s%s", bindir, rel[i]);
+        if (n > 0 && (size_t)n < sizeof dir && has_catalog(dir) && realpath(dir, real) &&
+            strlen(real) < sizeof beside) {
+            strcpy(beside, real);
+            return;
+        }
+    }
+}
+
 const char *imp_catalog_default(void)
 {
     const char *env = getenv("MMGUARD_CATALOG");
-    struct stat st;
     if (env && env[0])
         return env;
-    if (stat(MM_DATADIR "/models/catalog.txt", &st) == 0)
+    if (beside[0])
+        return beside;
+    if (has_catalog(MM_DATADIR "/models"))
         return MM_DATADIR "/models";
-    return "contrib/models"; /* the source tree */
+    return "contrib/models"; /* the source tree, from its root */
 }
 
 int imp_catalog_find(const char *dir, const char *id, char *path, size_t n, mm_error *err)

@@ -2,6 +2,7 @@
  * Exit codes: 0 ok / fits, 1 does not fit, 2 bad input or usage. */
 #include "mmguard.h"
 #include "cli.h"
+#include "import.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -452,8 +453,24 @@ static int cmd_bench(int argc, char **argv)
     return 0;
 }
 
+/* the uninstalled build/mmguard finds its source tree's catalog from any directory */
+static void catalog_beside_program(void)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash || slash == exe)
+        return;
+    *slash = 0;
+    imp_catalog_beside(exe);
+}
+
 int main(int argc, char **argv)
 {
+    catalog_beside_program();
     if (argc < 2) {
         usage_main(stderr);
         return 2;

@@ -11,13 +11,19 @@
 #include "plugin.h"
 
 /* Error decision: the message plus the on_error policy.  A broken
- * configuration always blocks: its on_error line may be the broken one. */
+ * configuration always blocks: its on_error line may be the broken one.  The
+ * spec's own error (file:line: key) comes first, whatever else is wrong, so a
+ * user fixes both at once. */
 static int set_error(struct mmg_check *chk, const char *what)
 {
     int allow = chk->cfg_ok && chk->cfg.on_error == MMG_ONERR_ALLOW;
+    int both = chk->spec_err[0] && what != chk->spec_err;
     chk->decision = MMG_ERROR;
     chk->blocks = !allow;
-    snprintf(chk->reason, sizeof(chk->reason), "%s", what);
+    snprintf(chk->reason, sizeof(chk->reason), "%.500s%s%.500s", both ? chk->spec_err : "",
+             both ? "; " : "", what);
+    if (both)
+        mmg_check_line(chk, "%s", chk->spec_err);
     mmg_check_line(chk, "%s", what);
     mmg_check_line(chk, allow ? "on_error=allow: submitting without a GPU memory check"
                               : "on_error=reject: job not submitted");
@@ -81,16 +87,28 @@ static int judge_request(struct mmg_check *chk, mmg_tool tool)
     return chk->gpu ? 0 : unknown_gpu(chk, type, from);
 }
 
+/* The spec file alone, before the request is known: its error is kept in
+ * spec_err and reported with the request's own (set_error). */
 static int load_spec(struct mmg_check *chk)
+{
+    mm_error e;
+    memset(&e, 0, sizeof(e));
+    chk->spec = mm_spec_load_file(chk->spec_arg, &e);
+    if (chk->spec)
+        return 0;
+    snprintf(chk->spec_err, sizeof(chk->spec_err), "--mm-model=%.*s: invalid spec: %.*s", 256,
+             chk->spec_arg, 800, e.msg);
+    return -1;
+}
+
+/* The spec at the judged data-parallel degree. */
+static int spec_at_dp(struct mmg_check *chk)
 {
     char msg[2048], assign[64];
     mm_error e;
     memset(&e, 0, sizeof(e));
-    chk->spec = mm_spec_load_file(chk->spec_arg, &e);
-    if (!chk->spec) {
-        snprintf(msg, sizeof(msg), "--mm-model=%s: invalid spec: %s", chk->spec_arg, e.msg);
-        return set_error(chk, msg);
-    }
+    if (chk->spec_err[0])
+        return set_error(chk, chk->spec_err);
     chk->spec_dp = mm_spec_data_parallel(chk->spec);
     if (chk->spec_dp == chk->dp)
         return 0;
@@ -219,7 +237,10 @@ void mmg_check_run(struct mmg_check *chk, mmg_tool tool, int ac, char **av)
     snprintf(chk->spec_path, sizeof(chk->spec_path), "%s", real ? real : chk->spec_arg);
     free(real);
 
-    if (load_config(chk, ac, av) || judge_request(chk, tool) || load_spec(chk) || predict(chk))
+    if (load_config(chk, ac, av))
+        return;
+    load_spec(chk); /* its error waits for the request's, so both are told */
+    if (judge_request(chk, tool) || spec_at_dp(chk) || predict(chk))
         return;
     decide(chk);
     if (chk->decision == MMG_ACCEPT) {

@@ -93,6 +93,7 @@ struct mmg_check {
     char spec_path[MMG_PATH_MAX]; /* resolved (realpath) when possible */
     mm_spec *spec;
     uint32_t spec_dp;             /* the spec's own training.data_parallel */
+    char spec_err[1100];          /* the spec's own error, reported with any later one */
     struct mmg_request req;
     int have_req;                 /* the request was gathered */
     int have_pred, have_fit;

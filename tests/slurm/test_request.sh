@@ -126,6 +126,13 @@ matrix() {
     run $SB "$work/plain.sh"
     expect "$mode: no GPU asked for: said so, on_error applies" \
         sh -c "[ $rc -ne 0 ] && grep -q 'the job asks for no GPU' '$work/err' && grep -q 'on_error=reject' '$work/err'"
+    # a spec with a typo and no GPU asked for: the spec's own file:line: key error too, in
+    # sbatch, salloc and srun (both problems at once, not one per resubmission)
+    for _t in "sbatch -o /dev/null --wrap true" "salloc true" "srun -n1 true"; do
+        run ${_t%% *} --mm-model="$root/tests/slurm/specs/invalid.yaml" ${_t#* }
+        expect "$mode: ${_t%% *}: typo'd spec, no GPU: both errors" \
+            sh -c "[ $rc -ne 0 ] && grep -q 'invalid.yaml:12:3: training.bogus_key: unknown key' '$work/err' && grep -q 'the job asks for no GPU' '$work/err'"
+    done
     run sh -c "cat '$work/dir4.sh' | $SB"
     expect "$mode: a script on a pipe: said so, on_error applies" \
         sh -c "[ $rc -ne 0 ] && grep -q 'comes from standard input' '$work/err'"

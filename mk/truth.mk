@@ -9,19 +9,21 @@ TRUTH_PYTHON   ?= python3
 TRUTH_VENV     ?= $(BUILD)/truth-venv
 TRUTH_PY       := $(TRUTH_VENV)/bin/python
 TRUTH_REQ      := deps/truth-requirements.txt
+TRUTH_BUILD_REQ := deps/truth-build-requirements.txt
 TRUTH_DATA     ?= tests/truth/data/truth.jsonl
 TRUTH_ARGS     ?=
 TRUTH_TIMEOUT  ?= 600
 
 .PHONY: truth truth-venv check-truth
 
-# The stamp depends on the requirements file, so editing the pins rebuilds.
-# torch goes in first, alone, --no-index from pip's find-links (the +cpu wheel),
+# The stamp depends on the requirements files, so editing the pins rebuilds.
+# The pinned build tools go in first (DeepSpeed is built from its sdist in the venv);
+# then torch, alone, --no-index from pip's find-links (the +cpu wheel),
 # so pip never resolves PyPI's multi-GB CUDA build; the checks fail otherwise.
-$(TRUTH_VENV)/.stamp: $(TRUTH_REQ)
+$(TRUTH_VENV)/.stamp: $(TRUTH_REQ) $(TRUTH_BUILD_REQ)
 	rm -rf $(TRUTH_VENV)
 	$(TRUTH_PYTHON) -m venv $(TRUTH_VENV)
-	$(TRUTH_PY) -m pip install --quiet --upgrade "pip>=23"
+	$(TRUTH_PY) -m pip install --quiet -r $(TRUTH_BUILD_REQ)
 	$(TRUTH_PY) -m pip install --quiet --no-index --no-deps "$$(grep -E '^torch==' $(TRUTH_REQ))+cpu" || \
 	  { echo "truth-venv: no CPU wheel of $$(grep -E '^torch==' $(TRUTH_REQ)) in pip's find-links (PIP_FIND_LINKS); refusing PyPI's CUDA build"; exit 1; }
 	DS_BUILD_OPS=0 $(TRUTH_PY) -m pip install --quiet --no-build-isolation -r $(TRUTH_REQ)

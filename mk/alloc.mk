@@ -1,5 +1,6 @@
 # mk/alloc.mk - the caching-allocator model against real GPU traces
-# (tests/alloc/run.sh; docs/allocator.md).  The hand-derived sequences are Check
+# (tests/alloc/run.sh; docs/allocator.md), and at a card's capacity: the invariants of
+# the capacity-aware replay on those traces and every preset (tests/alloc/capacity.py).  The hand-derived sequences are Check
 # unit tests (tests/unit/test_alloc.c) and run with check-unit / check-asan.
 
 .PHONY: check-alloc
@@ -10,5 +11,7 @@ check-alloc: $(BUILD)/mmguard $(BUILD)/mmguard-asan
 	@MMGUARD=$(BUILD)/mmguard-asan ASAN_OPTIONS=detect_leaks=1 sh tests/alloc/run.sh \
 	    >$(BUILD)/alloc-asan.log 2>&1 || { cat $(BUILD)/alloc-asan.log; exit 1; }
 	@tail -1 $(BUILD)/alloc-asan.log
+	@echo "-- on a card of limited memory (tests/alloc/capacity.py)"
+	MMGUARD=$(BUILD)/mmguard python3 tests/alloc/capacity.py
 
 CHECK_TARGETS += check-alloc

@@ -775,3 +775,14 @@ const mm_alloc_stats *mm_allocator_stats(const mm_allocator *a)
 {
     return &a->st;
 }
+
+uint64_t mm_allocator_largest_free(const mm_allocator *a)
+{
+    uint64_t m = 0;
+    for (int k = 0; k < 2; k++) {
+        const ivec *v = &a->pools[k].blocks; /* sorted by size: the last is the largest */
+        if (v->n && a->b[v->v[v->n - 1]].size > m)
+            m = a->b[v->v[v->n - 1]].size;
+    }
+    return m;
+}

@@ -39,6 +39,10 @@ void mm_allocator_empty_cache(mm_allocator *a);
 /* torch.cuda.reset_peak_memory_stats() */
 void mm_allocator_reset_peaks(mm_allocator *a);
 const mm_alloc_stats *mm_allocator_stats(const mm_allocator *a);
+/* The largest free block the cache holds (what a request could still get
+ * without a new segment): the OutOfMemoryError's "reserved but unallocated"
+ * is their sum, this is its largest piece. */
+uint64_t mm_allocator_largest_free(const mm_allocator *a);
 /* Called with every segment the model gets from the driver (got = 1: cudaMalloc
  * or expandable pages mapped) or gives back (got = 0): the replay compares them
  * with a real trace's segment events. */

@@ -37,14 +37,15 @@ static void print_result(const mm_replay_result *r, int json)
                "\"truth_reserved_peak_bytes\":%llu,\"reserved_error_pct\":%.4f,"
                "\"allocated_peak_bytes\":%llu,\"requested_peak_bytes\":%llu,"
                "\"truth_requested_peak_bytes\":%llu,\"segments\":%llu,"
-               "\"truth_segments\":%llu,\"segments_matched\":%llu,\"num_ooms\":%llu}\n",
+               "\"truth_segments\":%llu,\"segments_matched\":%llu,\"num_ooms\":%llu,\"num_alloc_retries\":%llu}\n",
                r->id, (unsigned long long)r->events, (unsigned long long)s->reserved_peak,
                (unsigned long long)r->truth_reserved_peak,
                pct(s->reserved_peak, r->truth_reserved_peak),
                (unsigned long long)s->allocated_peak, (unsigned long long)s->requested_peak,
                (unsigned long long)r->truth_allocated_peak,
                (unsigned long long)s->num_device_alloc, (unsigned long long)r->truth_segments,
-               (unsigned long long)r->segments_matched, (unsigned long long)s->num_ooms);
+               (unsigned long long)r->segments_matched, (unsigned long long)s->num_ooms,
+               (unsigned long long)s->num_alloc_retries);
         return;
     }
     double g = 1024.0 * 1024.0 * 1024.0;

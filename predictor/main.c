@@ -2,6 +2,7 @@
  * Exit codes: 0 ok / fits, 1 does not fit, 2 bad input or usage. */
 #include "mmguard.h"
 #include "cli.h"
+#include "cli_verdict.h"
 #include "import.h"
 
 #include <errno.h>
@@ -58,9 +59,12 @@ static void usage_cmd(const char *cmd, FILE *f)
                 "  --layers         list every layer row in the table\n");
     else if (!strcmp(cmd, "check"))
         fprintf(f,
-                "usage: mmguard check SPEC --gpu-mem SIZE [--margin PCT|SIZE] [--set KEY=VALUE]...\n"
-                "  Exit 0 if the predicted peak fits in SIZE minus the margin, 1 if not (with\n"
-                "  the reason), 2 for bad input.  SIZE: 80GiB, 80GB, 81559MiB, ...\n");
+                "usage: mmguard check SPEC --gpu-mem SIZE [--margin PCT|SIZE] [--set KEY=VALUE]... [--json]\n"
+                "  The step replayed through the caching allocator at the capacity the card\n"
+                "  leaves it (SIZE minus the margin, the CUDA context and NCCL): fits, fits with\n"
+                "  cache flushes (cudaMalloc retries: slower), or out of memory (the request that\n"
+                "  fails).  Exit 0 if it runs, 1 if out of memory (with the reason), 2 for bad\n"
+                "  input.  SIZE: 80GiB, 80GB, 81559MiB, ... (docs/allocator.md)\n");
     else if (!strcmp(cmd, "fit"))
         fprintf(f,
                 "usage: mmguard fit SPEC --gpu-mem SIZE [--margin PCT|SIZE] [--set KEY=VALUE]... [--json]\n"
@@ -300,28 +304,9 @@ static int cmd_check(int argc, char **argv)
     mm_spec *s = load(&o, "check");
     if (!s)
         return 2;
-    mm_prediction p;
-    mm_error err;
-    if (mm_predict(s, &p, &err)) {
-        fprintf(stderr, "mmguard check: %s\n", err.msg);
-        mm_spec_free(s);
-        return 2;
-    }
-    char pk[32], us[32], gm[32];
-    fmt(p.peak_bytes, pk);
-    fmt(usable, us);
-    fmt(gpu, gm);
-    int fits = p.peak_bytes <= usable;
-    if (fits) {
-        printf("fits: predicted peak %s per GPU <= usable %s (GPU %s%s%s)\n", pk, us, gm,
-               o.margin ? ", margin " : "", o.margin ? o.margin : "");
-    } else {
-        printf("does not fit: predicted peak %s per GPU > usable %s (GPU %s%s%s); peak at %s\n", pk,
-               us, gm, o.margin ? ", margin " : "", o.margin ? o.margin : "", p.peak_event);
-    }
-    mm_prediction_free(&p);
+    int rc = mm_cli_check(s, gpu, usable, o.margin, o.json);
     mm_spec_free(s);
-    return fits ? 0 : 1;
+    return rc;
 }
 
 static int cmd_fit(int argc, char **argv)

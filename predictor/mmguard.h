@@ -198,6 +198,45 @@ uint64_t mm_usable_bytes(uint64_t gpu_mem, const mm_margin *m);
 /* "71.3 GiB", "512.0 MiB", "12 B"; writes at most n bytes. */
 void mm_format_bytes(uint64_t bytes, char *buf, size_t n);
 
+/* Does the step run on a card?  The allocator model replays the step with
+ * the capacity the card leaves it (its usable bytes less the CUDA context and,
+ * N > 1, NCCL); on a failed cudaMalloc it frees its cache and retries, as
+ * DeviceCachingAllocator::malloc does, before it gives up (docs/allocator.md). */
+typedef enum mm_verdict_kind {
+    MM_VERDICT_FITS = 0,   /* no cudaMalloc ever fails: the uncapped replay fits */
+    MM_VERDICT_FLUSHES,    /* runs, but frees its cache and retries (slower) */
+    MM_VERDICT_OOM,        /* a request finds no room even with the cache freed */
+} mm_verdict_kind;
+const char *mm_verdict_name(mm_verdict_kind k); /* "fits" | "fits with cache flushes" | ... */
+const char *mm_spec_alloc_conf(const mm_spec *spec); /* device.alloc_conf, "" = unset */
+typedef struct mm_verdict {
+    mm_verdict_kind kind;
+    uint32_t n;                   /* GPUs (data-parallel degree) judged */
+    uint64_t gpu_bytes;           /* the card's memory */
+    uint64_t usable_bytes;        /* less the margin and reserve */
+    uint64_t capacity;            /* what the caching allocator may reserve */
+    uint64_t context_bytes;       /* CUDA context and, N > 1, NCCL: outside the allocator */
+    uint64_t allocated_peak;      /* live tensors at the peak (the sim) */
+    uint64_t reserved_uncapped;   /* the allocator's reserved peak on a card without limit */
+    uint64_t reserved_peak;       /* at this capacity (never above it) */
+    uint64_t paged_bytes;         /* paged optimizer states: evicted to host under
+                                     pressure, not the allocator's, not in the verdict */
+    uint64_t retries_step;        /* cudaMalloc retries (cache flushes) per steady step */
+    uint64_t retries;             /* the same over the replay's two steps */
+    /* the smallest usable bytes on which the step runs at all, and without a
+     * flush: the boundaries the published record carries (0 = not searched) */
+    uint64_t min_usable_runs, min_usable_no_flush;
+    /* out of memory: the failing request */
+    char oom_event[160];          /* "backward language_model layers.31" */
+    uint64_t oom_request, oom_allocated, oom_reserved, oom_largest_free;
+} mm_verdict;
+/* The verdict for `spec` at its training.data_parallel on a card of
+ * `gpu_bytes` of which `usable` may be used; with `boundaries`, also the
+ * capacities where the verdict changes (a search over replays).  0, or -1 with
+ * err. */
+int mm_verdict_for(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int boundaries,
+                   mm_verdict *out, mm_error *err);
+
 /* What would fit in `usable` bytes per GPU (device-level peak_bytes). */
 typedef struct mm_fit_result {
     int fits;                    /* the spec as given fits */

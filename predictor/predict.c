@@ -69,7 +69,7 @@ static void image_info(const mm_spec *sp, mm_prediction *out)
     out->image_tokens = vt.llm_tokens;
 }
 
-static mm_overheads overheads_of(const mm_spec *sp)
+mm_overheads predict_overheads(const mm_spec *sp)
 {
     mm_overheads o = overheads_default;
     if (sp->device.has_context)
@@ -213,7 +213,7 @@ static int fill_modules(const mm_spec *sp, const sim *s, mm_prediction *out)
 static void device_figures(const mm_spec *sp, const run1 *r, mm_prediction *out)
 {
     const training_spec *t = &sp->training;
-    out->overheads = overheads_of(sp);
+    out->overheads = predict_overheads(sp);
     out->allocator_slack = out->reserved_peak_bytes - out->allocated_peak_bytes;
     out->paged_bytes = r->outside;
     out->host_peak_bytes = r->host;
@@ -281,7 +281,7 @@ int mm_predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, mm_err
         sim_free(&s);
         return -1;
     }
-    mm_overheads o = overheads_of(sp);
+    mm_overheads o = predict_overheads(sp);
     uint32_t n = (uint32_t)t->data_parallel;
     out->allocated = s.peak;
     out->paged = s.outside_bytes;

@@ -8,6 +8,9 @@
 #define MM_PREDICT_NOFOLD 1u  /* simulate every layer (tests check folding is exact) */
 #define MM_PREDICT_OWN_LOG 2u /* the allocator replays a step simulated at the spec's own
                                  N, not one that serves every N (tests: the same numbers) */
+/* the device-level constants of a spec: the defaults, or its `device:` block */
+mm_overheads predict_overheads(const mm_spec *sp);
+
 int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned flags);
 
 /* The device-level peak alone, as mm_predict's peak_bytes, without the

@@ -23,14 +23,48 @@ typedef struct replay {
     int64_t *h;          /* handle of each sim tensor in the current step */
     int pairs;           /* optimizer states come two per parameter (Adam) */
     int failed;
+    int in_setup;        /* laying out the model states, before step 1 */
+    int capped;          /* a capacity: an OOM ends the replay (without one, only the
+                            invented address space can run out, and the replay goes on) */
+    reserve_result *out;
 } replay;
+
+/* The request of a (row, phase) found no room even after the cache was freed:
+ * what the OutOfMemoryError would say (allocated, reserved, the request). */
+static void note_oom(replay *r, uint32_t row, uint8_t phase, uint64_t bytes)
+{
+    const mm_alloc_stats *st = mm_allocator_stats(r->a);
+    reserve_result *o = r->out;
+    if (!r->capped)
+        return;
+    r->failed = 1;
+    if (o->oom)
+        return;
+    o->oom = 1;
+    o->oom_setup = r->in_setup;
+    o->oom_row = row;
+    o->oom_phase = phase;
+    o->oom_request = bytes;
+    o->oom_allocated = st->allocated;
+    o->oom_reserved = st->reserved;
+    o->oom_largest_free = mm_allocator_largest_free(r->a);
+}
+
+static int64_t alloc_at(replay *r, uint32_t row, uint8_t phase, uint64_t bytes)
+{
+    int64_t h = mm_allocator_malloc(r->a, bytes);
+    if (h == MM_ALLOC_NOMEM)
+        r->failed = 1;
+    else if (h == MM_ALLOC_OOM)
+        note_oom(r, row, phase, bytes);
+    return h;
+}
 
 static void alloc_piece(void *ctx, uint32_t row, uint64_t bytes)
 {
     replay *r = ctx;
-    (void)row;
-    if (mm_allocator_malloc(r->a, bytes) == MM_ALLOC_NOMEM)
-        r->failed = 1;
+    if (!r->failed)
+        alloc_at(r, row, MM_PHASE_OPTIMIZER, bytes);
 }
 
 /* Adam's exp_avg and exp_avg_sq of one parameter (torch/optim/adamw.py,
@@ -117,10 +151,10 @@ static void model_states(replay *r, int cls, int per_param)
 /* the other setup tensors (accumulated .grad, DDP buckets, ZeRO partitions) */
 static void other_setup(replay *r)
 {
-    for (size_t i = 0; i < r->step_ev; i++) {
+    for (size_t i = 0; i < r->step_ev && !r->failed; i++) {
         const sim_ev *e = &r->ev[i];
         if (!e->is_free && e->cls != F_PARAM && e->cls != F_OPT)
-            alloc_piece(r, e->row, e->bytes);
+            alloc_at(r, e->row, e->phase, e->bytes);
     }
 }
 
@@ -137,24 +171,28 @@ static void step(replay *r, int first, int per_param)
             mm_allocator_release(r->a, r->h[e->id]);
             r->h[e->id] = -1;
         } else {
-            r->h[e->id] = mm_allocator_malloc(r->a, e->bytes);
-            if (r->h[e->id] == MM_ALLOC_NOMEM)
-                r->failed = 1;
+            r->h[e->id] = alloc_at(r, e->row, e->phase, e->bytes);
         }
     }
-    if (!states)
+    if (!states && !r->failed)
         model_states(r, F_OPT, per_param);
 }
 
 int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                    int pairs, reserve_result *out)
 {
-    replay r = {.s = s, .pairs = pairs};
+    return reserve_replay_cap(s, n, conf, per_param_states, pairs, 0, 0, out);
+}
+
+int reserve_replay_cap(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
+                       int pairs, uint64_t capacity, uint64_t device_total, reserve_result *out)
+{
+    replay r = {.s = s, .pairs = pairs, .out = out, .in_setup = 1, .capped = capacity != 0};
     sim_ev *copy;
     memset(out, 0, sizeof *out);
     if (log_at(&r, n ? n : 1, &copy))
         return -1;
-    r.a = mm_allocator_new(conf, 0, 0);
+    r.a = mm_allocator_new(conf, capacity, device_total);
     r.h = malloc((s->nt + 1) * sizeof *r.h);
     if (!r.a || !r.h) {
         mm_allocator_free(r.a);
@@ -165,15 +203,22 @@ int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_
     for (size_t i = 0; i <= s->nt; i++)
         r.h[i] = -1;
     model_states(&r, F_PARAM, 1);
-    other_setup(&r);
+    if (!r.failed)
+        other_setup(&r);
+    r.in_setup = 0;
     mm_allocator_empty_cache(r.a);
     mm_allocator_reset_peaks(r.a);
-    step(&r, 1, per_param_states);
-    step(&r, 0, per_param_states);
+    if (!r.failed)
+        step(&r, 1, per_param_states);
+    uint64_t before = mm_allocator_stats(r.a)->num_alloc_retries;
+    if (!r.failed)
+        step(&r, 0, per_param_states);
     const mm_alloc_stats *st = mm_allocator_stats(r.a);
     out->reserved_peak = st->reserved_peak;
     out->allocated_peak = st->allocated_peak;
-    int rc = r.failed ? -1 : 0;
+    out->retries = st->num_alloc_retries;
+    out->retries_step = st->num_alloc_retries - before;
+    int rc = r.failed && !out->oom ? -1 : 0;
     mm_allocator_free(r.a);
     free(r.h);
     free(copy);

@@ -9,6 +9,17 @@
 typedef struct reserve_result {
     uint64_t reserved_peak;   /* max_memory_reserved() over steps 1 and 2 */
     uint64_t allocated_peak;  /* max_memory_allocated(): block sizes, rounded */
+    /* at a capacity (reserve_replay_cap): */
+    uint64_t retries;         /* num_alloc_retries over both steps: cache freed, cudaMalloc again */
+    uint64_t retries_step;    /* those of the second, steady-state step */
+    int oom;                  /* a request found no room even with the cache freed */
+    int oom_setup;            /* ... while the model states were laid out, before step 1 */
+    uint8_t oom_phase;        /* mm_phase of the failing request */
+    uint32_t oom_row;         /* its sim row */
+    uint64_t oom_request;     /* its size (bytes asked for) */
+    uint64_t oom_allocated;   /* live blocks then (memory_allocated) */
+    uint64_t oom_reserved;    /* segments then, after the cache was freed */
+    uint64_t oom_largest_free;/* the largest free block the cache still held */
 } reserve_result;
 
 /* `s` ran one step with log = 1, at any data-parallel degree N >= 2 (or at
@@ -24,5 +35,14 @@ typedef struct reserve_result {
  * memory. */
 int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                    int pairs, reserve_result *out);
+/* The same on a card: the allocator may reserve at most `capacity` bytes (the
+ * card less the CUDA context, NCCL and the admin's margin); `device_total` is
+ * the card's memory (a memory fraction's base; 0 = 80 GiB).  When a request
+ * finds no room the model frees its cache and retries as
+ * DeviceCachingAllocator::malloc does (alloc.c); if it still finds none the
+ * replay stops there and out->oom says where.  0 ok (out->oom tells), -1 the
+ * host ran out of memory. */
+int reserve_replay_cap(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
+                       int pairs, uint64_t capacity, uint64_t device_total, reserve_result *out);
 
 #endif

@@ -1,0 +1,212 @@
+/* verdict.c - does the step run on a card: fits, fits with cache flushes, or
+ * out of memory (mmguard.h, mm_verdict).  API layer: uses the step (step.h),
+ * its allocation log (dp.h) and the allocator replay (reserve.h).
+ *
+ * Why: the prediction's reserved peak is the caching allocator's on a card
+ * without limit.  A real allocator never holds more than the card: when
+ * cudaMalloc fails, DeviceCachingAllocator::malloc (c10/cuda/
+ * CUDACachingAllocator.cpp, torch 2.11-2.13) runs garbage_collect_cached_blocks
+ * (only with a memory fraction and garbage_collection_threshold),
+ * release_available_cached_blocks, then release_cached_blocks and alloc_block
+ * again (counted in num_alloc_retries), and raises OutOfMemoryError only when
+ * that fails too.  alloc.c follows that path; here the step is replayed with
+ * the capacity the card leaves the allocator, so the verdict comes from the
+ * allocator's own algorithm, not from a margin on the uncapped peak.
+ *
+ * Paged optimizer states (bitsandbytes' paged_adamw*, cudaMallocManaged) are
+ * not the caching allocator's: the driver evicts them to host memory under
+ * pressure, so they are reported but do not enter the verdict. */
+#include "verdict.h"
+#include "dp.h"
+#include "predict.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define SEG_ALIGN (2ull * 1024 * 1024) /* every segment and page is a multiple of 2 MiB */
+
+typedef struct judge {
+    const mm_spec *sp;
+    sim s;          /* the step at N: allocated peak, row names */
+    steplog L;      /* its allocation log */
+    uint32_t n;
+    uint64_t gpu;
+} judge;
+
+const char *mm_spec_alloc_conf(const mm_spec *sp)
+{
+    return sp->device.alloc_conf;
+}
+
+const char *mm_verdict_name(mm_verdict_kind k)
+{
+    switch (k) {
+    case MM_VERDICT_FITS: return "fits";
+    case MM_VERDICT_FLUSHES: return "fits with cache flushes";
+    case MM_VERDICT_OOM: return "out of memory";
+    default: return "?";
+    }
+}
+
+static uint64_t outside_allocator(const mm_overheads *o, uint64_t allocated, uint32_t n)
+{
+    long double x = (long double)allocated * (long double)o->alloc_frac;
+    uint64_t v = x >= 1.8e19L ? UINT64_MAX : (uint64_t)ceill(x);
+    v = mm_sat_add(v, o->alloc_fixed);
+    v = mm_sat_add(v, o->cuda_context);
+    return n > 1 ? mm_sat_add(v, o->nccl) : v;
+}
+
+uint64_t verdict_capacity(const mm_overheads *o, uint64_t usable, uint64_t allocated, uint32_t n)
+{
+    uint64_t out = outside_allocator(o, allocated, n);
+    return usable > out ? usable - out : 0;
+}
+
+static int replay_at(const judge *j, uint64_t cap, reserve_result *r, mm_error *err)
+{
+    if (reserve_replay_cap(&j->L.s, j->n, &j->L.conf, j->L.per_param, j->L.pairs, cap, j->gpu,
+                           r)) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* the smallest multiple of 2 MiB in (lo, hi] at which `ok` holds, hi when
+ * none below it does: a bisection, which assumes the replay monotone in
+ * capacity */
+static int bisect(const judge *j, uint64_t lo, uint64_t hi, int no_retry, uint64_t *at,
+                  mm_error *err)
+{
+    uint64_t a = lo / SEG_ALIGN, b = mm_ceil_div(hi, SEG_ALIGN);
+    while (a + 1 < b) {
+        uint64_t mid = a + (b - a) / 2;
+        reserve_result r;
+        if (replay_at(j, mid * SEG_ALIGN, &r, err))
+            return -1;
+        if (!r.oom && (!no_retry || !r.retries))
+            b = mid;
+        else
+            a = mid;
+    }
+    *at = b * SEG_ALIGN < hi ? b * SEG_ALIGN : hi;
+    return 0;
+}
+
+/* It is not, quite: a larger capacity can let the allocator take a new
+ * segment where a smaller one made it flush, and fragment differently (seen
+ * within 6 MiB of the boundary on mixtral-8x7b-lora).  So the bisection's
+ * answer is checked upwards, VERIFY capacities 2 MiB apart; a failure above
+ * it starts the search again from there, so the boundary reported is one
+ * above which no nearby capacity fails. */
+#define VERIFY 32
+static int search(const judge *j, uint64_t lo, uint64_t hi, int no_retry, uint64_t *at,
+                  mm_error *err)
+{
+    for (int round = 0; round < 16; round++) {
+        if (bisect(j, lo, hi, no_retry, at, err))
+            return -1;
+        uint64_t bad = 0;
+        for (uint64_t c = *at + SEG_ALIGN, k = 0; k < VERIFY && c < hi && !bad;
+             c += SEG_ALIGN, k++) {
+            reserve_result r;
+            if (replay_at(j, c, &r, err))
+                return -1;
+            if (r.oom || (no_retry && r.retries))
+                bad = c;
+        }
+        if (!bad)
+            return 0;
+        lo = bad;
+    }
+    *at = hi; /* never settled: the uncapped peak, which always runs */
+    return 0;
+}
+
+static void oom_event(const judge *j, const reserve_result *r, mm_verdict *v)
+{
+    const sim *s = &j->s;
+    const char *mod = "", *row = "";
+    if (r->oom_row < s->nrows) {
+        mod = j->sp->modules[s->rows[r->oom_row].module].name;
+        row = s->rows[r->oom_row].name;
+    }
+    snprintf(v->oom_event, sizeof v->oom_event, "%s %s %s",
+             r->oom_setup ? "setup" : mm_phase_name((mm_phase)r->oom_phase), mod, row);
+    v->oom_request = r->oom_request;
+    v->oom_allocated = r->oom_allocated;
+    v->oom_reserved = r->oom_reserved;
+    v->oom_largest_free = r->oom_largest_free;
+}
+
+static int judge_open(judge *j, const mm_spec *sp, uint64_t gpu, mm_error *err)
+{
+    memset(j, 0, sizeof *j);
+    j->sp = sp;
+    j->gpu = gpu;
+    j->n = mm_spec_data_parallel(sp);
+    step_cfg cfg = {.dp = j->n ? j->n : 1};
+    if (step_run(sp, &j->s, &cfg, err))
+        return -1;
+    return steplog_run(sp, &j->s, j->s.largest_param, cfg.dp, 0, &j->L, err);
+}
+
+static void judge_close(judge *j)
+{
+    steplog_free(&j->L);
+    sim_free(&j->s);
+}
+
+/* the usable bytes where the verdict changes: runs at all, runs without a flush */
+static int boundaries(const judge *j, const reserve_result *free_run, mm_verdict *v,
+                      mm_error *err)
+{
+    uint64_t lo = free_run->allocated_peak ? free_run->allocated_peak - 1 : 0;
+    uint64_t runs, clean;
+    if (search(j, lo, v->reserved_uncapped, 0, &runs, err) ||
+        search(j, runs > 0 ? runs - 1 : 0, v->reserved_uncapped, 1, &clean, err))
+        return -1;
+    v->min_usable_runs = mm_sat_add(runs, v->context_bytes);
+    v->min_usable_no_flush = mm_sat_add(clean, v->context_bytes);
+    return 0;
+}
+
+int mm_verdict_for(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, int want_bounds,
+                   mm_verdict *v, mm_error *err)
+{
+    judge j;
+    reserve_result free_run, r;
+    memset(v, 0, sizeof *v);
+    int rc = judge_open(&j, sp, gpu_bytes, err);
+    if (!rc)
+        rc = replay_at(&j, 0, &free_run, err);
+    if (rc) {
+        judge_close(&j);
+        return -1;
+    }
+    mm_overheads o = predict_overheads(sp);
+    v->n = j.n;
+    v->gpu_bytes = gpu_bytes;
+    v->usable_bytes = usable;
+    v->allocated_peak = j.s.peak;
+    v->paged_bytes = j.s.outside_bytes;
+    v->context_bytes = outside_allocator(&o, j.s.peak, j.n);
+    v->capacity = verdict_capacity(&o, usable, j.s.peak, j.n);
+    v->reserved_uncapped = free_run.reserved_peak > j.s.peak ? free_run.reserved_peak : j.s.peak;
+    rc = replay_at(&j, v->capacity ? v->capacity : 1, &r, err);
+    if (!rc) {
+        v->reserved_peak = r.reserved_peak;
+        v->retries = r.retries;
+        v->retries_step = r.retries_step;
+        v->kind = r.oom ? MM_VERDICT_OOM : r.retries ? MM_VERDICT_FLUSHES : MM_VERDICT_FITS;
+        if (r.oom)
+            oom_event(&j, &r, v);
+        if (want_bounds)
+            rc = boundaries(&j, &free_run, v, err);
+    }
+    judge_close(&j);
+    return rc;
+}

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""tests/alloc/capacity.py - the allocator model on a card of limited memory.
+
+Without a GPU, the invariants a capacity-aware replay must hold, on the real
+H100 allocator traces (tests/gpu_data/traces) and on every shipped preset:
+  traces  - a capacity at or above the uncapped reserved peak changes nothing
+            (same peak, no retry, no OOM); below it the reserved peak never exceeds
+            the capacity; OOM is monotone (if a capacity runs, every larger one
+            does); no OOM while the capacity holds the requested peak plus what a
+            flushed cache can still give (at least the live peak rounded); under the
+            live (requested) peak every replay runs out of memory.
+  presets - `mmguard check --gpu-mem SIZE --json` is monotone in SIZE (oom, then
+            flushes, then fits); the boundaries it reports lie between the live bytes
+            plus context/NCCL and the uncapped peak; a direct verdict at each size
+            agrees with those boundaries (what job_submit.lua may rely on); the
+            reserved peak on the card never exceeds the allocator's capacity.
+MMGUARD=path/to/mmguard.  Prints "capacity: N passed, N failed".
+"""
+import glob
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+MM = os.environ.get("MMGUARD", "build/mmguard")
+MiB = 1 << 20
+passed = failed = 0
+
+
+def ok(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL:", what)
+    return cond
+
+
+def replay(data, cap=None):
+    args = [MM, "alloc-replay", "--json", "-"] + (["--capacity", str(cap)] if cap else [])
+    r = subprocess.run(args, input=data, capture_output=True)
+    if r.returncode != 0:
+        raise SystemExit(f"alloc-replay failed: {r.stderr.decode()}")
+    return json.loads(r.stdout)
+
+
+def traces():
+    for t in sorted(glob.glob("tests/gpu_data/traces/*.trace.gz")):
+        name = os.path.basename(t)
+        data = gzip.open(t).read()
+        free = replay(data)
+        R, live = free["reserved_peak_bytes"], free["requested_peak_bytes"]
+        above = replay(data, R + 2 * MiB)
+        ok(above["reserved_peak_bytes"] == R and above["num_ooms"] == 0
+           and above["num_alloc_retries"] == free["num_alloc_retries"],
+           f"{name}: a capacity above the uncapped peak changed the replay: {above}")
+        at = replay(data, R)
+        ok(at["num_ooms"] == 0 and at["reserved_peak_bytes"] == R,
+           f"{name}: at exactly the uncapped peak: {at}")
+        ok(replay(data, live - MiB)["num_ooms"] > 0, f"{name}: no OOM below the live peak")
+        caps = [live + (R - live) * k // 8 for k in range(0, 9)]
+        ran = []
+        for c in caps:
+            j = replay(data, c)
+            ok(j["reserved_peak_bytes"] <= c, f"{name}: reserved {j['reserved_peak_bytes']} > "
+               f"capacity {c}")
+            ran.append(j["num_ooms"] == 0)
+        first = ran.index(True) if True in ran else len(ran)
+        ok(all(ran[first:]), f"{name}: OOM is not monotone in capacity: {list(zip(caps, ran))}")
+
+
+def check(preset, size):
+    r = subprocess.run([MM, "check", preset, "--gpu-mem", str(size), "--margin", "0", "--json"],
+                       capture_output=True, text=True)
+    if r.returncode not in (0, 1):
+        raise SystemExit(f"mmguard check {preset} --gpu-mem {size}: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+RANK = {"oom": 0, "flushes": 1, "fits": 2}
+
+
+def presets():
+    for p in sorted(glob.glob("contrib/models/*.yaml")):
+        name = os.path.basename(p)
+        base = check(p, 1 << 50)
+        ok(base["verdict"] == "fits" and base["alloc_retries_per_step"] == 0
+           and base["reserved_peak_bytes"] == base["reserved_uncapped_bytes"],
+           f"{name}: on a card without limit: {base}")
+        lo, hi = base["min_usable_runs"], base["min_usable_no_flush"]
+        out = base["outside_allocator_bytes"]
+        ok(base["allocated_peak_bytes"] + out <= lo <= hi <= base["reserved_uncapped_bytes"] + out,
+           f"{name}: boundaries {lo}, {hi} outside [live + context, uncapped peak]")
+        sizes = sorted({max(out, lo - 64 * MiB), lo - 2 * MiB, lo, (lo + hi) // 2, hi - 2 * MiB,
+                        hi, hi + 2 * MiB, base["reserved_uncapped_bytes"] + out + 8 * MiB})
+        last = -1
+        for s in sizes:
+            if s <= 0:
+                continue
+            v = check(p, s)
+            want = "fits" if s >= hi else "flushes" if s >= lo else "oom"
+            ok(v["verdict"] == want, f"{name}: at {s} the verdict is {v['verdict']}, the "
+               f"boundaries ({lo}, {hi}) say {want}")
+            ok(RANK[v["verdict"]] >= last, f"{name}: verdict not monotone at {s}")
+            last = RANK[v["verdict"]]
+            ok(v["reserved_peak_bytes"] <= max(v["allocator_capacity"], 1) or v["verdict"] == "oom",
+               f"{name}: reserved {v['reserved_peak_bytes']} above capacity "
+               f"{v['allocator_capacity']}")
+
+
+if __name__ == "__main__":
+    which = sys.argv[1:] or ["traces", "presets"]
+    if "traces" in which:
+        traces()
+    if "presets" in which:
+        presets()
+    print(f"capacity: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)

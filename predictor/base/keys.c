@@ -1,6 +1,6 @@
 /* keys.c - table-driven decoding of one mapping (see keys.h). */
 #include "keys.h"
-#include "spec.h"
+#include "layer_set.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -3,13 +3,12 @@
  * saves; a tape of backward nodes frees saved tensors and creates gradients in
  * reverse order; the optimizer step adds its temporaries.  Live bytes are
  * tracked per factor and the maximum (with its phase and event) is the peak.
- * Layer programs (layers.c) drive it; they hold the formulas. */
+ * Layer programs (model/) drive it; they hold the formulas. */
 #ifndef MM_SIM_H
 #define MM_SIM_H
 
 #include <stdint.h>
 #include "mmguard.h"
-#include "spec.h"
 
 enum { F_PARAM = 0, F_GRAD, F_OPT, F_ACT, F_TEMP, F_NFACT }; /* F_ACT: saved for backward */
 /* how a tensor's bytes depend on the data-parallel degree N */

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include "mmguard.h"
 #include "node.h"
+#include "layer_set.h"
 
 typedef enum { MOD_VISION = 0, MOD_CONNECTOR, MOD_DECODER, MOD_NKIND } mod_kind;
 typedef enum { ATT_INHERIT = -1, ATT_EAGER = 0, ATT_SDPA, ATT_FLASH } attn_kind;
@@ -45,18 +46,6 @@ enum {
     LT_FC1 = 1 << 7, LT_FC2 = 1 << 8, LT_LM_HEAD = 1 << 9, LT_MLP_ALL = 1 << 10,
     LT_QKV = 1 << 11, LT_EXPERTS = 1 << 12, LT_ROUTER = 1 << 13
 };
-
-#define MM_LAYER_WORDS (MM_MAX_LAYERS / 64)
-typedef struct layer_set { uint64_t w[MM_LAYER_WORDS]; } layer_set;
-static inline int lset_has(const layer_set *s, uint64_t i)
-{
-    return i < MM_MAX_LAYERS && ((s->w[i / 64] >> (i % 64)) & 1u);
-}
-static inline void lset_add(layer_set *s, uint64_t i)
-{
-    if (i < MM_MAX_LAYERS)
-        s->w[i / 64] |= 1ull << (i % 64);
-}
 
 typedef struct lora_spec {
     int enabled;

@@ -8,7 +8,7 @@
 #define F32 4u
 #define I64 8u
 
-/* bookkeeping helpers */
+/* bookkeeping helpers (ops_tensor.c) */
 int op_trainable(const lctx *c);
 uint32_t op_row(lctx *c, const char *name, const char *kind);
 void op_param(lctx *c, uint32_t r, uint64_t n, int trainable);

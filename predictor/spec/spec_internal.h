@@ -6,7 +6,15 @@
 #include "keys.h"
 #include "spec.h"
 
-const char *spec_kind_name(mod_kind k);
+/* a module kind's name in messages ("vision", "connector", "decoder"): here,
+ * below every decoder file, so spec_parts.c and spec_links.c need not call
+ * back into spec_module.c for it */
+static inline const char *spec_kind_name(mod_kind k)
+{
+    static const char *const n[MOD_NKIND] = {"vision", "connector", "decoder"};
+    return k < MOD_NKIND ? n[k] : "?";
+}
+
 /* spec_module.c */
 int spec_decode_module(dctx *c, const mm_node *m, size_t idx, module_spec *ms);
 /* spec_parts.c: nested maps of a module and its own checks */

@@ -124,12 +124,6 @@ static const keydesc module_keys[] = {
 #undef M
 #define NMODKEYS (sizeof module_keys / sizeof module_keys[0])
 
-const char *spec_kind_name(mod_kind k)
-{
-    static const char *const n[MOD_NKIND] = {"vision", "connector", "decoder"};
-    return k < MOD_NKIND ? n[k] : "?";
-}
-
 /* type (and the family it implies for the 0.1 names) */
 static int decode_type(dctx *c, const mm_node *ty, module_spec *ms, const char *prefix,
                        const family_def **fam)

@@ -1,5 +1,5 @@
 /* block.h - the pieces of a transformer layer that live in their own files:
- * the dense MLP (block.c), the MoE MLP (moe.c), Mllama's cross-attention
+ * the dense MLP (block_mlp.c), the MoE MLP (moe.c), Mllama's cross-attention
  * layer (cross.c). */
 #ifndef MM_BLOCK_H
 #define MM_BLOCK_H

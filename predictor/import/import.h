@@ -110,7 +110,7 @@ int imp_preset(imp_spec *s, const char *path, mm_error *err);
 int imp_deepspeed(imp_job *j, const char *path, mm_error *err);
 int imp_deepspeed_buffer(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err);
 /* HF TrainingArguments / TRL SFTConfig / LLaVA arguments as JSON or YAML
- * (import_trainer.c), or as command-line flags (import_args.c: "@FILE"
+ * (import_trainer_rules.c), or as command-line flags (import_args.c: "@FILE"
  * reads the flags from FILE) */
 int imp_trainer(imp_job *j, const char *path, mm_error *err);
 int imp_trainer_buffer(imp_job *j, const char *buf, size_t len, const char *name, int json,

@@ -39,7 +39,7 @@ int imp_bool(hfc *h, const char *key, int def, int *out);
 /* "file:line:col" of a key, for messages that point at another file */
 void imp_where_key(const hfc *h, const char *key, char *buf, size_t n);
 
-/* trainer keys (import_trainer.c): the mapped ones, then the rest by the
+/* trainer keys (import_trainer_rules.c): the mapped ones, then the rest by the
  * trainer table; the LLaMA-Factory reader calls both on its own map */
 int imp_trainer_map(imp_job *j, hfc *h);
 int imp_trainer_finish(imp_job *j, hfc *h);

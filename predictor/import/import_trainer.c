@@ -1,7 +1,9 @@
 /* import_trainer.c - Hugging Face TrainingArguments / TRL SFTConfig keys ->
  * training (batch, accumulation, precision, checkpointing, optimizer,
- * sequence length, attention, loss, packing), the DeepSpeed and FSDP configs
- * they name, and LLaVA's own train.py arguments -> module keys.  Defaults are
+ * sequence length), model_name_or_path, and the helpers the other trainer
+ * readers share (import_trainer_opt.c: attention, loss, packing, the DeepSpeed
+ * and FSDP configs; import_llava.c: LLaVA's own train.py arguments).  The
+ * reader that runs them all is import_trainer_rules.c.  Defaults are
  * transformers 4.57's and TRL 0.24's (SFTConfig checkpoints by default). */
 #include "import_rd.h"
 
@@ -193,41 +195,4 @@ int imp_trainer_model(imp_job *j, hfc *h)
     imp_resolve_path(h->file, m->str, path, sizeof path);
     struct stat st;
     return imp_model(j, stat(path, &st) == 0 ? path : m->str, where, h->err);
-}
-
-int imp_trainer_buffer(imp_job *j, const char *buf, size_t len, const char *name, int json,
-                       mm_error *err)
-{
-    mm_node *root = imp_parse_map(j, buf, len, name, json, "trainer arguments are a mapping of "
-                                  "TrainingArguments keys", err);
-    if (!root)
-        return -1;
-    hfc h;
-    hfc_init(&h, j->s, root, "", name, err);
-    int rc = -1;
-    j->trainer = 1;
-    snprintf(j->trainer_file, sizeof j->trainer_file, "%s", name);
-    if (imp_trainer_model(j, &h) || imp_trainer_map(j, &h) || imp_trainer_finish(j, &h))
-        goto out;
-    rc = 0;
-out:
-    mm_node_free(root);
-    return rc;
-}
-
-static int trainer_json(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err)
-{
-    return imp_trainer_buffer(j, buf, len, name, 1, err);
-}
-
-static int trainer_yaml(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err)
-{
-    return imp_trainer_buffer(j, buf, len, name, 0, err);
-}
-
-int imp_trainer(imp_job *j, const char *path, mm_error *err)
-{
-    size_t n = strlen(path);
-    int json = n > 5 && !strcmp(path + n - 5, ".json");
-    return imp_read_with(j, path, json ? trainer_json : trainer_yaml, err);
 }

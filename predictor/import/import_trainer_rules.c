@@ -1,6 +1,8 @@
-/* import_trainer_rules.c - every other TrainingArguments / SFTConfig / LLaVA
+/* import_trainer_rules.c - the trainer reader: reading a trainer file (JSON or
+ * YAML), running the readers of its keys (import_llava.c, import_trainer.c,
+ * import_trainer_opt.c), and every other TrainingArguments / SFTConfig / LLaVA
  * key, with the reason it does not change the GPU memory of a training step
- * (or why it is refused); and reading a trainer file (JSON or YAML). */
+ * (or why it is refused).  Above the key readers, which never call it. */
 #include "import_rd.h"
 
 #include <stdio.h>
@@ -128,4 +130,41 @@ int imp_trainer_map(imp_job *j, hfc *h)
     if (imp_llava(j, h))
         return -1;
     return imp_trainer_core(j, h) || imp_trainer_opt(j, h) ? -1 : 0;
+}
+
+int imp_trainer_buffer(imp_job *j, const char *buf, size_t len, const char *name, int json,
+                       mm_error *err)
+{
+    mm_node *root = imp_parse_map(j, buf, len, name, json, "trainer arguments are a mapping of "
+                                  "TrainingArguments keys", err);
+    if (!root)
+        return -1;
+    hfc h;
+    hfc_init(&h, j->s, root, "", name, err);
+    int rc = -1;
+    j->trainer = 1;
+    snprintf(j->trainer_file, sizeof j->trainer_file, "%s", name);
+    if (imp_trainer_model(j, &h) || imp_trainer_map(j, &h) || imp_trainer_finish(j, &h))
+        goto out;
+    rc = 0;
+out:
+    mm_node_free(root);
+    return rc;
+}
+
+static int trainer_json(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err)
+{
+    return imp_trainer_buffer(j, buf, len, name, 1, err);
+}
+
+static int trainer_yaml(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err)
+{
+    return imp_trainer_buffer(j, buf, len, name, 0, err);
+}
+
+int imp_trainer(imp_job *j, const char *path, mm_error *err)
+{
+    size_t n = strlen(path);
+    int json = n > 5 && !strcmp(path + n - 5, ".json");
+    return imp_read_with(j, path, json ? trainer_json : trainer_yaml, err);
 }

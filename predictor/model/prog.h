@@ -71,13 +71,15 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
 int32_t connector_deepstack(lctx *c, int32_t x);
 /* mllama.c: Llama-3.2-Vision's tiled, gated vision encoder */
 int32_t mllama_vision(lctx *c);
-/* decoder.c: Qwen3-VL DeepStack: visual features added after layer l */
+/* deepstack.c: Qwen3-VL DeepStack: visual features added after layer l */
 int32_t deepstack_add(lctx *c, int32_t x, uint64_t l);
 
+/* prog_module.c: enter module mi (its geometry and modes) */
 void prog_enter_module(lctx *c, uint32_t mi);
 /* enable_input_require_grads() reaches the vision tower's patch embedding
  * (transformers >= 5: every sub-model's input embeddings are hooked) */
 int tower_input_grads(const lctx *c);
+/* prog.c: the forward in compute order, and a checkpointed layer's re-run */
 int32_t prog_forward(lctx *c);
 int32_t prog_recompute(sim *s, const sim_node *ckpt, void *ctx);
 

@@ -10,7 +10,7 @@
 
 #include "prog.h"
 
-/* DeepSpeed's partitions of the busiest rank (parallel_zero.c), in elements */
+/* DeepSpeed's partitions of the busiest rank (parallel_zero_layout.c), in elements */
 typedef struct zlayout {
     uint64_t S;                        /* partition size (padded group / N), the largest group */
     uint64_t gip;                      /* whole tensors overlapping the partitions, all groups */
@@ -54,6 +54,7 @@ typedef struct par_state {
     size_t fwd_k;                      /* the tape index of its post-backward marker */
 } par_state;
 
+/* ---- parallel.c: the step's hand-offs, dispatched to the strategy files ---- */
 /* parameters, optimizer states and persistent gradients at step start */
 void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm);
 /* gathered parameters (ZeRO-3, FSDP) for the forward, and at its end */
@@ -62,10 +63,10 @@ void par_forward_end(par_state *ps, lctx *c);
 /* reduce buckets and gradient partitions */
 void par_backward_begin(par_state *ps, lctx *c);
 void par_backward_end(par_state *ps, lctx *c);
-/* the optimizer step's temporaries and zero_grad */
+/* the optimizer step's temporaries and zero_grad (parallel_opt.c) */
 void par_optimizer(par_state *ps, lctx *c);
 
-/* ---- between the parallel*.c files ---- */
+/* ---- parallel_unit.c: what the parallel*.c files share (below them all) ---- */
 int par_is_fsdp(const par_state *ps);
 /* parameters of a row that require grad (DeepSpeed partitions them all) */
 uint64_t par_requires_grad(const par_state *ps, const sim_row *R);
@@ -94,9 +95,10 @@ void fsdp_backward_end(par_state *ps);
 /* FSDP1: trainable elements in the busiest rank's chunks beyond P_tr / N */
 uint64_t fsdp1_state_excess(const par_state *ps);
 
-/* parallel_zero.c: DeepSpeed ZeRO stages 1-2 and the shared parts */
+/* parallel_zero_layout.c: the partitions of stages 1-2 and of stage 3 */
 int zero_layout(par_state *ps, int round_robin_order, zlayout *z);
 int zero3_layout(par_state *ps, zlayout *z);
+/* parallel_zero.c: DeepSpeed ZeRO stages 1-2 and the shared parts */
 uint64_t zero_bucket(const par_state *ps);
 void zero_backward_begin(par_state *ps);
 void zero_backward_end(par_state *ps);

@@ -12,13 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-parallel_kind step_parallel(const mm_spec *sp)
-{
-    if (sp->fsdp.version)
-        return sp->fsdp.version == 2 ? PAR_FSDP2 : PAR_FSDP1;
-    return sp->training.zero_stage ? PAR_ZERO : PAR_DDP;
-}
-
 static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const step_cfg *cfg)
 {
     const training_spec *t = &sp->training;

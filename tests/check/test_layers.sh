@@ -3,6 +3,7 @@
 # SRCDIR/layers.txt lists the layers, lowest first; each is a folder of SRCDIR
 # with its objects in OBJDIR/<layer>/.  Checks:
 #   - every folder of SRCDIR is a listed layer and holds its sources;
+#   - docs/architecture.md's table lists the same layers in the same order;
 #   - no file uses a function or variable defined in a higher layer (from the
 #     objects' own symbols: nm's U against T/D/B/R);
 #   - no file #includes a header of a higher layer;
@@ -12,9 +13,10 @@
 # functions) instead of calling up.  Prints "N passed, N failed".
 objdir=${1:-build/obj}
 srcdir=${2:-predictor}
-python3 - "$objdir" "$srcdir" <<'PY'
+doc=${3:-$(dirname "$0")/../../docs/architecture.md}
+python3 - "$objdir" "$srcdir" "$doc" <<'PY'
 import glob, os, re, subprocess, sys
-objdir, srcdir = sys.argv[1], sys.argv[2]
+objdir, srcdir, doc = sys.argv[1], sys.argv[2], sys.argv[3]
 layers = [l.split("#")[0].strip() for l in open(os.path.join(srcdir, "layers.txt"))]
 layers = [l for l in layers if l]
 rank = {l: i for i, l in enumerate(layers)}
@@ -30,6 +32,11 @@ check("every folder of %s/ is a layer of layers.txt (%s)" % (srcdir, " < ".join(
       ["folder %s/ is not in layers.txt" % d for d in folders if d not in rank] +
       ["layer %s has no folder" % l for l in layers if l not in folders] +
       ["%s is in no layer folder" % f for f in loose])
+
+# the page that says why each layer exists lists them, in the same order
+rows = re.findall(r"^\| `(\w+)/` \|", open(doc).read(), re.M) if os.path.exists(doc) else []
+check("%s lists the layers in the order of layers.txt" % os.path.basename(doc),
+      [] if rows == layers else ["its table lists %s" % (" < ".join(rows) or "none")])
 
 # 2. symbols: A uses a global that B defines
 layer_of, defined, used, missing = {}, {}, {}, []

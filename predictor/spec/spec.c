@@ -265,34 +265,143 @@ static void clear_positions(mm_node *n)
     }
 }
 
-int mm_spec_set(mm_spec *spec, const char *assignment, mm_error *err)
+/* --set KEY=VALUE: the key (into key[256]) and the value parsed as YAML flow
+ * (8, true, bf16, [q_proj, v_proj], {r: 8, ...}); NULL with err set */
+static mm_node *set_parse(const char *assignment, char *key, mm_error *err)
 {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment) {
         mm_err(err, "--set %s: expected KEY=VALUE (e.g. training.micro_batch_size=8)", assignment);
-        return -1;
+        return NULL;
     }
-    char key[256];
     size_t kl = (size_t)(eq - assignment);
-    if (kl >= sizeof key) {
+    if (kl >= 256) {
         mm_err(err, "--set: key too long");
-        return -1;
+        return NULL;
     }
     memcpy(key, assignment, kl);
     key[kl] = '\0';
     const char *value = eq + 1;
     if (!*value) {
         mm_err(err, "--set %s: empty value", assignment);
-        return -1;
+        return NULL;
     }
-    /* the value is YAML flow: 8, true, bf16, [q_proj, v_proj], {r: 8, ...} */
     mm_error verr;
     mm_node *val = mm_yaml_parse(value, strlen(value), "--set", &verr);
     if (!val) {
         mm_err(err, "--set %s: %s", assignment, verr.msg);
-        return -1;
+        return NULL;
     }
     clear_positions(val);
+    return val;
+}
+
+static int is_section(const char *k)
+{
+    return !strcmp(k, "training") || !strcmp(k, "framework") || !strcmp(k, "deepspeed") ||
+           !strcmp(k, "fsdp") || !strcmp(k, "ddp") || !strcmp(k, "device");
+}
+
+/* the map the first key component names: a section (made when missing) or a
+ * module by its name; NULL with err set */
+static mm_node *set_first(const mm_spec *spec, mm_node *doc, const char *first,
+                          const char *assignment, mm_error *err)
+{
+    mm_node *cur = NULL;
+    if (is_section(first)) {
+        cur = mm_node_get(doc, first);
+        if (!cur) {
+            cur = mm_node_new(MM_NODE_MAP, 0, 0);
+            if (!cur || mm_node_map_put(doc, first, cur, 0, 0)) {
+                mm_node_free(cur);
+                mm_err(err, "out of memory");
+                return NULL;
+            }
+        }
+        return cur;
+    }
+    mm_node *mods = mm_node_get(doc, "modules");
+    for (size_t i = 0; mods && mods->type == MM_NODE_SEQ && i < mods->n; i++) {
+        mm_node *nm = mm_node_get(mods->vals[i], "name");
+        if (nm && nm->type == MM_NODE_SCALAR && nm->str && strcmp(nm->str, first) == 0)
+            cur = mods->vals[i];
+    }
+    if (!cur) {
+        const char *cands[MM_MAX_MODULES + 7] = {"training", "framework", "deepspeed",
+                                                  "fsdp", "ddp", "device", "name"};
+        size_t nc = 7;
+        for (size_t i = 0; i < spec->n_modules; i++)
+            cands[nc++] = spec->modules[i].name;
+        const char *sug = mm_suggest(first, cands, nc);
+        mm_err(err, "--set %s: '%s' is neither a section nor a module name%s%s%s", assignment,
+               first, sug ? " (did you mean '" : "", sug ? sug : "", sug ? "'?)" : "");
+    }
+    return cur;
+}
+
+/* the rest of the key's components from cur: maps made when missing; the map
+ * that holds the leaf, *leaf set; NULL with err set */
+static mm_node *set_walk(mm_node *cur, const char *first, char **save, char **leaf,
+                         const char *assignment, mm_error *err)
+{
+    char *part = strtok_r(NULL, ".", save);
+    if (!part) {
+        mm_err(err, "--set %s: name a key inside '%s'", assignment, first);
+        return NULL;
+    }
+    for (;;) {
+        char *next = strtok_r(NULL, ".", save);
+        if (!next) {
+            *leaf = part;
+            return cur;
+        }
+        mm_node *sub = mm_node_get(cur, part);
+        if (!sub) {
+            sub = mm_node_new(MM_NODE_MAP, 0, 0);
+            if (!sub || mm_node_map_put(cur, part, sub, 0, 0)) {
+                mm_node_free(sub);
+                mm_err(err, "out of memory");
+                return NULL;
+            }
+        }
+        if (sub->type != MM_NODE_MAP) {
+            mm_err(err, "--set %s: '%s' is not a mapping", assignment, part);
+            return NULL;
+        }
+        cur = sub;
+        part = next;
+    }
+}
+
+/* decode the edited document into spec; on failure spec is unchanged and the
+ * caller still owns doc */
+static int set_decode(mm_spec *spec, mm_node *doc, const char *assignment, mm_error *err)
+{
+    mm_spec *tmp = malloc(sizeof *tmp);
+    if (!tmp) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    memcpy(tmp, spec, sizeof *tmp);
+    tmp->doc = doc;
+    mm_error derr;
+    if (mm_spec_decode(tmp, &derr)) {
+        mm_err(err, "--set %s: %s", assignment, derr.msg);
+        free(tmp);
+        return -1;
+    }
+    mm_node_free(spec->doc);
+    memcpy(spec, tmp, sizeof *spec);
+    free(tmp);
+    return 0;
+}
+
+int mm_spec_set(mm_spec *spec, const char *assignment, mm_error *err)
+{
+    char key[256];
+    mm_node *val = set_parse(assignment, key, err);
+    if (!val)
+        return -1;
     mm_node *doc = mm_node_clone(spec->doc);
     if (!doc) {
         mm_node_free(val);
@@ -311,65 +420,9 @@ int mm_spec_set(mm_spec *spec, const char *assignment, mm_error *err)
     if (strcmp(first, "name") == 0) {
         cur = doc;
         leaf = first;
-    } else if (!strcmp(first, "training") || !strcmp(first, "framework") ||
-               !strcmp(first, "deepspeed") || !strcmp(first, "fsdp") ||
-               !strcmp(first, "ddp") || !strcmp(first, "device")) {
-        cur = mm_node_get(doc, first);
-        if (!cur) {
-            cur = mm_node_new(MM_NODE_MAP, 0, 0);
-            if (!cur || mm_node_map_put(doc, first, cur, 0, 0)) {
-                mm_node_free(cur);
-                mm_err(err, "out of memory");
-                goto fail;
-            }
-        }
-    } else {
-        mm_node *mods = mm_node_get(doc, "modules");
-        for (size_t i = 0; mods && mods->type == MM_NODE_SEQ && i < mods->n; i++) {
-            mm_node *nm = mm_node_get(mods->vals[i], "name");
-            if (nm && nm->type == MM_NODE_SCALAR && nm->str && strcmp(nm->str, first) == 0)
-                cur = mods->vals[i];
-        }
-        if (!cur) {
-            const char *cands[MM_MAX_MODULES + 7] = {"training", "framework", "deepspeed",
-                                                      "fsdp", "ddp", "device", "name"};
-            size_t nc = 7;
-            for (size_t i = 0; i < spec->n_modules; i++)
-                cands[nc++] = spec->modules[i].name;
-            const char *sug = mm_suggest(first, cands, nc);
-            mm_err(err, "--set %s: '%s' is neither a section nor a module name%s%s%s", assignment,
-                   first, sug ? " (did you mean '" : "", sug ? sug : "", sug ? "'?)" : "");
-            goto fail;
-        }
-    }
-    if (!leaf) {
-        char *part = strtok_r(NULL, ".", &save);
-        if (!part) {
-            mm_err(err, "--set %s: name a key inside '%s'", assignment, first);
-            goto fail;
-        }
-        for (;;) {
-            char *next = strtok_r(NULL, ".", &save);
-            if (!next) {
-                leaf = part;
-                break;
-            }
-            mm_node *sub = mm_node_get(cur, part);
-            if (!sub) {
-                sub = mm_node_new(MM_NODE_MAP, 0, 0);
-                if (!sub || mm_node_map_put(cur, part, sub, 0, 0)) {
-                    mm_node_free(sub);
-                    mm_err(err, "out of memory");
-                    goto fail;
-                }
-            }
-            if (sub->type != MM_NODE_MAP) {
-                mm_err(err, "--set %s: '%s' is not a mapping", assignment, part);
-                goto fail;
-            }
-            cur = sub;
-            part = next;
-        }
+    } else if (!(cur = set_first(spec, doc, first, assignment, err)) ||
+               !(cur = set_walk(cur, first, &save, &leaf, assignment, err))) {
+        goto fail;
     }
     if (cur->type != MM_NODE_MAP) {
         mm_err(err, "--set %s: '%s' is not a mapping", assignment, first);
@@ -380,22 +433,8 @@ int mm_spec_set(mm_spec *spec, const char *assignment, mm_error *err)
         goto fail;
     }
     val = NULL;
-    mm_spec *tmp = malloc(sizeof *tmp);
-    if (!tmp) {
-        mm_err(err, "out of memory");
+    if (set_decode(spec, doc, assignment, err))
         goto fail;
-    }
-    memcpy(tmp, spec, sizeof *tmp);
-    tmp->doc = doc;
-    mm_error derr;
-    if (mm_spec_decode(tmp, &derr)) {
-        mm_err(err, "--set %s: %s", assignment, derr.msg);
-        free(tmp);
-        goto fail;
-    }
-    mm_node_free(spec->doc);
-    memcpy(spec, tmp, sizeof *spec);
-    free(tmp);
     return 0;
 fail:
     mm_node_free(val);

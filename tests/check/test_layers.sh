@@ -42,8 +42,9 @@ check("%s lists the layers in the order of layers.txt" % os.path.basename(doc),
 layer_of, defined, used, missing = {}, {}, {}, []
 for l in layers:
     for c in sorted(glob.glob(os.path.join(srcdir, l, "*.c"))):
-        name = os.path.basename(c)[:-2]
-        o = os.path.join(objdir, l, name + ".o")
+        base = os.path.basename(c)[:-2]
+        name = l + "/" + base           # a file is known by its layer and name
+        o = os.path.join(objdir, l, base + ".o")
         if not os.path.exists(o):
             missing.append("no object %s for %s" % (o, c))
             continue
@@ -67,8 +68,8 @@ up = []
 for a in sorted(edges):
     for b in sorted(edges[a]):
         if rank[layer_of[b]] > rank[layer_of[a]]:
-            up.append("%s/%s.c (%s) uses %s/%s.c (%s): %s" % (layer_of[a], a, layer_of[a],
-                      layer_of[b], b, layer_of[b], " ".join(edges[a][b])))
+            up.append("%s.c (%s) uses %s.c (%s): %s" % (a, layer_of[a], b, layer_of[b],
+                      " ".join(edges[a][b])))
 check("no file uses a symbol of a higher layer", up)
 
 # 3. includes
@@ -110,7 +111,7 @@ for v in sorted(edges):
     if v not in index:
         visit(v)
 check("no two files use each other, directly or through others",
-      ["files using each other: " + " <-> ".join("%s/%s.c" % (layer_of[x], x) for x in c)
+      ["files using each other: " + " <-> ".join(x + ".c" for x in c)
        for c in sccs if len(c) > 1])
 
 passed = failed = 0

@@ -168,6 +168,100 @@ static int is_null_scalar(const yaml_event_t *ev)
            strcmp(s, "NULL") == 0 || s[0] == '\0';
 }
 
+static mm_node *yscalar(ystate *y, yaml_event_t *ev, int line, int col)
+{
+    if (ev->data.scalar.length > 4096) {
+        mm_err_at(y->err, y->name, line, col, "scalar longer than 4096 bytes");
+        yaml_event_delete(ev);
+        return NULL;
+    }
+    mm_node *n = mm_node_new(MM_NODE_SCALAR, line, col);
+    if (!n || !(n->str = strdup((const char *)ev->data.scalar.value))) {
+        mm_err(y->err, "%s: out of memory", y->name);
+        mm_node_free(n);
+        yaml_event_delete(ev);
+        return NULL;
+    }
+    n->quoted = ev->data.scalar.style != YAML_PLAIN_SCALAR_STYLE;
+    n->is_null = is_null_scalar(ev);
+    yaml_event_delete(ev);
+    return n;
+}
+
+/* one `key: value` of mapping n; e, the key's event, is consumed */
+static int ymap_entry(ystate *y, mm_node *n, yaml_event_t *e, int depth)
+{
+    int kl = (int)e->start_mark.line + 1, kc = (int)e->start_mark.column + 1;
+    if (e->type != YAML_SCALAR_EVENT) {
+        mm_err_at(y->err, y->name, kl, kc, "mapping keys must be plain strings");
+        yaml_event_delete(e);
+        return -1;
+    }
+    char *key = strdup((const char *)e->data.scalar.value);
+    yaml_event_delete(e);
+    if (!key) {
+        mm_err(y->err, "%s: out of memory", y->name);
+        return -1;
+    }
+    if (mm_node_get(n, key)) {
+        mm_err_at(y->err, y->name, kl, kc, "%s: duplicate key", key);
+        free(key);
+        return -1;
+    }
+    yaml_event_t ve;
+    if (ynext(y, &ve)) {
+        free(key);
+        return -1;
+    }
+    mm_node *v = yparse_node(y, &ve, depth + 1);
+    if (!v || mm_node_map_put(n, key, v, kl, kc)) {
+        if (v)
+            mm_err(y->err, "%s: out of memory", y->name);
+        mm_node_free(v);
+        free(key);
+        return -1;
+    }
+    free(key);
+    return 0;
+}
+
+/* one item of sequence n; e, its first event, is consumed */
+static int yseq_item(ystate *y, mm_node *n, yaml_event_t *e, int depth)
+{
+    mm_node *v = yparse_node(y, e, depth + 1);
+    if (!v || mm_node_seq_push(n, v)) {
+        if (v)
+            mm_err(y->err, "%s: out of memory", y->name);
+        mm_node_free(v);
+        return -1;
+    }
+    return 0;
+}
+
+static mm_node *ycollection(ystate *y, yaml_event_t *ev, int line, int col, int depth)
+{
+    int is_map = ev->type == YAML_MAPPING_START_EVENT;
+    yaml_event_delete(ev);
+    mm_node *n = mm_node_new(is_map ? MM_NODE_MAP : MM_NODE_SEQ, line, col);
+    if (!n) {
+        mm_err(y->err, "%s: out of memory", y->name);
+        return NULL;
+    }
+    for (;;) {
+        yaml_event_t e;
+        if (ynext(y, &e))
+            break;
+        if (e.type == (is_map ? YAML_MAPPING_END_EVENT : YAML_SEQUENCE_END_EVENT)) {
+            yaml_event_delete(&e);
+            return n;
+        }
+        if (is_map ? ymap_entry(y, n, &e, depth) : yseq_item(y, n, &e, depth))
+            break;
+    }
+    mm_node_free(n);
+    return NULL;
+}
+
 /* `ev` is the first event of the node; it is consumed (deleted) here. */
 static mm_node *yparse_node(ystate *y, yaml_event_t *ev, int depth)
 {
@@ -189,87 +283,11 @@ static mm_node *yparse_node(ystate *y, yaml_event_t *ev, int depth)
                   (const char *)ev->data.alias.anchor);
         yaml_event_delete(ev);
         return NULL;
-    case YAML_SCALAR_EVENT: {
-        if (ev->data.scalar.length > 4096) {
-            mm_err_at(y->err, y->name, line, col, "scalar longer than 4096 bytes");
-            yaml_event_delete(ev);
-            return NULL;
-        }
-        mm_node *n = mm_node_new(MM_NODE_SCALAR, line, col);
-        if (!n || !(n->str = strdup((const char *)ev->data.scalar.value))) {
-            mm_err(y->err, "%s: out of memory", y->name);
-            mm_node_free(n);
-            yaml_event_delete(ev);
-            return NULL;
-        }
-        n->quoted = ev->data.scalar.style != YAML_PLAIN_SCALAR_STYLE;
-        n->is_null = is_null_scalar(ev);
-        yaml_event_delete(ev);
-        return n;
-    }
+    case YAML_SCALAR_EVENT:
+        return yscalar(y, ev, line, col);
     case YAML_SEQUENCE_START_EVENT:
-    case YAML_MAPPING_START_EVENT: {
-        int is_map = ev->type == YAML_MAPPING_START_EVENT;
-        yaml_event_delete(ev);
-        mm_node *n = mm_node_new(is_map ? MM_NODE_MAP : MM_NODE_SEQ, line, col);
-        if (!n) {
-            mm_err(y->err, "%s: out of memory", y->name);
-            return NULL;
-        }
-        for (;;) {
-            yaml_event_t e;
-            if (ynext(y, &e))
-                goto fail;
-            if (e.type == (is_map ? YAML_MAPPING_END_EVENT : YAML_SEQUENCE_END_EVENT)) {
-                yaml_event_delete(&e);
-                return n;
-            }
-            if (is_map) {
-                int kl = (int)e.start_mark.line + 1, kc = (int)e.start_mark.column + 1;
-                if (e.type != YAML_SCALAR_EVENT) {
-                    mm_err_at(y->err, y->name, kl, kc, "mapping keys must be plain strings");
-                    yaml_event_delete(&e);
-                    goto fail;
-                }
-                char *key = strdup((const char *)e.data.scalar.value);
-                yaml_event_delete(&e);
-                if (!key) {
-                    mm_err(y->err, "%s: out of memory", y->name);
-                    goto fail;
-                }
-                if (mm_node_get(n, key)) {
-                    mm_err_at(y->err, y->name, kl, kc, "%s: duplicate key", key);
-                    free(key);
-                    goto fail;
-                }
-                yaml_event_t ve;
-                if (ynext(y, &ve)) {
-                    free(key);
-                    goto fail;
-                }
-                mm_node *v = yparse_node(y, &ve, depth + 1);
-                if (!v || mm_node_map_put(n, key, v, kl, kc)) {
-                    if (v)
-                        mm_err(y->err, "%s: out of memory", y->name);
-                    mm_node_free(v);
-                    free(key);
-                    goto fail;
-                }
-                free(key);
-            } else {
-                mm_node *v = yparse_node(y, &e, depth + 1);
-                if (!v || mm_node_seq_push(n, v)) {
-                    if (v)
-                        mm_err(y->err, "%s: out of memory", y->name);
-                    mm_node_free(v);
-                    goto fail;
-                }
-            }
-        }
-    fail:
-        mm_node_free(n);
-        return NULL;
-    }
+    case YAML_MAPPING_START_EVENT:
+        return ycollection(y, ev, line, col, depth);
     default:
         mm_err_at(y->err, y->name, line, col, "unexpected YAML event");
         yaml_event_delete(ev);
@@ -391,71 +409,74 @@ static char *jstring(jscan *j)
     return r;
 }
 
-static mm_node *jvalue(jscan *j, int depth)
+static mm_node *jvalue(jscan *j, int depth);
+
+/* one `"key": value` of object n */
+static int jmember(jscan *j, mm_node *n, int depth)
 {
+    int kl = j->line, kc = j->col;
+    char *key = jpeek(j) == '"' ? jstring(j) : NULL;
+    if (!key) {
+        mm_err_at(j->err, j->name, kl, kc, "malformed JSON: expected a key");
+        return -1;
+    }
+    if (mm_node_get(n, key)) {
+        mm_err_at(j->err, j->name, kl, kc, "%s: duplicate key", key);
+        free(key);
+        return -1;
+    }
     jws(j);
-    int line = j->line, col = j->col;
-    if (++j->count > MM_MAX_NODES || depth > MM_MAX_DEPTH) {
-        mm_err_at(j->err, j->name, line, col, "%s",
-                  depth > MM_MAX_DEPTH ? "nesting too deep" : "too many JSON values");
-        return NULL;
+    jadv(j); /* ':' */
+    mm_node *v = jvalue(j, depth + 1);
+    if (!v || mm_node_map_put(n, key, v, kl, kc)) {
+        mm_node_free(v);
+        free(key);
+        return -1;
     }
-    char c = jpeek(j);
-    if (!c) {
-        mm_err_at(j->err, j->name, line, col, "malformed JSON: unexpected end");
-        return NULL;
+    free(key);
+    return 0;
+}
+
+/* one item of array n */
+static int jitem(jscan *j, mm_node *n, int depth)
+{
+    mm_node *v = jvalue(j, depth + 1);
+    if (!v || mm_node_seq_push(n, v)) {
+        mm_node_free(v);
+        return -1;
     }
-    if (c == '{' || c == '[') {
-        int is_map = c == '{';
-        mm_node *n = mm_node_new(is_map ? MM_NODE_MAP : MM_NODE_SEQ, line, col);
-        if (!n)
-            return NULL;
+    return 0;
+}
+
+/* an object or an array; j is at its opening bracket */
+static mm_node *jcontainer(jscan *j, int is_map, int line, int col, int depth)
+{
+    mm_node *n = mm_node_new(is_map ? MM_NODE_MAP : MM_NODE_SEQ, line, col);
+    if (!n)
+        return NULL;
+    jadv(j);
+    jws(j);
+    if (jpeek(j) == (is_map ? '}' : ']')) {
         jadv(j);
-        jws(j);
-        if (jpeek(j) == (is_map ? '}' : ']')) {
-            jadv(j);
-            return n;
-        }
-        for (;;) {
-            jws(j);
-            if (is_map) {
-                int kl = j->line, kc = j->col;
-                char *key = jpeek(j) == '"' ? jstring(j) : NULL;
-                if (!key) {
-                    mm_err_at(j->err, j->name, kl, kc, "malformed JSON: expected a key");
-                    goto fail;
-                }
-                if (mm_node_get(n, key)) {
-                    mm_err_at(j->err, j->name, kl, kc, "%s: duplicate key", key);
-                    free(key);
-                    goto fail;
-                }
-                jws(j);
-                jadv(j); /* ':' */
-                mm_node *v = jvalue(j, depth + 1);
-                if (!v || mm_node_map_put(n, key, v, kl, kc)) {
-                    mm_node_free(v);
-                    free(key);
-                    goto fail;
-                }
-                free(key);
-            } else {
-                mm_node *v = jvalue(j, depth + 1);
-                if (!v || mm_node_seq_push(n, v)) {
-                    mm_node_free(v);
-                    goto fail;
-                }
-            }
-            jws(j);
-            char d = jpeek(j);
-            jadv(j);
-            if (d != ',')
-                return n;
-        }
-    fail:
-        mm_node_free(n);
-        return NULL;
+        return n;
     }
+    for (;;) {
+        jws(j);
+        if (is_map ? jmember(j, n, depth) : jitem(j, n, depth))
+            break;
+        jws(j);
+        char d = jpeek(j);
+        jadv(j);
+        if (d != ',')
+            return n;
+    }
+    mm_node_free(n);
+    return NULL;
+}
+
+/* a string, number, true, false or null; c is its first character */
+static mm_node *jscalar(jscan *j, char c, int line, int col)
+{
     mm_node *n = mm_node_new(MM_NODE_SCALAR, line, col);
     if (!n)
         return NULL;
@@ -477,6 +498,25 @@ static mm_node *jvalue(jscan *j, int depth)
         return NULL;
     }
     return n;
+}
+
+static mm_node *jvalue(jscan *j, int depth)
+{
+    jws(j);
+    int line = j->line, col = j->col;
+    if (++j->count > MM_MAX_NODES || depth > MM_MAX_DEPTH) {
+        mm_err_at(j->err, j->name, line, col, "%s",
+                  depth > MM_MAX_DEPTH ? "nesting too deep" : "too many JSON values");
+        return NULL;
+    }
+    char c = jpeek(j);
+    if (!c) {
+        mm_err_at(j->err, j->name, line, col, "malformed JSON: unexpected end");
+        return NULL;
+    }
+    if (c == '{' || c == '[')
+        return jcontainer(j, c == '{', line, col, depth);
+    return jscalar(j, c, line, col);
 }
 
 mm_node *mm_json_parse(const char *buf, size_t len, const char *name, mm_error *err)

@@ -242,15 +242,93 @@ static int count_group(groupset *gs, const char *key, mm_decision d, group **out
     return 0;
 }
 
+/* a rejected spec, grouped by digest and path, labelled with its model */
+static int count_rejected_spec(mm_report *r, const char *sha, const char *spec,
+                               const char *model, mm_decision d)
+{
+    group *g;
+    char *key;
+    size_t klen;
+    if (!sha)
+        sha = "(unknown)";
+    if (!spec)
+        spec = "(unknown)";
+    klen = strlen(sha) + strlen(spec) + 2;
+    key = malloc(klen);
+    if (!key)
+        return -2;
+    snprintf(key, klen, "%s\n%s", sha, spec);
+    int rc = count_group(&r->specs, key, d, &g);
+    free(key);
+    if (rc != 0)
+        return rc;
+    if (model && (!g->label || strcmp(g->label, model))) {
+        char *m = strdup(model);
+        if (!m)
+            return -2;
+        free(g->label);
+        g->label = m;
+    }
+    return 0;
+}
+
+/* predicted peak / usable memory, binned */
+static void count_ratio(mm_report *r, json_object *o)
+{
+    double peak, usable;
+    if (get_num(o, "peak_bytes", &peak) && get_num(o, "usable_bytes", &usable) && usable > 0) {
+        double ratio = peak / usable;
+        size_t b = 0;
+        while (b < N_EDGES && ratio > ratio_edges[b])
+            b++;
+        r->ratio_bins[b]++;
+        if (r->ratio_known == 0 || ratio < r->ratio_min)
+            r->ratio_min = ratio;
+        if (r->ratio_known == 0 || ratio > r->ratio_max)
+            r->ratio_max = ratio;
+        r->ratio_sum += ratio;
+        r->ratio_known++;
+    } else {
+        r->ratio_unknown++;
+    }
+}
+
+/* a rejected job by its GPU count, and the GPU hours it asked for */
+static int count_rejected_size(mm_report *r, json_object *o)
+{
+    double gpus, minutes;
+    r->rej_jobs++;
+    if (!get_num(o, "gpus", &gpus) || gpus < 1 || gpus != floor(gpus) || gpus > 1e9) {
+        r->rej_unknown_gpus++;
+        return 0;
+    }
+    char key[32];
+    group *g;
+    snprintf(key, sizeof(key), "%.0f", gpus);
+    g = gs_get(&r->sizes, key);
+    if (!g)
+        return -2;
+    g->num = (uint64_t)gpus;
+    g->total++;
+    /* Slurm time limits are uint32 minutes; INFINITE (and beyond) is unknown */
+    if (get_num(o, "time_limit_minutes", &minutes) && minutes > 0 && minutes < 4294967295.0) {
+        double h = gpus * minutes / 60.0;
+        g->hours += h;
+        r->rej_hours += h;
+        r->rej_known++;
+    } else {
+        g->unknown++;
+        r->rej_unknown_time++;
+    }
+    return 0;
+}
+
 static int account(mm_report *r, json_object *o, mm_decision d)
 {
     const char *source = get_str(o, "source");
     const char *user = get_str(o, "user");
     const char *model = get_str(o, "model");
-    const char *sha = get_str(o, "spec_sha256");
-    const char *spec = get_str(o, "spec");
     char ubuf[48];
-    double peak, usable, gpus, minutes;
 
     r->records++;
     r->dec[d]++;
@@ -270,72 +348,13 @@ static int account(mm_report *r, json_object *o, mm_decision d)
     if (count_group(&r->models, model ? model : "(unknown)", d, NULL) != 0)
         return -2;
     if (d == MM_DEC_REJECT) {
-        group *g;
-        char *key;
-        size_t klen;
-        if (!sha)
-            sha = "(unknown)";
-        if (!spec)
-            spec = "(unknown)";
-        klen = strlen(sha) + strlen(spec) + 2;
-        key = malloc(klen);
-        if (!key)
-            return -2;
-        snprintf(key, klen, "%s\n%s", sha, spec);
-        int rc = count_group(&r->specs, key, d, &g);
-        free(key);
+        int rc = count_rejected_spec(r, get_str(o, "spec_sha256"), get_str(o, "spec"), model, d);
         if (rc != 0)
             return rc;
-        if (model && (!g->label || strcmp(g->label, model))) {
-            char *m = strdup(model);
-            if (!m)
-                return -2;
-            free(g->label);
-            g->label = m;
-        }
     }
-
-    if (get_num(o, "peak_bytes", &peak) && get_num(o, "usable_bytes", &usable) && usable > 0) {
-        double ratio = peak / usable;
-        size_t b = 0;
-        while (b < N_EDGES && ratio > ratio_edges[b])
-            b++;
-        r->ratio_bins[b]++;
-        if (r->ratio_known == 0 || ratio < r->ratio_min)
-            r->ratio_min = ratio;
-        if (r->ratio_known == 0 || ratio > r->ratio_max)
-            r->ratio_max = ratio;
-        r->ratio_sum += ratio;
-        r->ratio_known++;
-    } else {
-        r->ratio_unknown++;
-    }
-
-    if (d == MM_DEC_REJECT) {
-        r->rej_jobs++;
-        if (!get_num(o, "gpus", &gpus) || gpus < 1 || gpus != floor(gpus) || gpus > 1e9) {
-            r->rej_unknown_gpus++;
-        } else {
-            char key[32];
-            group *g;
-            snprintf(key, sizeof(key), "%.0f", gpus);
-            g = gs_get(&r->sizes, key);
-            if (!g)
-                return -2;
-            g->num = (uint64_t)gpus;
-            g->total++;
-            /* Slurm time limits are uint32 minutes; INFINITE (and beyond) is unknown */
-            if (get_num(o, "time_limit_minutes", &minutes) && minutes > 0 && minutes < 4294967295.0) {
-                double h = gpus * minutes / 60.0;
-                g->hours += h;
-                r->rej_hours += h;
-                r->rej_known++;
-            } else {
-                g->unknown++;
-                r->rej_unknown_time++;
-            }
-        }
-    }
+    count_ratio(r, o);
+    if (d == MM_DEC_REJECT)
+        return count_rejected_size(r, o);
     return 0;
 }
 
@@ -540,19 +559,9 @@ static const char *ratio_label(size_t b, char *buf, size_t n)
     return buf;
 }
 
-static json_object *build_json(const mm_report *r, size_t top)
+static json_object *malformed_json(const mm_report *r)
 {
-    json_object *o = json_object_new_object(), *x, *a;
-    group *v;
-    char lab[32];
-
-    if (!o)
-        return NULL;
-    json_object_object_add(o, "files", u64j(r->files));
-    json_object_object_add(o, "lines", u64j(r->lines));
-    json_object_object_add(o, "records", u64j(r->records));
-    json_object_object_add(o, "malformed", u64j(r->n_malformed));
-    a = json_object_new_array();
+    json_object *a = json_object_new_array(), *x;
     for (size_t i = 0; i < r->n_kept; i++) {
         x = json_object_new_object();
         json_object_object_add(x, "file", json_object_new_string(r->kept[i].file));
@@ -560,26 +569,16 @@ static json_object *build_json(const mm_report *r, size_t top)
         json_object_object_add(x, "error", json_object_new_string(r->kept[i].error));
         json_object_array_add(a, x);
     }
-    json_object_object_add(o, "malformed_lines", a);
-    json_object_object_add(o, "malformed_lines_truncated",
-                           json_object_new_boolean(r->n_malformed > r->n_kept));
+    return a;
+}
 
-    x = json_object_new_object();
-    for (int d = 0; d < MM_DEC_COUNT; d++)
-        json_object_object_add(x, dec_names[d], u64j(r->dec[d]));
-    json_object_object_add(o, "decisions", x);
-
-    json_object_object_add(o, "sources", group_list_json(&r->sources, "source", SIZE_MAX));
-    json_object_object_add(o, "users_total", u64j(r->users.n));
-    json_object_object_add(o, "users", group_list_json(&r->users, "user", top));
-    json_object_object_add(o, "models_total", u64j(r->models.n));
-    json_object_object_add(o, "models", group_list_json(&r->models, "model", top));
-
-    a = json_object_new_array();
-    v = sorted(&r->specs, cmp_total);
+/* the `top` most rejected specs; NULL when out of memory */
+static json_object *rejected_specs_json(const mm_report *r, size_t top)
+{
+    json_object *a = json_object_new_array(), *x;
+    group *v = sorted(&r->specs, cmp_total);
     if (!v) {
         json_object_put(a);
-        json_object_put(o);
         return NULL;
     }
     for (size_t i = 0; i < r->specs.n && i < top; i++) {
@@ -593,9 +592,13 @@ static json_object *build_json(const mm_report *r, size_t top)
         json_object_array_add(a, x);
     }
     free(v);
-    json_object_object_add(o, "top_rejected_specs", a);
+    return a;
+}
 
-    x = json_object_new_object();
+static json_object *ratio_json(const mm_report *r)
+{
+    json_object *x = json_object_new_object(), *a;
+    char lab[32];
     json_object_object_add(x, "records", u64j(r->ratio_known));
     json_object_object_add(x, "unknown", u64j(r->ratio_unknown));
     json_object_object_add(x, "min", r->ratio_known ? dbl(r->ratio_min) : NULL);
@@ -611,20 +614,23 @@ static json_object *build_json(const mm_report *r, size_t top)
         json_object_array_add(a, bin);
     }
     json_object_object_add(x, "bins", a);
-    json_object_object_add(o, "peak_usable_ratio", x);
+    return x;
+}
 
-    x = json_object_new_object();
+/* the rejected jobs' GPU hours, by GPU count; NULL when out of memory */
+static json_object *rejected_hours_json(const mm_report *r)
+{
+    json_object *x = json_object_new_object(), *a;
     json_object_object_add(x, "jobs", u64j(r->rej_jobs));
     json_object_object_add(x, "known", u64j(r->rej_known));
     json_object_object_add(x, "unknown_gpus", u64j(r->rej_unknown_gpus));
     json_object_object_add(x, "unknown_time", u64j(r->rej_unknown_time));
     json_object_object_add(x, "gpu_hours", dbl(r->rej_hours));
     a = json_object_new_array();
-    v = sorted(&r->sizes, cmp_num);
+    group *v = sorted(&r->sizes, cmp_num);
     if (!v) {
         json_object_put(x);
         json_object_put(a);
-        json_object_put(o);
         return NULL;
     }
     for (size_t i = 0; i < r->sizes.n; i++) {
@@ -637,6 +643,44 @@ static json_object *build_json(const mm_report *r, size_t top)
     }
     free(v);
     json_object_object_add(x, "by_gpus", a);
+    return x;
+}
+
+static json_object *build_json(const mm_report *r, size_t top)
+{
+    json_object *o = json_object_new_object(), *x;
+
+    if (!o)
+        return NULL;
+    json_object_object_add(o, "files", u64j(r->files));
+    json_object_object_add(o, "lines", u64j(r->lines));
+    json_object_object_add(o, "records", u64j(r->records));
+    json_object_object_add(o, "malformed", u64j(r->n_malformed));
+    json_object_object_add(o, "malformed_lines", malformed_json(r));
+    json_object_object_add(o, "malformed_lines_truncated",
+                           json_object_new_boolean(r->n_malformed > r->n_kept));
+
+    x = json_object_new_object();
+    for (int d = 0; d < MM_DEC_COUNT; d++)
+        json_object_object_add(x, dec_names[d], u64j(r->dec[d]));
+    json_object_object_add(o, "decisions", x);
+
+    json_object_object_add(o, "sources", group_list_json(&r->sources, "source", SIZE_MAX));
+    json_object_object_add(o, "users_total", u64j(r->users.n));
+    json_object_object_add(o, "users", group_list_json(&r->users, "user", top));
+    json_object_object_add(o, "models_total", u64j(r->models.n));
+    json_object_object_add(o, "models", group_list_json(&r->models, "model", top));
+
+    if (!(x = rejected_specs_json(r, top))) {
+        json_object_put(o);
+        return NULL;
+    }
+    json_object_object_add(o, "top_rejected_specs", x);
+    json_object_object_add(o, "peak_usable_ratio", ratio_json(r));
+    if (!(x = rejected_hours_json(r))) {
+        json_object_put(o);
+        return NULL;
+    }
     json_object_object_add(o, "rejected_gpu_hours", x);
     return o;
 }
@@ -701,12 +745,91 @@ static void counts_table(FILE *f, const char *title, const char *col, const grou
     free(v);
 }
 
+static void text_rejected_specs(FILE *f, const mm_report *r, size_t top)
+{
+    fprintf(f, "\nMost-rejected specs\n");
+    if (r->specs.n == 0)
+        fprintf(f, "  (no rejected jobs)\n");
+    group *v = sorted(&r->specs, cmp_total);
+    if (v && r->specs.n) {
+        fprintf(f, "  %8s  %-12s  %-24s  %s\n", "rejects", "sha256", "model", "spec");
+        for (size_t i = 0; i < r->specs.n && i < top; i++) {
+            const char *nl = strchr(v[i].key, '\n');
+            char sha[16], model[80], path[200];
+            size_t sl = (size_t)(nl - v[i].key);
+            snprintf(sha, sizeof(sha), "%.*s", (int)(sl < 12 ? sl : 12), v[i].key);
+            safe(sha, sha, 12);
+            safe(v[i].label ? v[i].label : "-", model, 24);
+            safe(nl + 1, path, 120);
+            fprintf(f, "  %8llu  %-12s  %-24s  %s\n", (unsigned long long)v[i].total, sha, model, path);
+        }
+    }
+    free(v);
+}
+
+static void text_ratio(FILE *f, const mm_report *r)
+{
+    char lab[32];
+    fprintf(f, "\nPredicted peak / usable GPU memory (%llu record(s), %llu without both values)\n",
+            (unsigned long long)r->ratio_known, (unsigned long long)r->ratio_unknown);
+    if (!r->ratio_known)
+        return;
+    uint64_t most = 1;
+    for (size_t b = 0; b <= N_EDGES; b++)
+        if (r->ratio_bins[b] > most)
+            most = r->ratio_bins[b];
+    for (size_t b = 0; b <= N_EDGES; b++) {
+        int bar = (int)((r->ratio_bins[b] * 40 + most - 1) / most);
+        fprintf(f, "  %-10s %8llu  %.*s%s\n", ratio_label(b, lab, sizeof(lab)),
+                (unsigned long long)r->ratio_bins[b], bar,
+                "########################################",
+                b == 3 ? "   <- fits up to here" : "");
+    }
+    fprintf(f, "  min %.3g  mean %.3g  max %.3g\n", r->ratio_min,
+            r->ratio_sum / (double)r->ratio_known, r->ratio_max);
+}
+
+static void text_rejected_hours(FILE *f, const mm_report *r)
+{
+    fprintf(f, "\nRejected jobs: GPU-hours of would-be OoM runs (GPUs x time limit)\n");
+    if (r->rej_jobs == 0) {
+        fprintf(f, "  (no rejected jobs)\n");
+        return;
+    }
+    group *v = sorted(&r->sizes, cmp_num);
+    if (v && r->sizes.n) {
+        fprintf(f, "  %6s %8s %12s %14s\n", "gpus", "jobs", "gpu-hours", "no-time-limit");
+        for (size_t i = 0; i < r->sizes.n; i++)
+            fprintf(f, "  %6llu %8llu %12.1f %14llu\n", (unsigned long long)v[i].num,
+                    (unsigned long long)v[i].total, v[i].hours,
+                    (unsigned long long)v[i].unknown);
+    }
+    free(v);
+    fprintf(f, "  total: %.1f GPU-hours over %llu of %llu rejected job(s); unknown: %llu "
+               "without GPU count, %llu without time limit\n",
+            r->rej_hours, (unsigned long long)r->rej_known, (unsigned long long)r->rej_jobs,
+            (unsigned long long)r->rej_unknown_gpus, (unsigned long long)r->rej_unknown_time);
+}
+
+static void text_malformed(FILE *f, const mm_report *r)
+{
+    char name[160];
+    if (!r->n_malformed)
+        return;
+    fprintf(f, "\nMalformed lines (%llu)\n", (unsigned long long)r->n_malformed);
+    for (size_t i = 0; i < r->n_kept; i++) {
+        safe(r->kept[i].file, name, 120);
+        fprintf(f, "  %s:%lu: %s\n", name, r->kept[i].line, r->kept[i].error);
+    }
+    if (r->n_malformed > r->n_kept)
+        fprintf(f, "  ... and %llu more\n", (unsigned long long)(r->n_malformed - r->n_kept));
+}
+
 char *mm_report_text(const mm_report *r, size_t top)
 {
-    char *buf = NULL, name[160], lab[32];
+    char *buf = NULL;
     size_t len = 0;
     FILE *f;
-    group *v;
 
     if (!r)
         return NULL;
@@ -727,72 +850,10 @@ char *mm_report_text(const mm_report *r, size_t top)
     counts_table(f, "By source", "source", &r->sources, SIZE_MAX);
     counts_table(f, "By user", "user", &r->users, top);
     counts_table(f, "By model", "model", &r->models, top);
-
-    fprintf(f, "\nMost-rejected specs\n");
-    if (r->specs.n == 0)
-        fprintf(f, "  (no rejected jobs)\n");
-    v = sorted(&r->specs, cmp_total);
-    if (v && r->specs.n) {
-        fprintf(f, "  %8s  %-12s  %-24s  %s\n", "rejects", "sha256", "model", "spec");
-        for (size_t i = 0; i < r->specs.n && i < top; i++) {
-            const char *nl = strchr(v[i].key, '\n');
-            char sha[16], model[80], path[200];
-            size_t sl = (size_t)(nl - v[i].key);
-            snprintf(sha, sizeof(sha), "%.*s", (int)(sl < 12 ? sl : 12), v[i].key);
-            safe(sha, sha, 12);
-            safe(v[i].label ? v[i].label : "-", model, 24);
-            safe(nl + 1, path, 120);
-            fprintf(f, "  %8llu  %-12s  %-24s  %s\n", (unsigned long long)v[i].total, sha, model, path);
-        }
-    }
-    free(v);
-
-    fprintf(f, "\nPredicted peak / usable GPU memory (%llu record(s), %llu without both values)\n",
-            (unsigned long long)r->ratio_known, (unsigned long long)r->ratio_unknown);
-    if (r->ratio_known) {
-        uint64_t most = 1;
-        for (size_t b = 0; b <= N_EDGES; b++)
-            if (r->ratio_bins[b] > most)
-                most = r->ratio_bins[b];
-        for (size_t b = 0; b <= N_EDGES; b++) {
-            int bar = (int)((r->ratio_bins[b] * 40 + most - 1) / most);
-            fprintf(f, "  %-10s %8llu  %.*s%s\n", ratio_label(b, lab, sizeof(lab)),
-                    (unsigned long long)r->ratio_bins[b], bar,
-                    "########################################",
-                    b == 3 ? "   <- fits up to here" : "");
-        }
-        fprintf(f, "  min %.3g  mean %.3g  max %.3g\n", r->ratio_min,
-                r->ratio_sum / (double)r->ratio_known, r->ratio_max);
-    }
-
-    fprintf(f, "\nRejected jobs: GPU-hours of would-be OoM runs (GPUs x time limit)\n");
-    if (r->rej_jobs == 0) {
-        fprintf(f, "  (no rejected jobs)\n");
-    } else {
-        v = sorted(&r->sizes, cmp_num);
-        if (v && r->sizes.n) {
-            fprintf(f, "  %6s %8s %12s %14s\n", "gpus", "jobs", "gpu-hours", "no-time-limit");
-            for (size_t i = 0; i < r->sizes.n; i++)
-                fprintf(f, "  %6llu %8llu %12.1f %14llu\n", (unsigned long long)v[i].num,
-                        (unsigned long long)v[i].total, v[i].hours,
-                        (unsigned long long)v[i].unknown);
-        }
-        free(v);
-        fprintf(f, "  total: %.1f GPU-hours over %llu of %llu rejected job(s); unknown: %llu "
-                   "without GPU count, %llu without time limit\n",
-                r->rej_hours, (unsigned long long)r->rej_known, (unsigned long long)r->rej_jobs,
-                (unsigned long long)r->rej_unknown_gpus, (unsigned long long)r->rej_unknown_time);
-    }
-
-    if (r->n_malformed) {
-        fprintf(f, "\nMalformed lines (%llu)\n", (unsigned long long)r->n_malformed);
-        for (size_t i = 0; i < r->n_kept; i++) {
-            safe(r->kept[i].file, name, 120);
-            fprintf(f, "  %s:%lu: %s\n", name, r->kept[i].line, r->kept[i].error);
-        }
-        if (r->n_malformed > r->n_kept)
-            fprintf(f, "  ... and %llu more\n", (unsigned long long)(r->n_malformed - r->n_kept));
-    }
+    text_rejected_specs(f, r, top);
+    text_ratio(f, r);
+    text_rejected_hours(f, r);
+    text_malformed(f, r);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

@@ -24,25 +24,27 @@ static void usage(FILE *f)
           f);
 }
 
-int mm_cli_report(int argc, char **argv)
-{
-    int json = 0, pretty = 0, rc = 0, nfiles = 0, dashdash = 0;
-    size_t top = 10;
-    mm_report *r;
-    char *out;
+typedef struct report_flags {
+    int json, pretty, nfiles;
+    size_t top;
+} report_flags;
 
+/* the options and the number of files; -1 to go on, else the exit status */
+static int parse_flags(int argc, char **argv, report_flags *fl)
+{
+    int dashdash = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (dashdash || a[0] != '-' || !strcmp(a, "-")) {
-            nfiles++;
+            fl->nfiles++;
             continue;
         }
         if (!strcmp(a, "--")) {
             dashdash = 1;
         } else if (!strcmp(a, "--json")) {
-            json = 1;
+            fl->json = 1;
         } else if (!strcmp(a, "--pretty")) {
-            json = pretty = 1;
+            fl->json = fl->pretty = 1;
         } else if (!strcmp(a, "--top") || !strncmp(a, "--top=", 6)) {
             const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
             char *end = NULL;
@@ -53,7 +55,7 @@ int mm_cli_report(int argc, char **argv)
                 fprintf(stderr, "mmguard report: --top needs an integer 1..1000000\n");
                 return 2;
             }
-            top = (size_t)n;
+            fl->top = (size_t)n;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -63,18 +65,18 @@ int mm_cli_report(int argc, char **argv)
             return 2;
         }
     }
-    if (nfiles == 0) {
+    if (fl->nfiles == 0) {
         fprintf(stderr, "mmguard report: no log file given\n");
         usage(stderr);
         return 2;
     }
+    return -1;
+}
 
-    r = mm_report_new();
-    if (!r) {
-        fprintf(stderr, "mmguard report: out of memory\n");
-        return 1;
-    }
-    dashdash = 0;
+/* every file named (not the options); 1 when one could not be read */
+static int read_files(mm_report *r, int argc, char **argv)
+{
+    int rc = 0, dashdash = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         mm_error err;
@@ -93,15 +95,29 @@ int mm_cli_report(int argc, char **argv)
             rc = 1;
         }
     }
+    return rc;
+}
 
-    out = json ? mm_report_json(r, top, pretty) : mm_report_text(r, top);
+int mm_cli_report(int argc, char **argv)
+{
+    report_flags fl = {.top = 10};
+    int rc = parse_flags(argc, argv, &fl);
+    if (rc >= 0)
+        return rc;
+    mm_report *r = mm_report_new();
+    if (!r) {
+        fprintf(stderr, "mmguard report: out of memory\n");
+        return 1;
+    }
+    rc = read_files(r, argc, argv);
+    char *out = fl.json ? mm_report_json(r, fl.top, fl.pretty) : mm_report_text(r, fl.top);
     if (!out) {
         fprintf(stderr, "mmguard report: out of memory\n");
         mm_report_free(r);
         return 1;
     }
     fputs(out, stdout);
-    if (json)
+    if (fl.json)
         fputc('\n', stdout);
     if (fflush(stdout) != 0) {
         fprintf(stderr, "mmguard report: write error: %s\n", strerror(errno));

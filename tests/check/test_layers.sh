@@ -8,7 +8,9 @@
 #     objects' own symbols: nm's U against T/D/B/R);
 #   - no file #includes a header of a higher layer;
 #   - no two files use each other, directly or through others (no cycle in
-#     "A uses a global defined in B"), whether or not they share a layer.
+#     "A uses a global defined in B"), whether or not they share a layer;
+#   - no function is longer than 80 lines (its body, from the "{" to the "}"
+#     that open and close it in the first column).
 # A lower layer that needs something from above is handed it (a table of
 # functions) instead of calling up.  Prints "N passed, N failed".
 objdir=${1:-build/obj}
@@ -113,6 +115,27 @@ for v in sorted(edges):
 check("no two files use each other, directly or through others",
       ["files using each other: " + " <-> ".join(x + ".c" for x in c)
        for c in sccs if len(c) > 1])
+
+# 5. function length
+MAX_LINES = 80
+long_fns = []
+for l in layers:
+    for p in sorted(glob.glob(os.path.join(srcdir, l, "*.c"))):
+        lines = open(p).read().split("\n")
+        start = sig = None
+        for i, text in enumerate(lines):
+            if text == "{":
+                j = i - 1
+                while j > 0 and not re.match(r"^[A-Za-z_].*\(", lines[j]):
+                    j -= 1
+                start, sig = i, lines[j]
+            elif text == "}" and start is not None:
+                if i - start + 1 > MAX_LINES:
+                    name = re.search(r"(\w+)\s*\(", sig)
+                    long_fns.append("%s:%d: %s is %d lines" % (p, start + 1,
+                                    name.group(1) if name else "?", i - start + 1))
+                start = None
+check("no function is longer than %d lines" % MAX_LINES, long_fns)
 
 passed = failed = 0
 for name, problems in checks:

@@ -17,14 +17,18 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wstrict-prototypes -Wmiss
 HARDEN   := -fstack-protector-strong -D_FORTIFY_SOURCE=2 -fPIC
 CSTD     := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE
 OPT      ?= -O2 -g
-CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(HARDEN) $(PKG_CFLAGS) -Ipredictor $(CFLAGS)
+# the predictor's layers, lowest first (predictor/layers.txt): one folder each,
+# every folder on the include path so a header is named without its layer
+PRED_LAYERS := $(shell sed 's/\#.*//' predictor/layers.txt)
+PRED_INC    := $(addprefix -Ipredictor/,$(PRED_LAYERS))
+CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(HARDEN) $(PKG_CFLAGS) $(PRED_INC) $(CFLAGS)
 LDHARDEN := -Wl,-z,relro -Wl,-z,now -Wl,-z,noexecstack
 ASAN     := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
-CFLAGS_ASAN = $(CSTD) -O1 -g $(WARN) -fPIC $(ASAN) $(PKG_CFLAGS) -Ipredictor $(CFLAGS)
+CFLAGS_ASAN = $(CSTD) -O1 -g $(WARN) -fPIC $(ASAN) $(PKG_CFLAGS) $(PRED_INC) $(CFLAGS)
 
-LIB_SRCS := $(filter-out predictor/main.c predictor/cli_%.c,$(wildcard predictor/*.c))
-CLI_SRCS := predictor/main.c $(wildcard predictor/cli_*.c)
-HDRS     := $(wildcard predictor/*.h)
+LIB_SRCS := $(filter-out predictor/cli/%.c,$(wildcard predictor/*/*.c))
+CLI_SRCS := $(wildcard predictor/cli/*.c)
+HDRS     := $(wildcard predictor/*/*.h)
 
 LIB_OBJS      := $(patsubst predictor/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 CLI_OBJS      := $(patsubst predictor/%.c,$(BUILD)/obj/%.o,$(CLI_SRCS))
@@ -114,7 +118,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/mmguard/models
 	install -m 0755 $(BUILD)/mmguard $(DESTDIR)$(PREFIX)/bin/mmguard
 	install -m 0644 $(BUILD)/libmmguard.a $(DESTDIR)$(PREFIX)/lib/libmmguard.a
-	install -m 0644 predictor/mmguard.h $(DESTDIR)$(PREFIX)/include/mmguard.h
+	install -m 0644 predictor/base/mmguard.h $(DESTDIR)$(PREFIX)/include/mmguard.h
 	install -m 0644 contrib/models/*.yaml $(DESTDIR)$(PREFIX)/share/mmguard/models/
 	$(if $(INSTALL_TARGETS),$(MAKE) --no-print-directory $(INSTALL_TARGETS))
 

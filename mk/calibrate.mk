@@ -7,7 +7,7 @@
 # so the torch-side checks (built-in LoRA, the no-grad wrapper, parameter layouts) run
 # too; only the transformers model smoke test is skipped (no Debian package).
 CALIB_PY ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
-CALIB_MMGUARD_DEP := $(if $(wildcard predictor/main.c),$(BUILD)/mmguard)
+CALIB_MMGUARD_DEP := $(if $(wildcard predictor/cli/main.c),$(BUILD)/mmguard)
 
 .PHONY: check-calibrate calibrate-dry-run
 

@@ -22,7 +22,7 @@ FUZZ_SECONDS  ?= 60
 FUZZ_CHECK_SECONDS ?= 10
 FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record import_ds import_trainer import_args import_lf memreq
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-FUZZ_CFLAGS    = $(CSTD) -O1 -g $(WARN) $(FUZZ_SAN) $(PKG_CFLAGS) -Ipredictor -Ispank_plugin $(CFLAGS)
+FUZZ_CFLAGS    = $(CSTD) -O1 -g $(WARN) $(FUZZ_SAN) $(PKG_CFLAGS) $(PRED_INC) -Ispank_plugin $(CFLAGS)
 FUZZ_DIR      := $(BUILD)/fuzz
 FUZZ_LIB_OBJS := $(patsubst predictor/%.c,$(FUZZ_DIR)/obj/%.o,$(LIB_SRCS))
 FUZZ_BINS     := $(addprefix $(FUZZ_DIR)/fuzz_,$(FUZZ_HARNESSES))

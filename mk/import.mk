@@ -15,7 +15,7 @@ INSTALL_TARGETS += install-import
 .PHONY: check-import install-import
 
 # the installed catalog is the default of `mmguard import` (import_catalog.c)
-$(BUILD)/obj/import_catalog.o $(BUILD)/asan/import_catalog.o: CFLAGS += -DMM_DATADIR='"$(PREFIX)/share/mmguard"'
+$(BUILD)/obj/import/import_catalog.o $(BUILD)/asan/import/import_catalog.o: CFLAGS += -DMM_DATADIR='"$(PREFIX)/share/mmguard"'
 
 check-import: $(BUILD)/mmguard $(BUILD)/mmguard-asan
 	MMGUARD=$(BUILD)/mmguard IMPORT_DATA=$(IMPORT_DATA) sh tests/import/run.sh

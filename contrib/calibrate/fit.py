@@ -3,7 +3,7 @@
 
     python3 contrib/calibrate/fit.py [--gpu REGEX] [--json-out fit.json] DATA.jsonl...
 
-The predictor's device-level peak is (predictor/mmguard.h, mm_overheads):
+The predictor's device-level peak is (predictor/base/mmguard.h, mm_overheads):
 
     peak = allocated * (1 + allocator_fraction) + allocator_fixed + cuda_context
            (+ nccl when data_parallel > 1)

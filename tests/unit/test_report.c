@@ -1,4 +1,4 @@
-/* test_report.c - unit tests of the decision-log summary (predictor/report.c). */
+/* test_report.c - unit tests of the decision-log summary (predictor/api/report.c). */
 #include <check.h>
 #include <json-c/json.h>
 #include <stdio.h>

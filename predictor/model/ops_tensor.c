@@ -1,0 +1,226 @@
+/* ops_tensor.c - the bookkeeping every op formula shares (ops.c, ops_attn.c,
+ * ops_lora.c, ops_loss.c): rows, parameters, tensors and views, backward nodes
+ * and what they save, gradients, labels, the elementwise ops, and autocast's
+ * cached weight casts.  Below every op file, so the op files use it and not
+ * each other. */
+#include "ops.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- bookkeeping ------------------------------------------------------------------ */
+
+/* trainable here: the module is, and this layer's output reaches the loss */
+int op_trainable(const lctx *c)
+{
+    return (c->m->trainable || c->force_tw) && !c->force_frozen && !c->dead && !c->unused;
+}
+
+uint32_t op_row(lctx *c, const char *name, const char *kind)
+{
+    return sim_row_get(c->s, c->mi, name, kind);
+}
+
+/* register parameters of a row (counting pass): rows of the repeated layers
+ * count their instances */
+void op_param(lctx *c, uint32_t r, uint64_t n, int trainable)
+{
+    if (!c->counting || !n)
+        return;
+    sim_row *R = &c->s->rows[r];
+    R->params = sim_add(c->s, R->params, n);
+    if (trainable) {
+        R->trainable = sim_add(c->s, R->trainable, n);
+        R->trainable_count++;
+    }
+    R->count++;
+    if (n > c->largest_param)
+        c->largest_param = n;
+    uint64_t gb = R->pesz && !c->amp ? R->pesz : c->gdt; /* the .grad's dtype */
+    if (trainable && c->per_layer && c->s->layer_tp && c->layer < MM_MAX_LAYERS)
+        c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
+            sim_add(c->s, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
+    if (trainable && c->per_layer && c->s->layer_gb && c->layer < MM_MAX_LAYERS)
+        c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
+            sim_add(c->s, c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + c->layer],
+                    sim_mul(c->s, n, gb));
+    if (c->per_layer && c->s->layer_p && c->layer < MM_MAX_LAYERS)
+        c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
+            sim_add(c->s, c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
+}
+
+uint64_t op_mul(lctx *c, uint64_t a, uint64_t b)
+{
+    return sim_mul(c->s, a, b);
+}
+
+uint64_t op_mul3(lctx *c, uint64_t a, uint64_t b, uint64_t cc)
+{
+    return sim_mul3(c->s, a, b, cc);
+}
+
+int32_t op_new(lctx *c, uint32_t r, uint64_t elems, uint64_t bytes_per)
+{
+    if (c->counting)
+        return -1;
+    int32_t id = sim_alloc(c->s, r, sim_mul(c->s, elems, bytes_per), F_TEMP, 0);
+    if (id >= 0)
+        c->s->t[id].esz = (uint8_t)bytes_per;
+    return id;
+}
+
+int32_t op_view(lctx *c, uint32_t r, int32_t base, uint64_t vbytes)
+{
+    if (c->counting || base < 0)
+        return -1;
+    return sim_view(c->s, r, base, vbytes);
+}
+
+static uint64_t esz(const lctx *c, int32_t id)
+{
+    return id >= 0 && c->s->t[id].esz ? c->s->t[id].esz : c->dt;
+}
+
+int op_rg(const lctx *c, int32_t id)
+{
+    return id >= 0 && c->s->t[id].rg;
+}
+
+void op_drop(lctx *c, int32_t id)
+{
+    if (!c->counting)
+        sim_drop(c->s, id);
+}
+
+void op_hold(lctx *c, int32_t id)
+{
+    if (!c->counting)
+        sim_hold(c->s, id);
+}
+
+/* Record a backward node when autograd would: grad mode and some input needs
+ * a gradient (or the op owns trainable weights). */
+sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, int32_t in2,
+                  int trainable_w)
+{
+    if (c->counting || !c->grad)
+        return NULL;
+    int32_t ins[3] = {in0, in1, in2};
+    int any = trainable_w;
+    for (int i = 0; i < 3; i++)
+        any |= op_rg(c, ins[i]);
+    if (!any)
+        return NULL;
+    sim_node *n = sim_node_new(c->s, r, out);
+    if (!n)
+        return NULL;
+    for (int i = 0; i < 3; i++)
+        if (op_rg(c, ins[i]) && n->nin < SIM_MAX_IN)
+            n->in[n->nin++] = ins[i];
+    return n;
+}
+
+void op_save(lctx *c, sim_node *n, int32_t id)
+{
+    if (n)
+        sim_save(c->s, n, id);
+}
+
+/* a weight gradient of `elems` parameters in the gradient dtype */
+void op_wgrad(lctx *c, sim_node *n, uint64_t elems)
+{
+    op_wgrad_e(c, n, elems, c->gdt);
+}
+
+void op_wgrad_e(lctx *c, sim_node *n, uint64_t elems, uint64_t gdt)
+{
+    if (!n)
+        return;
+    n->wgrad_bytes = sim_add(c->s, n->wgrad_bytes, sim_mul(c->s, elems, gdt));
+    if (c->amp && gdt != c->dt) /* autocast: a bf16 grad, then AccumulateGrad to fp32 */
+        n->bwd_tmp = sim_add(c->s, n->bwd_tmp, sim_mul(c->s, elems, c->dt));
+    /* ZeRO-2/3 and FSDP reduce it into a bucket; with gradient accumulation it is
+     * added into the .grad of the previous micro-step: a temporary either way */
+    n->wgrad_transient = (uint8_t)(c->zero >= 2 || c->grads_accumulate);
+    if (c->grads_sharded) { /* made full, reduced, its 1/N slice kept */
+        n->bwd_tmp = sim_add(c->s, n->bwd_tmp, sim_mul(c->s, elems, gdt));
+        n->wgrad_sharded = 1;
+        n->wgrad_transient = 0;
+    }
+}
+
+void op_label(lctx *c, const char *l, uint32_t r)
+{
+    if (!c->counting)
+        sim_label(c->s, l, r);
+}
+
+/* ---- elementwise ------------------------------------------------------------------ */
+
+int32_t op_plain(lctx *c, uint32_t r, int32_t a, int32_t b, uint64_t elems, uint64_t bytes)
+{
+    int32_t y = op_new(c, r, elems, bytes);
+    op_node(c, r, y, a, b, -1, 0);
+    return y;
+}
+
+/* AddBackward hands the same gradient to both inputs: no new bytes */
+int32_t op_add(lctx *c, uint32_t r, int32_t a, int32_t b, uint64_t elems, uint64_t bytes)
+{
+    uint64_t e = bytes ? bytes : (esz(c, a) > esz(c, b) ? esz(c, a) : esz(c, b));
+    int32_t y = op_new(c, r, elems, e);
+    sim_node *n = op_node(c, r, y, a, b, -1, 0);
+    if (n)
+        n->grad_views = 1;
+    return y;
+}
+
+/* MulBackward0 keeps each operand for the other's gradient */
+int32_t op_mul_saved(lctx *c, uint32_t r, int32_t a, int32_t b, uint64_t elems, uint64_t bytes)
+{
+    int32_t y = op_new(c, r, elems, bytes);
+    sim_node *n = op_node(c, r, y, a, b, -1, 0);
+    if (n) {
+        if (op_rg(c, a))
+            op_save(c, n, b);
+        if (op_rg(c, b))
+            op_save(c, n, a);
+    }
+    return y;
+}
+
+/* ---- autocast's weight casts --------------------------------------------------------- */
+
+/* another reference to id that lives until the forward ends (autocast's cast
+ * cache, the KV cache of the model output) */
+void op_hold_forward(lctx *c, int32_t id)
+{
+    if (id < 0 || c->counting)
+        return;
+    if (c->n_amp == c->cap_amp) {
+        size_t cap = c->cap_amp ? c->cap_amp * 2 : 256;
+        int32_t *p = realloc(c->amp_cache, cap * sizeof *p);
+        if (!p) {
+            c->s->oom = 1;
+            return;
+        }
+        c->amp_cache = p;
+        c->cap_amp = cap;
+    }
+    op_hold(c, id);
+    c->amp_cache[c->n_amp++] = id;
+}
+
+/* autocast's cast of a weight: trainable fp32 leaves are cached until the
+ * autocast region ends (autocast_mode.cpp cached_cast: requires_grad leaf) */
+int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable)
+{
+    if (!c->amp || c->wdt == c->dt)
+        return -1;
+    int32_t w = op_new(c, r, np, c->dt);
+    if (w >= 0 && trainable && !c->recompute)
+        op_hold_forward(c, w);
+    return w;
+}

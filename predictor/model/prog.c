@@ -1,0 +1,83 @@
+/* prog.c - the whole forward: vision -> connector -> decoder, the grad and
+ * checkpoint mode of each, and the re-run of a checkpointed layer in backward.
+ * The top of the model layer: it runs the module runners (vision.c,
+ * connector.c, decoder.c), which never call it; the geometry of a module
+ * (prog_enter_module) is in prog_module.c, below them. */
+#include "ops.h"
+#include "util.h"
+
+#include <string.h>
+
+static int module_needs_grad(const module_spec *m)
+{
+    return m->trainable || m->lora.enabled;
+}
+
+/* The forward in compute order.  Returns the loss. */
+int32_t prog_forward(lctx *c)
+{
+    const mm_spec *sp = c->spec;
+    const training_spec *t = &sp->training;
+    int32_t feat = -1;
+    mod_kind order[MOD_NKIND] = {MOD_VISION, MOD_CONNECTOR, MOD_DECODER};
+    int images = t->images_per_sample > 0 && mm_spec_module(sp, MOD_VISION);
+    /* gradient_checkpointing_enable() calls enable_input_require_grads()
+     * (modeling_utils.py: main_input_name == "input_ids"), which in transformers 5
+     * hooks the input embeddings of every sub-model, vision towers included */
+    c->input_grads = t->ckpt.enabled;
+    for (int k = 0; k < MOD_NKIND; k++) {
+        const module_spec *m = mm_spec_module(sp, order[k]);
+        if (!m)
+            continue;
+        prog_enter_module(c, (uint32_t)(m - sp->modules));
+        c->grad = 1;
+        c->ckpt = t->ckpt.enabled;
+        if (m->kind != MOD_DECODER) {
+            /* text-only samples: tower and connector never run, so they get no
+             * gradient and AdamW never creates their state (counted frozen) */
+            c->unused = !images;
+            if (!images && !c->counting)
+                continue;
+            c->ckpt = c->ckpt && (module_needs_grad(m) || tower_input_grads(c));
+            feat = m->kind == MOD_VISION ? vision_module(c) : connector_module(c, feat);
+            continue;
+        }
+        c->unused = 0;
+        return decoder_module(c, images ? feat : -1);
+    }
+    return -1;
+}
+
+/* re-run a checkpointed layer with grad enabled, with the shared tensors it
+ * saved; non-reentrant checkpoints stop at the last saved tensor */
+int32_t prog_recompute(sim *s, const sim_node *ck, void *ctx)
+{
+    (void)s;
+    lctx *c = ctx;
+    const module_spec *m = ck->ckpt_prog;
+    lctx outer = *c;
+    prog_enter_module(c, (uint32_t)(m - c->spec->modules));
+    c->grad = 1;
+    c->per_layer = 1;
+    c->recompute = 1;
+    c->early_stop = !c->spec->training.ckpt.reentrant;
+    c->cos = ck->aux[1];
+    c->sin = ck->aux[2];
+    c->mask = ck->aux[3];
+    c->mask_sliding = ck->aux[4];
+    c->cross_states = ck->aux[5];
+    c->mask_cross = ck->aux[6];
+    int32_t x = ck->aux[0];
+    if ((ck->host_saved & 1) && x >= 0) { /* the input comes back from the host */
+        x = op_new(c, ck->row, sim_grad_bytes(c->s, ck->aux[0]), c->s->t[ck->aux[0]].esz);
+        if (x >= 0)
+            c->s->t[x].rg = 1;
+        c->s->ckpt_extra = x;
+    }
+    int32_t y = block_layer(c, x, ck->ckpt_layer);
+    outer.amp_cache = c->amp_cache; /* the list may have grown (realloc) */
+    outer.n_amp = c->n_amp;
+    outer.cap_amp = c->cap_amp;
+    *c = outer;
+    return y;
+}

@@ -1,0 +1,86 @@
+/* prog.h - the context the layer programs run in, and the programs' entry
+ * points.  A program is C code that replays what one module's forward
+ * allocates, op by op (ops.c), composed into blocks (block.c) and modules
+ * (vision.c, connector.c, decoder.c).  Programs run twice: once counting
+ * parameters (counting: no tensors), once simulating on the timeline (sim.c). */
+#ifndef MM_PROG_H
+#define MM_PROG_H
+
+#include "sim.h"
+#include "spec.h"
+#include "tokens.h"
+
+#define MAX_TAPS 16
+
+typedef struct lctx {
+    sim *s;
+    const mm_spec *spec;
+    const module_spec *m;
+    uint32_t mi;
+    int counting;        /* parameter-counting pass: no tensors */
+    int grad;            /* autograd records (not under no_grad) */
+    int ckpt;            /* this module's layers may be checkpointed */
+    int per_layer;       /* rows registered now belong to the repeated layers */
+    int amp;             /* torch.autocast around the forward */
+    int zero;            /* DeepSpeed ZeRO stage */
+    int deepspeed;       /* the DeepSpeed engine runs the step (it casts every parameter) */
+    int dead;            /* layer output never reaches the loss */
+    int unused;          /* module does not run (no images): no grads, no states */
+    int nofold;          /* simulate every layer (tests, the allocator model) */
+    int grads_accumulate; /* gradient accumulation: .grad exists, grads add in */
+    int grads_sharded;   /* ZeRO-2 without contiguous_gradients: each reduced gradient
+                            persists as its own partition (1/N) */
+    int input_grads;     /* enable_input_require_grads(): embeddings require grad */
+    int early_stop;      /* non-reentrant recompute: stop at the last saved tensor */
+    int recompute;       /* re-running a checkpointed layer in backward */
+    int gated;           /* Mllama global encoder: tanh gates on both branches */
+    int force_tw;        /* a modules_to_save copy: trainable in a frozen module */
+    int force_frozen;    /* frozen in a trainable module (DeepStack mergers) */
+    attn_kind attn;
+    uint64_t dt;         /* activation dtype bytes */
+    uint64_t wdt;        /* weight dtype bytes (fp32 under autocast) */
+    uint64_t gdt;        /* weight-gradient dtype bytes */
+    uint64_t B, S, T;    /* sequences, tokens per sequence, tokens */
+    uint64_t chunks;     /* packed vision: attention per image, this many chunks of S */
+    uint64_t layer;      /* index of the layer being run */
+    uint64_t largest_param;
+    vis_tokens vt;       /* tokens of one image */
+    uint64_t images;     /* images in the micro-batch */
+    int32_t cos, sin, mask, mask_sliding, pixels, cross_states;
+    int32_t mask_cross;  /* Mllama: the cross-attention mask (B, 1, S, image tokens) */
+    int32_t taps[MAX_TAPS];   /* DeepStack / Mllama intermediate hidden states */
+    size_t ntaps;
+    uint64_t win_chunks;  /* Qwen2.5-VL: windows per batch for window-attention layers */
+    uint64_t fold_from, fold_to; /* layers the last stack_run folded (a ballast stood in) */
+    int32_t late_drop[4];
+    int32_t *amp_cache;  /* autocast's casts of trainable fp32 weights, kept until the
+                            autocast region ends (the end of the forward) */
+    size_t n_amp, cap_amp;
+    int32_t *scratch;    /* MM_MAX_LAYERS + 2 entries */
+} lctx;
+
+/* block.c: one transformer layer of the current module; returns its output */
+int32_t block_layer(lctx *c, int32_t x, uint64_t layer);
+/* vision.c, connector.c, decoder.c: the modules */
+int32_t vision_module(lctx *c);
+int32_t connector_module(lctx *c, int32_t feat);
+int32_t decoder_module(lctx *c, int32_t image_features);
+/* layer loop with checkpointing and folding (stack.c) */
+int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *keep);
+/* connector.c: a Qwen3-VL DeepStack merger on vision layer output x (kept) */
+int32_t connector_deepstack(lctx *c, int32_t x);
+/* mllama.c: Llama-3.2-Vision's tiled, gated vision encoder */
+int32_t mllama_vision(lctx *c);
+/* deepstack.c: Qwen3-VL DeepStack: visual features added after layer l */
+int32_t deepstack_add(lctx *c, int32_t x, uint64_t l);
+
+/* prog_module.c: enter module mi (its geometry and modes) */
+void prog_enter_module(lctx *c, uint32_t mi);
+/* enable_input_require_grads() reaches the vision tower's patch embedding
+ * (transformers >= 5: every sub-model's input embeddings are hooked) */
+int tower_input_grads(const lctx *c);
+/* prog.c: the forward in compute order, and a checkpointed layer's re-run */
+int32_t prog_forward(lctx *c);
+int32_t prog_recompute(sim *s, const sim_node *ckpt, void *ctx);
+
+#endif

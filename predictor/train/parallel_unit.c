@@ -1,0 +1,97 @@
+/* parallel_unit.c - what the strategy files (parallel_ddp.c, parallel_fsdp.c,
+ * parallel_zero*.c, parallel_opt.c) and the dispatcher (parallel.c) share:
+ * the strategy kind, the parameters of one wrapped layer unit, which
+ * parameters require grad, dropping the step's own gradients, and backward
+ * markers on the tape.  Below every strategy file, so none calls back into
+ * the dispatcher. */
+#include "parallel.h"
+#include "family.h"
+#include "util.h"
+
+#include <string.h>
+
+int par_is_fsdp(const par_state *ps)
+{
+    return ps->kind == PAR_FSDP1 || ps->kind == PAR_FSDP2;
+}
+
+/* Idefics3 / SmolVLM wrap only the vision attention (_no_split_modules =
+ * Idefics3VisionAttention): the rest of those layers is in the root */
+static int attention_only(const par_state *ps, uint32_t module)
+{
+    const module_spec *m = &ps->sp->modules[module];
+    const family_def *f = m->kind == MOD_VISION ? family_at(m->kind, m->family) : NULL;
+    return f && !strcmp(f->name, "idefics3");
+}
+
+static uint64_t attention_params(const par_state *ps, uint32_t module, int trainable)
+{
+    const sim *s = ps->c->s;
+    uint64_t n = 0;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        if (R->module == module && R->count && !strncmp(R->name, "layers.self_attn.", 17))
+            n += (trainable ? R->trainable : R->params) / R->count;
+    }
+    return n;
+}
+
+uint64_t par_unit_params(const par_state *ps, uint32_t module, uint64_t layer)
+{
+    const sim *s = ps->c->s;
+    if (module >= MM_MAX_MODULES || layer >= MM_MAX_LAYERS || !s->layer_p)
+        return 0;
+    if (attention_only(ps, module))
+        return attention_params(ps, module, 0);
+    return s->layer_p[(size_t)module * MM_MAX_LAYERS + layer];
+}
+
+uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer)
+{
+    const sim *s = ps->c->s;
+    if (module >= MM_MAX_MODULES || layer >= MM_MAX_LAYERS || !s->layer_tp)
+        return 0;
+    if (attention_only(ps, module))
+        return attention_params(ps, module, 1);
+    return s->layer_tp[(size_t)module * MM_MAX_LAYERS + layer];
+}
+
+/* Parameters that require grad: the trainable ones, and in a trainable
+ * module those that get no gradient (a vision layer past select_layer, a
+ * tower with no images).  DeepSpeed flattens and partitions every one of
+ * them (its fp32 master and Adam partitions, its gradient partitions);
+ * torch's optimizers skip a parameter whose .grad stays None. */
+uint64_t par_requires_grad(const par_state *ps, const sim_row *R)
+{
+    const module_spec *m = &ps->sp->modules[R->module];
+    return m->trainable && !m->lora.enabled && !R->qbytes ? R->params : R->trainable;
+}
+
+void par_drop_grads(const par_state *ps, int32_t mark)
+{
+    sim *s = ps->c->s;
+    for (size_t i = mark > 0 ? (size_t)mark : 0; i < s->nt; i++) {
+        const sim_tensor *t = &s->t[i];
+        int own = t->row == ps->r_bucket || t->row == ps->r_part || t->row == ps->r_grads;
+        if (t->alive && t->cls == F_GRAD && t->sharded == SIM_FIXED && t->base < 0 && !own)
+            sim_drop(s, (int32_t)i);
+    }
+}
+
+size_t par_marker(sim *s, uint32_t row, void (*fn)(sim *, const sim_node *, void *), void *ctx,
+                  uint32_t module, uint64_t layer, int kind, uint64_t count)
+{
+    size_t k = s->ntape;
+    sim_node *n = sim_node_new(s, row, -1);
+    if (!n)
+        return k;
+    n->marker = fn;
+    n->marker_ctx = ctx;
+    n->aux[0] = (int32_t)module;
+    n->aux[1] = (int32_t)layer;
+    n->aux[2] = -1;
+    n->aux[3] = kind;
+    n->aux[4] = (int32_t)count;
+    n->aux[5] = (int32_t)k;
+    return k;
+}

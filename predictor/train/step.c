@@ -1,0 +1,192 @@
+/* step.c - one steady-state training step (see step.h).  The layer programs
+ * (prog.c) give the forward and its backward tape; this file puts around them
+ * what the training framework holds: parameters, gradients and optimizer
+ * states per strategy, ZeRO buckets and partitions, FSDP's gathered units,
+ * DDP's buckets, and the optimizer step's temporaries. */
+#include "step.h"
+#include "ops.h"
+#include "parallel.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const step_cfg *cfg)
+{
+    const training_spec *t = &sp->training;
+    memset(c, 0, sizeof *c);
+    c->s = s;
+    c->spec = sp;
+    c->scratch = scratch;
+    c->cos = c->sin = c->mask = c->mask_sliding = c->pixels = c->cross_states = -1;
+    c->mask_cross = -1;
+    for (int i = 0; i < 4; i++)
+        c->late_drop[i] = -1;
+    for (int i = 0; i < MAX_TAPS; i++)
+        c->taps[i] = -1;
+    parallel_kind par = step_parallel(sp);
+    c->zero = par == PAR_ZERO ? t->zero_stage : par == PAR_DDP ? 0 : 3;
+    c->deepspeed = par == PAR_ZERO;
+    s->offload_acts = t->activation_offload;
+    c->grads_accumulate = t->grad_accum > 1 || t->optimizer_in_backward;
+    c->grads_sharded = par == PAR_ZERO && t->zero_stage == 2 && !sp->deepspeed.contiguous_gradients &&
+                       !sp->deepspeed.offload_optimizer && t->grad_accum == 1;
+    c->nofold = cfg->nofold;
+    c->dt = mm_dtype_bytes(t->precision);
+    /* FSDP MixedPrecision computes in param_dtype: activations follow it */
+    if ((par == PAR_FSDP1 || par == PAR_FSDP2) && sp->fsdp.mixed_precision && !t->autocast)
+        c->dt = mm_dtype_bytes(sp->fsdp.param_dtype);
+    c->amp = t->autocast;
+    if (c->amp)
+        c->wdt = 4;
+    else if (par == PAR_FSDP1 || par == PAR_FSDP2)
+        c->wdt = mm_dtype_bytes(sp->fsdp.param_dtype);
+    else
+        c->wdt = c->dt;
+    c->gdt = c->wdt;
+    const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    if (v && t->images_per_sample) {
+        uint64_t h, w;
+        tokens_worst_image(sp, v, &h, &w);
+        mm_error e;
+        tokens_per_image(sp, h, w, &c->vt, &e);
+        c->images = sim_mul(s, t->micro_batch_size, t->images_per_sample);
+    }
+    if (v && v->kind == MOD_VISION)
+        for (uint64_t l = 0; l < v->num_hidden_layers && c->ntaps < MAX_TAPS; l++)
+            if (lset_has(&v->deepstack, l))
+                c->ntaps++;
+}
+
+/* one per-(module, layer) table (layer_tp, layer_p, layer_gb), zeroed or a copy of `from` */
+static uint64_t *layer_table(const uint64_t *from)
+{
+    size_t n = (size_t)MM_MAX_MODULES * MM_MAX_LAYERS;
+    uint64_t *t = calloc(n, sizeof *t);
+    if (t && from)
+        memcpy(t, from, n * sizeof *t);
+    return t;
+}
+
+/* pass 1: rows and parameter counts (or copied from an earlier run) */
+static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
+{
+    const sim *f = cfg->rows_from && cfg->rows_from->nrows ? cfg->rows_from : NULL;
+    s->layer_tp = layer_table(f ? f->layer_tp : NULL);
+    s->layer_p = layer_table(f ? f->layer_p : NULL);
+    s->layer_gb = layer_table(f ? f->layer_gb : NULL);
+    if (!s->layer_tp || !s->layer_p || !s->layer_gb)
+        return -1;
+    if (f) {
+        s->rows = malloc(f->nrows * sizeof *s->rows);
+        if (!s->rows)
+            return -1;
+        memcpy(s->rows, f->rows, f->nrows * sizeof *s->rows);
+        s->nrows = s->caprows = f->nrows;
+        memcpy(s->rcache, f->rcache, sizeof s->rcache); /* same rows, same ids */
+        c->largest_param = cfg->largest_param;
+        return 0;
+    }
+    c->counting = 1;
+    prog_forward(c);
+    c->counting = 0;
+    return 0;
+}
+
+/* the batch: input_ids, labels, attention_mask (int64) and pixel_values (fp32,
+ * as the processor makes them) */
+static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
+{
+    sim *s = c->s;
+    const training_spec *t = &sp->training;
+    uint32_t rin = sim_row_get(s, llm, "inputs", "inputs");
+    sim_label(s, "inputs", rin);
+    /* HF Trainer: the step's micro-batches are fetched to the device up front and
+     * held until after optimizer.step() (trainer.py _inner_training_loop,
+     * get_batch_samples; accelerate DataLoaderShard send_to_device) */
+    uint64_t ga = t->grad_accum ? t->grad_accum : 1;
+    uint64_t bs = sim_mul3(s, t->micro_batch_size, t->seq_len, ga);
+    uint64_t ids = sim_mul(s, bs, 3 * 8);
+    const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    if (v && c->images && v->img.kind == IMG_SPLIT) /* Idefics3ImageProcessor's int64
+                                                       pixel_attention_mask: every tile pixel */
+        ids = sim_add(s, ids, sim_mul3(s, sim_mul(s, c->images, c->vt.tiles),
+                                       sim_mul(s, v->image_size, v->image_size), 8 * ga));
+    int32_t in = sim_alloc(s, rin, ids, F_TEMP, 0);
+    if (v && c->images) {
+        uint64_t tk = v->temporal_patch_size ? v->temporal_patch_size : 1;
+        uint64_t px = sim_mul3(s, c->images, c->vt.patches, sim_mul3(s, v->num_channels,
+                                                                    sim_mul(s, v->patch_size,
+                                                                            v->patch_size),
+                                                                    tk));
+        c->pixels = sim_alloc(s, sim_row_get(s, (uint32_t)(v - sp->modules), "pixel_values",
+                                             "inputs"),
+                              sim_mul3(s, px, 4, ga), F_TEMP, 0);
+        if (c->pixels >= 0)
+            s->t[c->pixels].esz = 4;
+    }
+    return in;
+}
+
+static int finish(sim *s, const mm_spec *sp, int32_t *scratch, lctx *c, mm_error *err)
+{
+    free(scratch);
+    free(c->amp_cache);
+    if (s->oom) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    if (s->overflow) {
+        mm_err(err, "%s: the predicted sizes overflow 64-bit byte counts (absurd dimensions?)",
+               sp->path);
+        return -1;
+    }
+    return 0;
+}
+
+int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+{
+    sim_init(s, cfg->dp, cfg->symbolic);
+    s->snap_at = cfg->snap_at;
+    s->log = cfg->log;
+    int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
+    lctx c;
+    ctx_init(&c, sp, s, scratch, cfg);
+    if (!scratch || rows_pass(&c, s, cfg)) {
+        s->oom = 1;
+        return finish(s, sp, scratch, &c, err);
+    }
+    if (s->oom || s->overflow)
+        return finish(s, sp, scratch, &c, err);
+    par_state ps;
+    uint32_t llm = (uint32_t)(mm_spec_module(sp, MOD_DECODER) - sp->modules);
+    par_model_states(&ps, &c, sp, llm);
+    s->step_ev = s->nev; /* model states above, the step below */
+    int32_t in = inputs(&c, sp, llm);
+    par_forward_begin(&ps, &c);
+    int32_t loss = prog_forward(&c);
+    par_forward_end(&ps, &c); /* the wrapper's post-forward, inside the model call */
+    for (size_t i = 0; i < c.n_amp; i++) /* the autocast region ends */
+        op_drop(&c, c.amp_cache[i]);
+    c.n_amp = 0;
+    for (int i = 0; i < 4; i++)
+        op_drop(&c, c.late_drop[i]);
+    if (s->oom || s->overflow)
+        return finish(s, sp, scratch, &c, err);
+    sim_set_phase(s, MM_PHASE_BACKWARD);
+    par_backward_begin(&ps, &c);
+    sim_backward(s, 0, s->ntape, prog_recompute, &c);
+    sim_release_grads(s);
+    sim_drop(s, loss);
+    par_backward_end(&ps, &c);
+    if (s->oom || s->overflow)
+        return finish(s, sp, scratch, &c, err);
+    sim_set_phase(s, MM_PHASE_OPTIMIZER);
+    s->leftover = sim_alive_temp(s, "inputs");
+    par_optimizer(&ps, &c);
+    sim_drop(s, in);
+    sim_drop(s, c.pixels);
+    s->largest_param = c.largest_param;
+    return finish(s, sp, scratch, &c, err);
+}

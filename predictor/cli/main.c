@@ -211,6 +211,31 @@ static void print_factors_row(const char *name, const char *type, uint64_t param
            d, e, t);
 }
 
+/* What the peak holds besides live tensors, by name: the caching allocator's
+ * cache (reserved - allocated, from its replay), the CUDA context, NCCL's
+ * buffers, a spec's extra slack and paged states - never one opaque number. */
+static void print_outside(const mm_prediction *p)
+{
+    char sl[32], cx[32], nc[32], ex[32], pg[32];
+    uint64_t extra = p->peak_bytes - p->allocated_peak_bytes - p->allocator_slack -
+                     p->overheads.cuda_context - p->paged_bytes -
+                     (p->data_parallel > 1 ? p->overheads.nccl : 0);
+    fmt(p->allocator_slack, sl);
+    fmt(p->overheads.cuda_context, cx);
+    fmt(p->overheads.nccl, nc);
+    fmt(extra, ex);
+    fmt(p->paged_bytes, pg);
+    printf("\n  outside live tensors: allocator cache %s (reserved - allocated, caching-allocator "
+           "replay), CUDA context %s", sl, cx);
+    if (p->data_parallel > 1)
+        printf(", NCCL %s", nc);
+    if (extra)
+        printf(", extra slack %s (device.allocator_fixed/fraction)", ex);
+    if (p->paged_bytes)
+        printf(", paged optimizer states %s", pg);
+    printf("\n");
+}
+
 static void print_prediction(const mm_spec *s, const mm_prediction *p, int layers)
 {
     char pk[32], al[32], ov[32], f[32], b[32], o[32];
@@ -224,7 +249,7 @@ static void print_prediction(const mm_spec *s, const mm_prediction *p, int layer
     printf("  micro-batch %u, seq %u, data-parallel %u, ZeRO-%d, checkpointing %s\n",
            p->micro_batch_size, p->seq_len, p->data_parallel, mm_spec_zero_stage(s),
            mm_spec_checkpointing(s) ? "on" : "off");
-    printf("  peak per GPU   %s  (allocated %s + overhead %s)\n", pk, al, ov);
+    printf("  peak per GPU   %s  (allocated %s + %s outside live tensors)\n", pk, al, ov);
     printf("  peak at        %s\n", p->peak_event);
     printf("  phase peaks    forward %s | backward %s | optimizer %s (allocated)\n", f, b, o);
     printf("  parameters     %.3f B total, %.3f B trainable\n\n",
@@ -247,13 +272,7 @@ static void print_prediction(const mm_spec *s, const mm_prediction *p, int layer
     }
     mm_factors tot = p->factors;
     print_factors_row("total", "", p->parameters_count, p->trainable_count, &tot);
-    char cx[32], nc[32], afx[32];
-    fmt(p->overheads.cuda_context, cx);
-    fmt(p->overheads.nccl, nc);
-    fmt(p->overheads.alloc_fixed, afx);
-    printf("\n  overhead: CUDA context %s, allocator %.0f%% + %s%s%s\n", cx,
-           p->overheads.alloc_frac * 100.0, afx, p->data_parallel > 1 ? ", NCCL " : "",
-           p->data_parallel > 1 ? nc : "");
+    print_outside(p);
     if (p->host_peak_bytes || p->paged_bytes) {
         char hb[32], pb[32];
         fmt(p->host_peak_bytes, hb);

@@ -35,10 +35,13 @@ struct target_name {
 static const struct target_name target_names[] = {
     {"q_proj", LT_Q, V | D},     {"k_proj", LT_K, V | D},       {"v_proj", LT_V, V | D},
     {"o_proj", LT_O, D},         {"out_proj", LT_O, V},         {"proj", LT_O, V},
-    {"qkv", LT_QKV, V},          {"gate_proj", LT_GATE, V | D}, {"up_proj", LT_UP, V | D},
+    {"qkv", LT_QKV, V | D},      {"gate_proj", LT_GATE, V | D}, {"up_proj", LT_UP, V | D},
     {"down_proj", LT_DOWN, V | D}, {"fc1", LT_FC1, V},          {"fc2", LT_FC2, V},
     {"linear", LT_MLP_ALL, C},
     {"experts", LT_EXPERTS, D},  {"router", LT_ROUTER, D},
+    /* a decoder's fused qkv Linear as the models name it: Phi-3's qkv_proj,
+     * Baichuan's W_pack, GLM's and Falcon's query_key_value, LitGPT's attn.qkv */
+    {"qkv_proj", LT_QKV, D},     {"W_pack", LT_QKV, D},         {"query_key_value", LT_QKV, D},
 };
 #define NTARGETS (sizeof target_names / sizeof target_names[0])
 
@@ -55,13 +58,48 @@ static uint32_t all_linear(const module_spec *ms)
             all |= target_names[i].bit;
     if (!ms->num_experts || !ms->lora_experts)
         all &= ~(uint32_t)(LT_EXPERTS | LT_ROUTER);
-    if (ms->kind == MOD_VISION)
-        all &= ms->qkv_fused ? ~(uint32_t)(LT_Q | LT_K | LT_V) : ~(uint32_t)LT_QKV;
+    /* one fused qkv Linear or three: PEFT finds only the Linears the model has */
+    all &= ms->qkv_fused ? ~(uint32_t)(LT_Q | LT_K | LT_V) : ~(uint32_t)LT_QKV;
     if (ms->kind == MOD_VISION && ms->mlp == MLP_GATED)
         all &= ~(uint32_t)(LT_FC1 | LT_FC2);
     if (ms->kind == MOD_VISION && ms->mlp == MLP_FC)
         all &= ~(uint32_t)(LT_GATE | LT_UP | LT_DOWN);
     return all;
+}
+
+/* the target named `name` among this module's Linears, NTARGETS if none */
+static size_t target_index(const module_spec *ms, const char *name)
+{
+    uint32_t have = all_linear(ms) | (ms->num_experts ? LT_EXPERTS | LT_ROUTER : 0);
+    for (size_t q = 0; q < NTARGETS; q++)
+        if ((target_names[q].kinds & (1u << ms->kind)) && (target_names[q].bit & have) &&
+            strcmp(name, target_names[q].name) == 0)
+            return q;
+    return NTARGETS;
+}
+
+/* A name that matches no Linear of the module (PEFT would wrap nothing): the
+ * error names the module's Linears, so q_proj on a fused-qkv decoder says
+ * which name to use instead of training nothing. */
+static int no_such_linear(dctx *c, const mm_node *e, const module_spec *ms, const char *path)
+{
+    const char *cands[NTARGETS];
+    char list[512] = "";
+    size_t nc = 0, used = 0;
+    uint32_t have = all_linear(ms) | (ms->num_experts ? LT_EXPERTS | LT_ROUTER : 0);
+    for (size_t q = 0; q < NTARGETS; q++) {
+        if (!(target_names[q].kinds & (1u << ms->kind)) || !(target_names[q].bit & have))
+            continue;
+        cands[nc++] = target_names[q].name;
+        int w = snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "",
+                         target_names[q].name);
+        if (w > 0 && (size_t)w < sizeof list - used)
+            used += (size_t)w;
+    }
+    const char *sug = mm_suggest(e->str, cands, nc);
+    return key_fail(c, e, path, "'%s' is not a linear layer of this %s module%s%s%s; its "
+                    "Linears: %s", e->str, spec_kind_name(ms->kind),
+                    sug ? " (did you mean '" : "", sug ? sug : "", sug ? "'?)" : "", list);
 }
 
 static int decode_targets(dctx *c, const mm_node *v, const module_spec *ms, uint32_t *out,
@@ -79,23 +117,9 @@ static int decode_targets(dctx *c, const mm_node *v, const module_spec *ms, uint
         const mm_node *e = v->vals[i];
         if (e->type != MM_NODE_SCALAR || e->is_null)
             return key_fail(c, e, path, "expected a module name, got %s", key_type_name(e));
-        const char *cands[NTARGETS];
-        size_t nc = 0, q;
-        for (q = 0; q < NTARGETS; q++) {
-            if (!(target_names[q].kinds & (1u << ms->kind)))
-                continue;
-            cands[nc++] = target_names[q].name;
-            uint32_t moe = ms->num_experts ? LT_EXPERTS | LT_ROUTER : 0;
-            if (strcmp(e->str, target_names[q].name) == 0 &&
-                (target_names[q].bit & (all_linear(ms) | moe)))
-                break;
-        }
-        if (q == NTARGETS) {
-            const char *sug = mm_suggest(e->str, cands, nc);
-            return key_fail(c, e, path, "'%s' is not a linear layer of this %s module%s%s%s", e->str,
-                            spec_kind_name(ms->kind),
-                            sug ? " (did you mean '" : "", sug ? sug : "", sug ? "'?)" : "");
-        }
+        size_t q = target_index(ms, e->str);
+        if (q == NTARGETS)
+            return no_such_linear(c, e, ms, path);
         bits |= target_names[q].bit;
     }
     *out = bits;

@@ -66,5 +66,36 @@ mkfifo "$T/fifo" && { expect 2 timeout 10 "$M" predict "$T/fifo"; has "not a reg
 head -c 2000000 /dev/zero | tr '\0' 'a' > "$T/big.yaml"
 expect 2 "$M" predict "$T/big.yaml";          has "limit"
 
+# LoRA targets are the module's own Linears: on a fused-qkv decoder (Phi-3, InternLM2, GLM)
+# q_proj/v_proj match nothing, an error naming its Linears, not a job training nothing
+cat >"$T/fused.yaml" <<'EOF'
+name: fused-qkv-lora
+modules:
+  - name: language_model
+    type: decoder
+    family: llama
+    hidden_size: 3072
+    num_hidden_layers: 4
+    num_attention_heads: 32
+    num_key_value_heads: 32
+    intermediate_size: 8192
+    vocab_size: 32064
+    qkv: fused
+    trainable: false
+    lora: {r: 8, target_modules: [q_proj, v_proj]}
+training: {micro_batch_size: 1, seq_len: 512, precision: bf16}
+EOF
+expect 2 "$M" predict "$T/fused.yaml"
+has "fused.yaml:14:35: language_model.lora.target_modules: 'q_proj' is not a linear layer of this decoder module"
+has "its Linears: o_proj, qkv, gate_proj, up_proj, down_proj, qkv_proj, W_pack, query_key_value"
+# the fused Linear by its name trains r x (in + out) per layer: 8 x (3072 + 9216) x 4 layers
+sed 's/\[q_proj, v_proj\]/[qkv_proj]/' "$T/fused.yaml" >"$T/fused2.yaml"
+expect 0 "$M" predict "$T/fused2.yaml" --json
+has '"trainable_count":393216,'
+# all-linear adapts the fused qkv too (it used to skip attention on such a decoder)
+sed 's/\[q_proj, v_proj\]/all-linear/' "$T/fused.yaml" >"$T/fused3.yaml"
+expect 0 "$M" predict "$T/fused3.yaml" --json
+has '"trainable_count":1671168,'
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

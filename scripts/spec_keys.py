@@ -115,7 +115,7 @@ MEANING = {
     "training.packing": "samples packed into one sequence (flash-attention varlen)",
     "training.use_cache": "a training forward without checkpointing fills a KV cache "
                           "(transformers' default true); false drops it",
-    "training.max_grad_norm": "gradient clipping (0 = off): the norm's temporaries",
+    "training.max_grad_norm": "gradient clipping (0 = off)",
     "training.activation_offloading": "forward saves of >= 1 KiB wait on the host "
                                       "(torchtune / TRL activation offloading)",
     "training.optimizer_in_backward": "the step runs per parameter inside backward "
@@ -146,6 +146,19 @@ MEANING = {
     "trainer": "HF TrainingArguments (YAML/JSON) to import",
     "llamafactory": "a LLaMA-Factory training YAML to import",
     "deepspeed": "a DeepSpeed JSON config path, or the section itself",
+}
+
+# Keys the loader accepts that nothing past the loader reads (found by unread_keys()
+# below): each says so on the page.  --check fails when a key is unread and not
+# listed here (a new key accepted and ignored), or listed and read after all.
+UNREAD = {
+    "max_grad_norm": "torch's clip_grad_norm_ temporaries (one 0-dim fp32 norm per gradient)",
+    "torch_version": "the model follows torch 2.11-2.13 whatever this says",
+    "deepspeed_version": "the ZeRO layouts follow DeepSpeed 0.19.8 whatever this says",
+    "allgather_bucket_size": "no ZeRO-1/2 all-gather bucket is modelled",
+    "pin_memory": "offloaded host memory is counted the same pinned or not",
+    "limit_all_gathers": "FSDP1's rate limiter is not modelled",
+    "buffer_dtype": "buffers are counted in the module's dtype",
 }
 
 KINDS = {"V": "vision", "C": "connector", "D": "decoder"}
@@ -206,6 +219,28 @@ def table(text, name, ens):
     return rows
 
 
+def unread_keys():
+    """keys whose field nothing reads past the loader: no read of `->field` / `.field`
+    (an assignment is not a read) in predictor/ outside the importers, the key-table
+    row itself aside"""
+    src = {}
+    for layer in sorted(os.listdir(os.path.join(ROOT, "predictor"))):
+        d = os.path.join(ROOT, "predictor", layer)
+        if os.path.isdir(d) and layer != "import":
+            for n in sorted(os.listdir(d)):
+                if n.endswith(".c"):
+                    src[os.path.join(layer, n)] = open(os.path.join(d, n)).read()
+    row = re.compile(r'\{"(\w+)",\s*K_\w+,\s*\w+\(([\w.]+)\)[^}]*\}')
+    out = set()
+    for name in SRC:
+        for m in row.finditer(src[os.path.join("spec", name)]):
+            field = m.group(2).split(".")[-1]
+            pat = re.compile(r"(->|\.)" + re.escape(field) + r"\b(?!\s*=[^=])")
+            if not any(pat.search(t.replace(m.group(0), "")) for t in src.values()):
+                out.add(m.group(1))
+    return out
+
+
 def describe(r):
     k = r["kind"]
     if k == "K_ENUM":
@@ -258,6 +293,9 @@ def section(title, rows, prefix, with_where=False):
         if prefix and (prefix + r["key"]) not in MEANING and r["key"] in MEANING and not with_where:
             mean = ""
         req = r.get("reqtext", "yes" if r["req"] else "")
+        if r["key"] in UNREAD:
+            mean = ((mean + ". ") if mean else "") + \
+                "**Accepted, not read: no effect on the prediction** (%s)" % UNREAD[r["key"]]
         mean = mean.replace("|", "\\|")
         if with_where:
             lines.append("| `%s` | %s | %s | %s | %s |" % (r["key"], r["where"], describe(r), req,
@@ -324,6 +362,14 @@ def main():
             cur = ""
         if cur != text:
             print("FAIL: docs/spec-keys.md is stale: `make spec-doc` rewrites it")
+            return 1
+        got = unread_keys()
+        if got != set(UNREAD):
+            for k in sorted(got - set(UNREAD)):
+                print("FAIL: key '%s' is accepted but nothing reads it: model it, refuse it, "
+                      "or list it in UNREAD with the reason" % k)
+            for k in sorted(set(UNREAD) - got):
+                print("FAIL: key '%s' is read now: take it out of UNREAD" % k)
             return 1
         print("spec-doc: docs/spec-keys.md matches the key tables")
     else:

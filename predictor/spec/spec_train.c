@@ -74,6 +74,14 @@ static int decode_ckpt(dctx *c, const mm_node *v, mm_spec *s, int *reentrant_giv
                            NULL))
             return -1;
         *reentrant_given = mm_node_get(v, "use_reentrant") != NULL;
+        /* the step checkpoints whole layers; attention- or MLP-only checkpointing keeps
+         * the other half's activations, more than a whole-layer prediction would say */
+        const mm_node *g = mm_node_get(v, "granularity");
+        if (g && k->granularity != 0)
+            return key_fail(c, g, "training.gradient_checkpointing.granularity",
+                            "'%s' is not modelled yet (only whole layers are checkpointed): it "
+                            "saves the rest of the layer's activations, so a whole-layer "
+                            "prediction would be too low", g->str);
         return 0;
     }
     static const keydesc bk = {"gradient_checkpointing", K_BOOL, 0, 0, 1, NULL, 0, 0, 0};

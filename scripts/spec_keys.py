@@ -116,6 +116,10 @@ MEANING = {
     "training.use_cache": "a training forward without checkpointing fills a KV cache "
                           "(transformers' default true); false drops it",
     "training.max_grad_norm": "gradient clipping (0 = off)",
+    "fsdp.sync_each_micro_batch": "with gradient accumulation, reduce-scatter every micro-batch "
+                                  "(torchtune, HF sync_each_batch); false: the HF "
+                                  "Trainer / Accelerate way, no_sync until the last one, the "
+                                  "unsharded gradients alive in between (docs/parallel.md)",
     "training.activation_offloading": "forward saves of >= 1 KiB wait on the host "
                                       "(torchtune / TRL activation offloading)",
     "training.optimizer_in_backward": "the step runs per parameter inside backward "

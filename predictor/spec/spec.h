@@ -228,6 +228,9 @@ typedef struct fsdp_spec {
     int fp32_loaded;              /* the model was loaded in fp32 (sharded in fp32) */
     precision_kind model_dtype;   /* dtype of the sharded parameters (the loaded model) */
     int backward_prefetch_post;   /* FSDP1 BACKWARD_POST: prefetch after the reshard */
+    int sync_each_micro_batch;    /* gradient accumulation reduce-scatters every micro-batch
+                                     (torchtune, torchtitan; HF sync_each_batch); 0: the
+                                     HF Trainer / Accelerate way, no_sync between them */
 } fsdp_spec;
 
 typedef struct device_spec {

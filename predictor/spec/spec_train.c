@@ -222,6 +222,7 @@ static const keydesc fsdp_keys[] = {
     {"buffer_dtype", K_ENUM, FS(f.buffer_dtype), 0, 0, fsdp_prec, 0, 0, 0},
     {"cpu_offload", K_BOOL, FS(f.cpu_offload), 0, 1, NULL, 0, 0, 0},
     {"model_dtype", K_ENUM, FS(f.model_dtype), 0, 0, fsdp_prec, 0, 0, 0},
+    {"sync_each_micro_batch", K_BOOL, FS(f.sync_each_micro_batch), 0, 1, NULL, 0, 0, 0},
 };
 #undef FS
 

@@ -180,6 +180,26 @@ static void fsdp1_uneven_states(par_state *ps, sim *s, int offl_opt)
         sim_alloc(s, ps->r_step, st, F_OPT, SIM_FIXED);
 }
 
+/* Gradient accumulation under FSDP the HF Trainer / Accelerate way: every
+ * micro-batch but the last runs under no_sync (transformers trainer.py,
+ * _inner_training_loop: sync_context = accelerator.no_sync unless
+ * sync_each_batch; accelerate accelerator.py no_sync: FSDP2
+ * set_requires_gradient_sync(False), else model.no_sync()).  The unsharded
+ * gradients then stay alive between micro-batches: FSDP1 keeps the flat
+ * parameter's unsharded .grad in the compute dtype (fsdp/_runtime_utils.py,
+ * _post_backward_hook returns before the reduce-scatter when not
+ * _sync_gradients); FSDP2 keeps each unsharded .grad, upcast to reduce_dtype
+ * when a MixedPrecisionPolicy sets one that differs
+ * (_fsdp_param.py to_accumulated_grad_if_needed).  Bytes per trainable
+ * parameter, unsharded. */
+static uint64_t no_sync_bytes(const par_state *ps)
+{
+    const fsdp_spec *f = &ps->sp->fsdp;
+    if (ps->kind == PAR_FSDP2 && f->mixed_precision && ps->rdt != ps->pdt)
+        return ps->rdt;
+    return ps->pdt;
+}
+
 void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
 {
     sim *s = c->s;
@@ -201,7 +221,10 @@ void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
     if (zero == 3)
         zero3_buffers(ps, c);
     uint64_t gb = fsdp ? ps->store : c->dt;
-    if (t->grad_accum > 1 && (zero == 2 || fsdp) && ps->P_grad && !offl_opt)
+    if (t->grad_accum > 1 && fsdp && !sp->fsdp.sync_each_micro_batch && ps->P_grad && !offl_opt)
+        ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, no_sync_bytes(ps)),
+                                  F_GRAD, 0);
+    else if (t->grad_accum > 1 && (zero == 2 || fsdp) && ps->P_grad && !offl_opt)
         ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, gb), F_GRAD, 1);
     ps->step_mark = (int32_t)s->nt;
 }
@@ -240,6 +263,13 @@ void par_backward_begin(par_state *ps, lctx *c)
 void par_backward_end(par_state *ps, lctx *c)
 {
     c->s->on_wgrad = NULL;
+    /* the last micro-batch's post-backward reduce-scatters the accumulated unsharded
+     * gradients and frees them (FSDP2: unsharded_accumulated_grad = None); held
+     * here until the whole backward is done, a bound on the unit-by-unit frees */
+    if (par_is_fsdp(ps) && ps->partition >= 0 && !c->s->t[ps->partition].sharded) {
+        sim_drop(c->s, ps->partition);
+        ps->partition = -1;
+    }
     if (par_is_fsdp(ps))
         fsdp_backward_end(ps);
     else if (ps->kind == PAR_ZERO)

@@ -103,5 +103,19 @@ sed 's/training: {micro_batch_size: 1, seq_len: 512, precision: bf16}/training: 
 expect 2 "$M" predict "$T/gran.yaml"
 has "training.gradient_checkpointing.granularity: 'attention' is not modelled yet"
 
+# FSDP + gradient accumulation: the HF Trainer / Accelerate way (no_sync between micro-batches)
+# keeps every unsharded gradient alive, torchtune's (sync_each_micro_batch) a sharded one:
+# the forward peaks differ by exactly trainable x 2 B (bf16) x (1 - 1/4) at 4 GPUs
+for v in true false; do
+    "$M" predict $D/llama-3.1-8b-full.yaml --set training.gradient_accumulation_steps=4 \
+        --set fsdp.sync_each_micro_batch=$v --json >"$T/ga-$v.json" 2>&1 || bad "predict ga $v"
+done
+if python3 -c 'import json,sys
+a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2]))
+d=b["phase_peak_bytes"]["forward"]-a["phase_peak_bytes"]["forward"]
+want=a["trainable_count"]*2*3//4
+sys.exit(0 if d==want else "no_sync adds %d, want %d" % (d, want))' "$T/ga-true.json" "$T/ga-false.json"
+then ok; else bad "FSDP no_sync accumulation"; fi
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -171,6 +171,23 @@ static int fsdp_read(imp_job *j, hfc *h, const mm_node *c, int shard, int offloa
     return imp_rules_finish(&f, fsdp_rules, sizeof fsdp_rules / sizeof fsdp_rules[0], "FSDP");
 }
 
+/* accelerator_config.gradient_accumulation_kwargs.sync_each_batch: the Trainer's
+ * no_sync between micro-batches, or a reduce-scatter every one (trainer.py,
+ * _inner_training_loop; docs/parallel.md).  Read from the mapping only: a path
+ * to a JSON file is left as it is (its default, no_sync, is assumed). */
+static void fsdp_sync(imp_job *j, hfc *h)
+{
+    const mm_node *a = mm_node_get(h->map, "accelerator_config");
+    const mm_node *g = a && a->type == MM_NODE_MAP ? mm_node_get(a, "gradient_accumulation_kwargs")
+                                                   : NULL;
+    const mm_node *v = g && g->type == MM_NODE_MAP ? mm_node_get(g, "sync_each_batch") : NULL;
+    int on = v && v->type == MM_NODE_SCALAR && (!strcmp(v->str, "true") || !strcmp(v->str, "True"));
+    imp_set(&j->s->fsdp, "sync_each_micro_batch",
+            on ? "accelerator_config.gradient_accumulation_kwargs.sync_each_batch"
+               : "HF Trainer: no_sync between micro-batches (sync_each_batch not true)",
+            "%s", on ? "true" : "false");
+}
+
 static int tr_fsdp(imp_job *j, hfc *h)
 {
     const mm_node *v = hf_node(h, "fsdp");
@@ -184,6 +201,7 @@ static int tr_fsdp(imp_job *j, hfc *h)
         return 0;
     }
     j->fsdp = 1;
+    fsdp_sync(j, h);
     return fsdp_config(j, h, shard, offload);
 }
 

@@ -48,7 +48,8 @@ static const imp_rule trainer_rules[] = {
     {"metric_for_best_model", 'i', EVAL}, {"greater_is_better", 'i', EVAL},
     {"ignore_data_skip", 'i', DATA}, {"fsdp_min_num_params", 'd', "0|the spec wraps each layer"},
     {"fsdp_transformer_layer_cls_to_wrap", 'i', "the spec wraps each transformer layer"},
-    {"accelerator_config", 'i', "dataloader dispatching on the host"},
+    {"accelerator_config", 'i', "dataloader dispatching on the host (with FSDP its "
+                                    "sync_each_batch is read)"},
     {"parallelism_config", 'r', "tensor / context parallelism is not modelled"},
     {"report_to", 'i', LOG}, {"project", 'i', LOG}, {"trackio_space_id", 'i', LOG},
     {"ddp_broadcast_buffers", 'i', "buffers are broadcast in place"}, {"ddp_timeout", 'i', META},

@@ -313,6 +313,15 @@ has "/contrib/models/qwen2.5-vl-7b-full.yaml"
 expect 0 sh -c 'cd / && env -u MMGUARD_CATALOG "$1" import --hf Qwen/Qwen2-VL-7B-Instruct' - "$MA"
 key num_hidden_layers 28
 
+# FSDP with gradient accumulation: HF Trainer's no_sync, unless accelerator_config says
+# sync_each_batch (fsdp.sync_each_micro_batch, docs/parallel.md)
+printf '{"model_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": true, "fsdp": "full_shard auto_wrap"}' >"$T/fsdp-ga.json"
+expect 0 "$M" import --catalog contrib/models --trainer "$T/fsdp-ga.json"
+key sync_each_micro_batch false
+printf '{"model_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": true, "fsdp": "full_shard auto_wrap", "accelerator_config": {"gradient_accumulation_kwargs": {"sync_each_batch": true}}}' >"$T/fsdp-ga2.json"
+expect 0 "$M" import --catalog contrib/models --trainer "$T/fsdp-ga2.json"
+key sync_each_micro_batch true
+
 # ---- usage -----------------------------------------------------------------------------------
 expect 2 "$M" import --trainer a.json --args "--bf16"
 has "give one of --trainer, --args, --llamafactory"

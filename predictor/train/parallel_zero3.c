@@ -90,7 +90,12 @@ static int32_t fetch(par_state *ps, uint64_t params)
     if (!params)
         return -1;
     sim_label(s, "zero-3 fetch", ps->r_gather);
-    return sim_alloc(s, ps->r_gather, sim_mul(s, params, ps->c->dt), F_PARAM, SIM_FIXED);
+    int32_t id = sim_alloc(s, ps->r_gather, sim_mul(s, params, ps->c->dt), F_PARAM, SIM_FIXED);
+    if (id >= 0 && ps->nzg < sizeof ps->zg / sizeof ps->zg[0])
+        ps->zg[ps->nzg++] = id;
+    else if (id >= 0)
+        ps->zg_over = 1;
+    return id;
 }
 
 static int kept(const par_state *ps, uint32_t m, uint64_t l)
@@ -105,14 +110,27 @@ static int alive(const sim *s, int32_t id)
     return id >= 0 && (size_t)id < s->nt && s->t[id].alive;
 }
 
-/* elements gathered now (the coordinator's __n_available_params) */
-static uint64_t available(const par_state *ps)
+/* elements gathered now (the coordinator's __n_available_params): the
+ * alive gathered tensors, all fetch()'s (the dead ones leave the list) */
+static uint64_t available(par_state *ps)
 {
     const sim *s = ps->c->s;
     uint64_t b = 0;
-    for (size_t i = 0; i < s->nt; i++)
-        if (s->t[i].alive && s->t[i].row == ps->r_gather && s->t[i].base < 0)
-            b += s->t[i].bytes;
+    if (ps->zg_over) {
+        for (size_t i = 0; i < s->nt; i++)
+            if (s->t[i].alive && s->t[i].row == ps->r_gather && s->t[i].base < 0)
+                b += s->t[i].bytes;
+        return b / (ps->c->dt ? ps->c->dt : 1);
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < ps->nzg; i++) {
+        const sim_tensor *t = &s->t[ps->zg[i]];
+        if (t->alive && t->row == ps->r_gather && t->base < 0) {
+            b += t->bytes;
+            ps->zg[k++] = ps->zg[i];
+        }
+    }
+    ps->nzg = k;
     return b / (ps->c->dt ? ps->c->dt : 1);
 }
 

@@ -24,9 +24,11 @@ void sim_free(sim *s)
     free(s->rows);
     free(s->snap_row_fact);
     free(s->ev);
-    free(s->layer_tp);
-    free(s->layer_gb);
-    free(s->layer_p);
+    if (!s->tables_borrowed) {
+        free(s->layer_tp);
+        free(s->layer_gb);
+        free(s->layer_p);
+    }
     memset(s, 0, sizeof *s);
 }
 

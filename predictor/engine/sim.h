@@ -166,6 +166,8 @@ typedef struct sim {
     void *on_layer_ctx;
     uint64_t *layer_p;         /* parameters per (module, layer): MM_MAX_MODULES x MM_MAX_LAYERS,
                                   filled by the counting pass (wrapped units' sizes) */
+    int tables_borrowed;       /* layer_tp, layer_gb, layer_p are an earlier run's (rows_from,
+                                  read only after its counting pass): not freed here */
 } sim;
 
 void sim_init(sim *s, uint64_t dp, int symbolic);

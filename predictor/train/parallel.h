@@ -32,6 +32,13 @@ typedef struct par_state {
     uint64_t z_fill;                   /* elements in the IPG bucket */
     int32_t z_xl;                      /* an extra-large gradient waiting for its reduction */
     int32_t zpf;                       /* ZeRO-3: parameters prefetched for the next layer */
+    int32_t zg[256];                   /* ZeRO-3: the gathered tensors fetched so far that may */
+    uint32_t nzg;                      /* still be alive (available()); zg_over: more than */
+    int zg_over;                       /* zg holds, every tensor is looked at instead */
+    uint64_t z_pers[MM_MAX_MODULES];   /* ZeRO-3: persistent elements of a layer of each module, */
+    uint64_t z_head;                   /* the decoder head's; read once from the rows (the */
+    uint8_t z_pers_ok[MM_MAX_MODULES]; /* counting pass made them: later rows hold no */
+    uint8_t z_head_ok;                 /* parameters) */
     int32_t step_mark;                 /* first tensor of the step proper */
     /* DDP (parallel_ddp.c) */
     int32_t ddp_first, ddp_cur;        /* buckets: consecutive tensor ids, the one filling */

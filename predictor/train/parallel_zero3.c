@@ -41,30 +41,41 @@ static int persistent_row(const par_state *ps, const sim_row *R)
 
 /* the parameters of layer (m, l) a fetch all-gathers: the unit less its
  * persistent ones (rows of that module's layers below the threshold) */
-static uint64_t fetched(const par_state *ps, uint32_t m, uint64_t l)
+static uint64_t fetched(par_state *ps, uint32_t m, uint64_t l)
 {
     const sim *s = ps->c->s;
-    uint64_t n = par_unit_params(ps, m, l), pers = 0;
-    for (size_t r = 0; r < s->nrows; r++) {
-        const sim_row *R = &s->rows[r];
-        if (R->module == m && R->count > 1 && persistent_row(ps, R))
-            pers += R->params / R->count;
+    uint64_t n = par_unit_params(ps, m, l);
+    if (m >= MM_MAX_MODULES || !ps->z_pers_ok[m]) {
+        uint64_t pers = 0;
+        for (size_t r = 0; r < s->nrows; r++) {
+            const sim_row *R = &s->rows[r];
+            if (R->module == m && R->count > 1 && persistent_row(ps, R))
+                pers += R->params / R->count;
+        }
+        if (m >= MM_MAX_MODULES)
+            return n > pers ? n - pers : 0;
+        ps->z_pers[m] = pers;
+        ps->z_pers_ok[m] = 1;
     }
-    return n > pers ? n - pers : 0;
+    return n > ps->z_pers[m] ? n - ps->z_pers[m] : 0;
 }
 
 /* The decoder's head (final norm, lm_head): fetched after the layers and
  * again first in backward */
-static uint64_t head_params(const par_state *ps)
+static uint64_t head_params(par_state *ps)
 {
     const sim *s = ps->c->s;
     uint64_t n = 0;
+    if (ps->z_head_ok)
+        return ps->z_head;
     for (size_t r = 0; r < s->nrows; r++) {
         const sim_row *R = &s->rows[r];
         if (ps->sp->modules[R->module].kind == MOD_DECODER &&
             (!strcmp(R->name, "norm") || !strcmp(R->name, "lm_head")))
             n += R->params;
     }
+    ps->z_head = n;
+    ps->z_head_ok = 1;
     return n;
 }
 
@@ -72,7 +83,7 @@ static uint64_t head_params(const par_state *ps)
  * backward; with checkpointing the recompute before it): the later layers
  * twice (forward, backward), three times when they are recomputed, and the
  * head twice */
-static uint64_t reuse_distance(const par_state *ps, uint32_t m, uint64_t l)
+static uint64_t reuse_distance(par_state *ps, uint32_t m, uint64_t l)
 {
     const mm_spec *sp = ps->sp;
     uint64_t after = 0;
@@ -90,10 +101,15 @@ static int32_t fetch(par_state *ps, uint64_t params)
     if (!params)
         return -1;
     sim_label(s, "zero-3 fetch", ps->r_gather);
-    return sim_alloc(s, ps->r_gather, sim_mul(s, params, ps->c->dt), F_PARAM, SIM_FIXED);
+    int32_t id = sim_alloc(s, ps->r_gather, sim_mul(s, params, ps->c->dt), F_PARAM, SIM_FIXED);
+    if (id >= 0 && ps->nzg < sizeof ps->zg / sizeof ps->zg[0])
+        ps->zg[ps->nzg++] = id;
+    else if (id >= 0)
+        ps->zg_over = 1;
+    return id;
 }
 
-static int kept(const par_state *ps, uint32_t m, uint64_t l)
+static int kept(par_state *ps, uint32_t m, uint64_t l)
 {
     /* __params_to_release stops before a module once the fetches so far
      * reach the distance: kept only below it */
@@ -105,14 +121,27 @@ static int alive(const sim *s, int32_t id)
     return id >= 0 && (size_t)id < s->nt && s->t[id].alive;
 }
 
-/* elements gathered now (the coordinator's __n_available_params) */
-static uint64_t available(const par_state *ps)
+/* elements gathered now (the coordinator's __n_available_params): the
+ * alive gathered tensors, all fetch()'s (the dead ones leave the list) */
+static uint64_t available(par_state *ps)
 {
     const sim *s = ps->c->s;
     uint64_t b = 0;
-    for (size_t i = 0; i < s->nt; i++)
-        if (s->t[i].alive && s->t[i].row == ps->r_gather && s->t[i].base < 0)
-            b += s->t[i].bytes;
+    if (ps->zg_over) {
+        for (size_t i = 0; i < s->nt; i++)
+            if (s->t[i].alive && s->t[i].row == ps->r_gather && s->t[i].base < 0)
+                b += s->t[i].bytes;
+        return b / (ps->c->dt ? ps->c->dt : 1);
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < ps->nzg; i++) {
+        const sim_tensor *t = &s->t[ps->zg[i]];
+        if (t->alive && t->row == ps->r_gather && t->base < 0) {
+            b += t->bytes;
+            ps->zg[k++] = ps->zg[i];
+        }
+    }
+    ps->nzg = k;
     return b / (ps->c->dt ? ps->c->dt : 1);
 }
 

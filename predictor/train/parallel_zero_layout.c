@@ -82,25 +82,45 @@ static void row_pieces(const sim_row *R, uint64_t n, uint32_t c, uint32_t k, int
 static int group_pieces(const par_state *ps, int nodecay, pieces *out)
 {
     sim *s = ps->c->s;
+    /* each row's layer flag and requires_grad count, read once (not per
+     * module and layer): the rows of one module, in row order */
+    uint32_t *mine = malloc((s->nrows + 1) * sizeof *mine);
+    uint8_t *lay = malloc(s->nrows + 1);
+    if (!mine || !lay) {
+        free(mine);
+        free(lay);
+        s->oom = 1;
+        return -1;
+    }
+    for (size_t r = 0; r < s->nrows; r++)
+        lay[r] = (uint8_t)in_layers(&s->rows[r]);
     for (uint32_t m = 0; m < MM_MAX_MODULES; m++) {
-        size_t first = s->nrows;
+        size_t first = s->nrows, nm = 0;
         uint32_t most = 0;
-        for (size_t r = 0; r < s->nrows; r++)
-            if (s->rows[r].module == m && in_layers(&s->rows[r])) {
+        for (size_t r = 0; r < s->nrows; r++) {
+            if (s->rows[r].module != m)
+                continue;
+            if (lay[r]) {
                 first = r < first ? r : first;
                 most = s->rows[r].count > most ? s->rows[r].count : most;
             }
+            if (par_requires_grad(ps, &s->rows[r]))
+                mine[nm++] = (uint32_t)r;
+        }
         for (int part = 0; part < 3; part++)
             for (uint32_t k = 0; k < (part == 1 ? most : 1); k++)
-                for (size_t r = 0; r < s->nrows; r++) {
+                for (size_t j = 0; j < nm; j++) {
+                    size_t r = mine[j];
                     const sim_row *R = &s->rows[r];
-                    int lay = in_layers(R), want = part == 1 ? lay : !lay && (part == 0) == (r < first);
+                    int want = part == 1 ? lay[r] : !lay[r] && (part == 0) == (r < first);
                     uint64_t n = par_requires_grad(ps, R);
-                    if (R->module == m && n && want)
+                    if (want)
                         row_pieces(R, n, n == R->trainable ? R->trainable_count : R->count, k,
                                    nodecay, out);
                 }
     }
+    free(mine);
+    free(lay);
     return s->oom ? -1 : 0;
 }
 

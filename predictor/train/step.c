@@ -59,23 +59,27 @@ static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const
                 c->ntaps++;
 }
 
-/* one per-(module, layer) table (layer_tp, layer_p, layer_gb), zeroed or a copy of `from` */
-static uint64_t *layer_table(const uint64_t *from)
+/* one per-(module, layer) table (layer_tp, layer_p, layer_gb), zeroed */
+static uint64_t *layer_table(void)
 {
-    size_t n = (size_t)MM_MAX_MODULES * MM_MAX_LAYERS;
-    uint64_t *t = calloc(n, sizeof *t);
-    if (t && from)
-        memcpy(t, from, n * sizeof *t);
-    return t;
+    return calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof(uint64_t));
 }
 
-/* pass 1: rows and parameter counts (or copied from an earlier run) */
+/* pass 1: rows and parameter counts (or an earlier run's: its rows copied,
+ * its per-layer tables, which only a counting pass writes, borrowed) */
 static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
 {
     const sim *f = cfg->rows_from && cfg->rows_from->nrows ? cfg->rows_from : NULL;
-    s->layer_tp = layer_table(f ? f->layer_tp : NULL);
-    s->layer_p = layer_table(f ? f->layer_p : NULL);
-    s->layer_gb = layer_table(f ? f->layer_gb : NULL);
+    if (f && f->layer_tp && f->layer_p && f->layer_gb) {
+        s->layer_tp = f->layer_tp;
+        s->layer_p = f->layer_p;
+        s->layer_gb = f->layer_gb;
+        s->tables_borrowed = 1;
+    } else {
+        s->layer_tp = layer_table();
+        s->layer_p = layer_table();
+        s->layer_gb = layer_table();
+    }
     if (!s->layer_tp || !s->layer_p || !s->layer_gb)
         return -1;
     if (f) {

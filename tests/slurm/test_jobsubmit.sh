@@ -99,7 +99,7 @@ expect "type switch: job ran on $tsw GPUs ($st)" sh -c "[ '$st' = COMPLETED ] &&
 
 # ---- the values the plugin really publishes: Lua peak(N) == C mm_peak_for_dp(N) ----
 run salloc --mm-model="$RESIZE" --gres=gpu:h100:4 sh -c 'echo "$SLURM_SPANK_MMGUARD"'
-rec=$(grep '^v=3 ' "$work/out")
+rec=$(grep '^v=4 ' "$work/out")
 lua=$(command -v lua5.1 || command -v lua5.3 || command -v lua)
 "$PEAK_TOOL" record "$rec" >"$work/cases" 2>"$work/err"
 expect "published MMGUARD record (replayed where job_submit.lua may resize): job_submit.lua's peak(N) equals mm_peak_for_dp(N) for N=1..4096" \

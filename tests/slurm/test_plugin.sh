@@ -141,7 +141,7 @@ expect "job submitted from an mmguard job without --mm-model gets no stale MMGUA
 # salloc and srun
 run salloc --mm-model="$SMALL" --gres=gpu:h100:1 sh -c 'env | grep "^SLURM_SPANK_MMGUARD"'
 expect "salloc: fitting spec gets an allocation, the one record in SLURM_SPANK_MMGUARD" \
-    sh -c "[ $rc -eq 0 ] && grep -Eq '^SLURM_SPANK_MMGUARD=v=3 decision=accept .* peak=[0-9]+ ' '$work/out' && [ \$(wc -l <'$work/out') -eq 1 ]"
+    sh -c "[ $rc -eq 0 ] && grep -Eq '^SLURM_SPANK_MMGUARD=v=4 decision=accept .* peak=[0-9]+ ' '$work/out' && [ \$(wc -l <'$work/out') -eq 1 ]"
 run salloc --mm-model="$BIG" --gres=gpu:h100:1 sh -c 'echo allocated'
 expect "salloc: oversized spec is refused with the explanation" \
     sh -c "[ $rc -ne 0 ] && grep -q '^salloc: error: mmguard: --mm-model=.*does not fit h100' '$work/err' && ! grep -q allocated '$work/out'"

@@ -1433,9 +1433,10 @@ function M.resize(ctx, m, req, tres, why)
         M.format_bytes(choice.peak))
     local prev = job.admin_comment
     job.admin_comment = (prev and prev ~= "") and (prev .. "; " .. note) or note
-    log_user(string.format("mmguard: %s: predicted %s/GPU with %s does not fit %s usable; job resized to %s (%s/GPU of %s usable)",
-        tostring(job.name or "job"), M.format_bytes(r.peak), old_text, M.format_bytes(r.usable),
-        new_text, M.format_bytes(choice.peak), M.format_bytes(choice.usable)))
+    log_user(string.format("mmguard: %s: predicted %s/GPU with %s does not fit %s usable; job resized to %s (%s/GPU of %s usable%s)",
+        tostring(job.name or "job"), M.format_bytes(r.peak or r.card_peak), old_text, M.format_bytes(r.usable),
+        new_text, M.format_bytes(choice.peak), M.format_bytes(choice.usable),
+        choice.card.kind == "flushes" and ", with cache flushes: " .. retries_text(choice.card) or ""))
     r.new_tres, r.new_gpu, r.new_gpus = new_tres, choice.type, new_total
     r.new_peak, r.new_usable, r.new_verdict = choice.peak, choice.usable, choice.card.kind
     return finish(ctx, "resize", why .. "; " .. note, ctx.SUCCESS)

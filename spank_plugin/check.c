@@ -345,8 +345,8 @@ static void verdict_lines(struct mmg_check *chk)
     mm_format_bytes(v->capacity, cap, sizeof(cap));
     if (v->kind == MM_VERDICT_FLUSHES)
         mmg_check_line(chk, "the caching allocator frees its cache and retries cudaMalloc %" PRIu64
-                       " time%s per step, %" PRIu64 " in the first two (num_alloc_retries); each "
-                       "flush synchronises the device: slower, not out of memory", v->retries_step,
+                       " time%s per step (%" PRIu64 " over the first two steps, num_alloc_retries); "
+                       "each flush synchronises the device: slower, not out of memory", v->retries_step,
                        v->retries_step == 1 ? "" : "s", v->retries);
     if (v->kind == MM_VERDICT_OOM) {
         mm_format_bytes(v->oom_request, rq, sizeof(rq));

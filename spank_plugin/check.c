@@ -271,22 +271,19 @@ static size_t ctld_types(const struct mmg_check *chk, const char **names, uint64
 
 /* The verdicts job_submit.lua decides by (record.h cards=): every type it
  * may judge or move the job to at every count it may judge (ctld_degrees);
- * the judged card's are there already. */
-static int publish_cards(struct mmg_check *chk)
+ * the judged card's are there already.  A count the spec cannot be judged at
+ * (past its data_parallel limit) is left out: job_submit.lua then says it has
+ * no verdict there, and this check's own decision stands. */
+static void publish_cards(struct mmg_check *chk)
 {
     const char *names[MMG_MAX_GPU_TYPES + 2];
     uint64_t mem[MMG_MAX_GPU_TYPES + 2], usable[MMG_MAX_GPU_TYPES + 2];
     uint32_t ns[MMG_RECORD_POINTS];
-    char msg[2048];
     mm_error e;
     size_t nt = ctld_types(chk, names, mem, usable, MMG_MAX_GPU_TYPES + 2);
     size_t k = ctld_degrees(chk, ns, MMG_RECORD_POINTS);
     memset(&e, 0, sizeof(e));
-    if (mmg_cards_add(chk->cards, &chk->n_cards, chk->spec, nt, names, mem, usable, k, ns, &e)) {
-        snprintf(msg, sizeof(msg), "--mm-model=%s: prediction failed: %s", chk->spec_arg, e.msg);
-        return set_error(chk, msg);
-    }
-    return 0;
+    (void)mmg_cards_add(chk->cards, &chk->n_cards, chk->spec, nt, names, mem, usable, k, ns, &e);
 }
 
 /* "2 GPUs (--gres=gpu:h100:2 on 1 node)" or the --mm-gpus override. */
@@ -402,9 +399,9 @@ void mmg_check_run(struct mmg_check *chk, mmg_tool tool, int ac, char **av)
     if (load_config(chk, ac, av))
         return;
     load_spec(chk); /* its error waits for the request's, so both are told */
-    if (judge_request(chk, tool) || spec_at_dp(chk) || predict(chk) || judge_card(chk) ||
-        publish_cards(chk))
+    if (judge_request(chk, tool) || spec_at_dp(chk) || predict(chk) || judge_card(chk))
         return;
+    publish_cards(chk);
     decide(chk);
     if (!chk->misfit) {
         /* only the largest micro-batch: a full mm_fit also searches

@@ -530,8 +530,9 @@ int mmg_cards_add(struct mmg_card *cards, size_t *n_cards, const mm_spec *spec, 
                   const char *const *names, const uint64_t *mem, const uint64_t *usable,
                   size_t n_counts, const uint32_t *counts, mm_error *err)
 {
+    int rc = 0;
     for (size_t i = 0; i < n_counts && *n_cards < MMG_RECORD_CARDS; i++)
         if (add_count(cards, n_cards, spec, n_types, names, mem, usable, counts[i], err) != 0)
-            return -1;
-    return 0;
+            rc = -1; /* that count stays uncovered; the others are still judged */
+    return rc;
 }

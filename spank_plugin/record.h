@@ -88,7 +88,8 @@ const struct mmg_card *mmg_cards_find(const struct mmg_card *cards, size_t n_car
  * cards (name, memory, usable bytes) at each of the n_counts counts, counts
  * first, until MMG_RECORD_CARDS: per count one simulated step
  * (mm_verdict_cards); (type, count) pairs already there are skipped.  0, or
- * -1 with err. */
+ * -1 with err when a count could not be judged (the spec refuses it: it is
+ * left out, the other counts are judged). */
 int mmg_cards_add(struct mmg_card *cards, size_t *n_cards, const mm_spec *spec, size_t n_types,
                   const char *const *names, const uint64_t *mem, const uint64_t *usable,
                   size_t n_counts, const uint32_t *counts, mm_error *err);

@@ -270,6 +270,12 @@ START_TEST(cards)
     ck_assert_int_eq(mmg_record_card(&back, "C50", 8)->kind, MM_VERDICT_FLUSHES);
     ck_assert_int_eq(mmg_record_card(&back, "c60", 8)->kind, MM_VERDICT_FITS);
     ck_assert_ptr_null(mmg_record_card(&back, "c60", 2));
+    /* a count the spec refuses is left out, the next still judged */
+    const uint32_t some[] = { 0, 2 };
+    ck_assert_int_eq(mmg_cards_add(r.cards, &r.n_cards, spec, 1, names, mem, mem, 2, some, &e), -1);
+    ck_assert_ptr_null(mmg_cards_find(r.cards, r.n_cards, "c40", 0));
+    ck_assert_ptr_nonnull(mmg_cards_find(r.cards, r.n_cards, "c40", 2));
+    ck_assert_uint_eq(r.n_cards, 7);
     mm_spec_free(spec);
 }
 END_TEST

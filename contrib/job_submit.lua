@@ -541,6 +541,7 @@ function M.format_record(m)
             local t = {}
             for i, p in ipairs(v) do
                 t[i] = istr(p[1]) .. "-" .. istr(p[2]) .. ":" .. istr(p[3]) .. ":" .. istr(p[4])
+                    .. (p[5] and (":" .. istr(p[5])) or "")   -- a per-degree point's allocated peak
             end
             v = table.concat(t, ",")
         elseif k == "cards" and v then

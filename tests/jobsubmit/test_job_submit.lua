@@ -321,6 +321,9 @@ case("the MMGUARD record: round trip and hostile text", function()
     local half = "v=4 afrac=0.5 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res="
     eq(M.peak_for_dp(assert(M.parse_record(half .. "1-1:100:0:50")), 1), 50 + 25 + 1 + 50 + 1,
        "own allocated")
+    eq(M.format_record(assert(M.parse_record(half .. "1-1:100:0:50,2-3:7:0"))),
+       "v=4 ctx=1 nccl=1 afix=1 afrac=0.5 dp1=1 terms=1:1 res=1-1:100:0:50,2-3:7:0",
+       "a per-degree point's allocated peak survives a rewrite")
     eq(M.peak_for_dp(assert(M.parse_record(half .. "1-1:100:0")), 1), 1 + 1 + 1 + 99 + 1,
        "allocated from dp1")
     eq(M.parse_record("v=4 " .. string.rep("x", 17000)), nil, "too long")

@@ -61,7 +61,7 @@ printf '  plugin loaded, no --mm-model:   %12s  (%s)\n' "$plain" "$(pct "$plain"
 printf '  plugin loaded, --mm-model:      %12s  (%s over not loaded)\n' "$mm" "$(pct "$mm" "$none")"
 [ -n "$base" ] && printf '  BASE_PLUGIN, --mm-model:        %12s  (%s over not loaded)\n' "$base" "$(pct "$base" "$none")"
 echo "where the --mm-model instructions go (inclusive):"
-for f in slurm_spank_init_post_opt mmg_gather_request mm_spec_load_file mm_predict \
+for f in slurm_spank_init_post_opt mmg_gather_request mm_spec_load_file mm_predict mm_verdict_for \
          mm_max_micro_batch mmg_publish mmg_log_decision setenvfs slurm_xcalloc; do
     printf '  %-22s %12s\n' "$f" "$(incl mm "$f" || true)"
 done

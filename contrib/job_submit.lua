@@ -194,7 +194,7 @@ local function default_conf()
     local gpus, n = {}, 0
     for k, v in pairs(M.BUILTIN_GPUS) do gpus[k] = v; n = n + 1 end
     return {
-        action = "reject", margin = { percent = 0, num = 0, den = 1, bytes = 0 }, reserve = 0,
+        action = "reject", flush = "warn", margin = { percent = 0, num = 0, den = 1, bytes = 0 }, reserve = 0,
         gpus = gpus, n_gpus = n, default_gpu = "h100", on_error = "reject", require = "off",
         max_gpus_per_node = 8, resize_types = {}, ctld_log = nil, log = nil, syslog = false,
         host_mem = "check", host_overhead = 3 * GiB, def_mem_per_node = 0, def_mem_per_cpu = 0,
@@ -211,7 +211,8 @@ end
 local BOOL = { yes = true, ["true"] = true, ["1"] = true, on = true,
                no = false, ["false"] = false, ["0"] = false, off = false }
 local CHOICES = { action = { "reject", "warn", "resize" }, on_error = { "reject", "allow" },
-                  require = { "off", "warn", "reject" }, host_mem = { "check", "warn", "off" } }
+                  require = { "off", "warn", "reject" }, host_mem = { "check", "warn", "off" },
+                  flush = { "accept", "warn", "reject" } }
 local SLURM_MEM_KEYS = { def_mem_per_node = true, def_mem_per_cpu = true, def_mem_per_gpu = true,
                          node_mem = true }
 
@@ -403,7 +404,7 @@ end
 
 ------------------------------------------------------------------------------
 -- The MMGUARD variable the plugin publishes (spank_plugin/record.h):
--- "v=3 key=value ...", strings percent-encoded.
+-- "v=4 key=value ...", strings percent-encoded.
 ------------------------------------------------------------------------------
 
 local REC_STR = { decision = 8, spec = 1024, sha256 = 65, model = 128, gpu = 32, request = 160,
@@ -413,8 +414,9 @@ local REC_NUM = { gpu_mem = true, usable = true, dp = true, peak = true, alloc =
 local REC_MODEL = { "ctx", "nccl", "afix", "afrac", "dp1", "terms", "res" }
 local REC_ORDER = { "decision", "spec", "sha256", "model", "gpu", "gpu_mem", "usable", "dp",
                     "request", "peak", "alloc", "mmb", "host", "error", "admission", "ctx", "nccl",
-                    "afix", "afrac", "dp1", "terms", "res" }
-local REC_POINTS, MAX_DEGREE = 64, 4294967295
+                    "afix", "afrac", "dp1", "terms", "res", "cards" }
+local REC_POINTS, MAX_DEGREE, REC_CARDS, REC_MAX = 64, 4294967295, 64, 16384
+local VERDICTS = { fits = true, flushes = true, oom = true }
 
 -- Percent-decode; nil for a stray '%', a control byte or too long a value.
 local function decode(v, max)
@@ -470,16 +472,40 @@ local function rec_value(m, k, v)
             after = to
         end
         return #m.res > 0
+    elseif k == "cards" then
+        -- "TYPE:USABLE:N:KIND:RETRIES:PEAK,...": the plugin's verdict (mm_verdict_cards)
+        -- for a GPU type at a count; (TYPE, N) unique, PEAK <= USABLE
+        m.cards = {}
+        for _, e in ipairs(split(v, ",")) do
+            local t, u, n, kind, re, pk = e:match("^([%w_.-]+):(%d+):(%d+):(%l+):(%d+):(%d+)$")
+            local usable, count, retries, peak = parse_uint(u), parse_uint(n), parse_uint(re), parse_uint(pk)
+            if not (t and usable and count and retries and peak) or #t > 31 or not VERDICTS[kind]
+                or count < 1 or count > MAX_DEGREE or peak > usable or #m.cards >= REC_CARDS
+                or M.card(m, t, count) then
+                return false
+            end
+            m.cards[#m.cards + 1] = { gpu = t, usable = usable, n = count, kind = kind,
+                                      retries = retries, peak = peak }
+        end
+        return #m.cards > 0
     end
     return false
+end
+
+-- The published verdict for GPU type t (case-insensitive) at n GPUs, or nil.
+function M.card(m, t, n)
+    for _, c in ipairs(m.cards or {}) do
+        if c.n == n and c.gpu:lower() == t:lower() then return c end
+    end
+    return nil
 end
 
 -- The record, or nil and why (the same checks as mmg_record_parse).
 function M.parse_record(s)
     if type(s) ~= "string" then return nil, "MMGUARD missing" end
-    if #s > 8192 then return nil, "MMGUARD: longer than 8192 bytes" end
-    if s:sub(1, 3) ~= "v=3" or (#s > 3 and s:sub(4, 4) ~= " ") then
-        return nil, "MMGUARD: unsupported version (want v=3)"
+    if #s > REC_MAX then return nil, "MMGUARD: longer than " .. REC_MAX .. " bytes" end
+    if s:sub(1, 3) ~= "v=4" or (#s > 3 and s:sub(4, 4) ~= " ") then
+        return nil, "MMGUARD: unsupported version (want v=4)"
     end
     local m, seen, rest = {}, {}, s:sub(4)
     while rest ~= "" do
@@ -487,7 +513,8 @@ function M.parse_record(s)
         tok, rest = rest:match("^ ([^ ]*)(.*)$")
         if tok == "" then return nil, "MMGUARD: empty field" end
         local k, v = tok:match("^([^=]*)=(.*)$")
-        if not (k and (REC_STR[k] or REC_NUM[k] or k == "afrac" or k == "terms" or k == "res")) then
+        if not (k and (REC_STR[k] or REC_NUM[k] or k == "afrac" or k == "terms" or k == "res"
+                       or k == "cards")) then
             return nil, "MMGUARD: unknown field '" .. (k or tok):sub(1, 40) .. "'"
         end
         if seen[k] then return nil, "MMGUARD: duplicate field '" .. k .. "'" end
@@ -503,7 +530,7 @@ end
 
 -- The text of a record (after a resize).
 function M.format_record(m)
-    local parts = { "v=3" }
+    local parts = { "v=4" }
     for _, k in ipairs(REC_ORDER) do
         local v = m[k]
         if k == "terms" and v then
@@ -514,6 +541,13 @@ function M.format_record(m)
             local t = {}
             for i, p in ipairs(v) do
                 t[i] = istr(p[1]) .. "-" .. istr(p[2]) .. ":" .. istr(p[3]) .. ":" .. istr(p[4])
+                    .. (p[5] and (":" .. istr(p[5])) or "")   -- a per-degree point's allocated peak
+            end
+            v = table.concat(t, ",")
+        elseif k == "cards" and v then
+            local t = {}
+            for i, c in ipairs(v) do
+                t[i] = table.concat({ c.gpu, istr(c.usable), istr(c.n), c.kind, istr(c.retries), istr(c.peak) }, ":")
             end
             v = table.concat(t, ",")
         elseif k == "afrac" and v then
@@ -1014,13 +1048,16 @@ local function finish(ctx, decision, reason, rc)
         { "model", r.model }, { "gpu", r.gpu }, { "gpu_mem_bytes", r.gpu_mem }, { "gpus", r.gpus },
         { "nodes", r.nodes }, { "data_parallel", r.gpus }, { "request", r.request },
         { "plugin_data_parallel", r.plugin_dp }, { "plugin_request", r.plugin_request },
-        { "peak_bytes", r.peak }, { "usable_bytes", r.usable },
+        { "peak_bytes", r.peak }, { "usable_bytes", r.usable }, { "verdict", r.verdict },
+        { "alloc_retries_per_step", r.retries }, { "card_peak_bytes", r.card_peak },
+        { "verdict_data_parallel", r.verdict_dp }, { "flush", r.verdict and conf.flush or nil },
         { "margin", { raw = M.json_object({ { "percent", { raw = M.json_double(conf.margin.percent) } },
             { "bytes", conf.margin.bytes }, { "reserve_bytes", conf.reserve },
             { "text", M.margin_text(conf) } }) } },
         { "time_limit_minutes", r.time_limit_minutes }, { "requested_tres", r.requested_tres },
         { "new_tres", r.new_tres }, { "new_gpu", r.new_gpu }, { "new_gpus", r.new_gpus },
         { "new_peak_bytes", r.new_peak }, { "new_usable_bytes", r.new_usable },
+        { "new_verdict", r.new_verdict },
         { "host", r.host and { raw = M.json_object(r.host) } or nil },
     })
     M.log_info(string.format("mmguard: job %s uid %s: %s: %s", tostring(r.job_name), tostring(r.uid),
@@ -1099,27 +1136,60 @@ local function describe(req, tres)
     return string.format("%s GPU%s (%s%s)", istr(req.gpus), req.gpus == 1 and "" or "s", tres, shape)
 end
 
--- The peak for the request; a node range starting at one GPU also at the next
--- total (the allocated peak never grows with N >= 2, but 1 -> 2 adds NCCL), as
--- the plugin does.  nil and the count when the record does not cover it.
-local function judged_peak(m, req)
-    local peak, at = M.peak_for_dp(m, req.gpus), req.gpus
-    if not peak then return nil, at end
-    if req.kind == "node" and req.nodes_max > req.nodes_min and req.gpus == 1 then
-        local n2 = M.request_total(req, req.nodes_min + 1)
-        local p2 = M.peak_for_dp(m, n2)
-        if not p2 then return nil, n2 end
-        if p2 > peak then peak, at = p2, n2 end
+-- The published verdict for `gtype` at n GPUs with this site's usable memory:
+-- the card, or nil and why.  A verdict the plugin made for another usable
+-- (a different mmguard.conf on the submit host) is not used.
+local function card_at(m, gtype, n, usable)
+    local c = M.card(m, gtype, n)
+    if not c then
+        return nil, "the submit-time check has no verdict for " .. istr(n) .. " GPUs of " .. gtype
+            .. " (the caching allocator is replayed only at the cards and counts it was asked for)"
     end
-    return peak, at
+    if c.usable ~= usable then
+        return nil, string.format("the submit-time check judged %s with %s usable, mmguard.conf here gives %s",
+            gtype, M.format_bytes(c.usable), M.format_bytes(usable))
+    end
+    return c
+end
+M.card_at = card_at
+
+local RANK = { fits = 0, flushes = 1, oom = 2 }
+-- a worse than b, as the plugin's worse(): out of memory, flushes, more
+-- retries, a higher peak
+local function worse(a, b)
+    if a.kind ~= b.kind then return RANK[a.kind] > RANK[b.kind] end
+    if a.retries ~= b.retries then return a.retries > b.retries end
+    return a.peak > b.peak
 end
 
--- The smallest per-node count of `gtype` (with more than `from`) that fits
--- (only counts the record covers).
-local function first_fit(m, req, from, usable, maxn)
+-- Runs as the site's flush= allows: fits, or fits with cache flushes unless
+-- flush=reject.
+function M.acceptable(c, conf)
+    return c.kind == "fits" or (c.kind == "flushes" and conf.flush ~= "reject")
+end
+
+-- The verdict for the request; a node range starting at one GPU also at the
+-- next total (1 -> 2 GPUs adds NCCL), the worse of the two, as the plugin
+-- does.  nil and why when the record does not cover it.
+local function judged_card(m, req, gtype, usable)
+    local c, why = card_at(m, gtype, req.gpus, usable)
+    if not c then return nil, why end
+    local at = req.gpus
+    if req.kind == "node" and req.nodes_max > req.nodes_min and req.gpus == 1 then
+        local n2 = M.request_total(req, req.nodes_min + 1)
+        local c2, why2 = card_at(m, gtype, n2, usable)
+        if not c2 then return nil, why2 end
+        if worse(c2, c) then c, at = c2, n2 end
+    end
+    return c, at
+end
+
+-- The smallest per-node count of `gtype` (from `from`) whose verdict the
+-- site accepts (only counts the record covers).
+local function first_fit(m, req, from, gtype, usable, maxn, conf)
     for g = from, maxn do
-        local p = M.peak_for_dp(m, g * req.nodes_min)
-        if p and p <= usable then return g, p end
+        local c = card_at(m, gtype, g * req.nodes_min, usable)
+        if c and M.acceptable(c, conf) then return g, c end
     end
 end
 
@@ -1179,13 +1249,48 @@ function M.host_check(job, m, req, conf)
     return h
 end
 
+-- What the verdict says, in the plugin's words (check.c verdict_reason):
+-- the card's peak (the caching allocator capped at the card, plus the CUDA
+-- context and NCCL; for out of memory the uncapped model's peak).
+-- the uncapped model's peak at n, nil when the record has no model or no
+-- replay at n
+local function model_peak(m, n)
+    return m.has_model and M.peak_for_dp(m, n) or nil
+end
+
+-- "3 cudaMalloc retries per step" (retries in the first step only: 0 per step)
+local function retries_text(c)
+    if c.retries == 0 then return "cudaMalloc retries in the first step only" end
+    return string.format("%s cudaMalloc retr%s per step", istr(c.retries), c.retries == 1 and "y" or "ies")
+end
+
+local function verdict_text(m, c, gtype, usable, mem, desc, at, n)
+    local oom = c.kind == "oom"
+    local peak = oom and model_peak(m, at) or c.peak
+    local t = string.format("predicted peak %s per GPU %s %s (%s usable of %s) with %s",
+        M.format_bytes(peak), oom and "does not fit" or "fits", gtype, M.format_bytes(usable),
+        M.format_bytes(mem), desc)
+    if c.kind == "flushes" then
+        t = t .. " only with cache flushes (" .. retries_text(c) .. ")"
+    elseif oom then
+        t = t .. ": out of memory"
+    end
+    if at ~= n then t = t .. "; highest with " .. istr(at) .. " GPUs" end
+    return t
+end
+
+local function flush_note(c, conf)
+    return "the caching allocator frees its cache and retries cudaMalloc; each flush synchronises the "
+        .. "device: slower, not out of memory (flush=" .. conf.flush .. ")"
+end
+
 function M.decide(ctx, text)
     local job, conf, r = ctx.job, ctx.conf, ctx.rec
     local m, err = M.parse_record(text)
     if not m then return fail(ctx, err) end
     r.spec, r.spec_sha256, r.model = m.spec, m.sha256, m.model
     r.plugin_dp, r.plugin_request = m.dp, m.request
-    if not m.has_model then
+    if not m.cards then
         return fail(ctx, "the submit-time check failed: " .. tostring(m.error or "no prediction published"))
     end
     local req, status, why = M.eval_request(job)
@@ -1201,16 +1306,11 @@ function M.decide(ctx, text)
     r.gpu, r.gpus = gtype, req.gpus
     if not mem then return fail(ctx, "GPU type '" .. gtype .. "' (the job's request) is not in the site's GPU table (add gpu." .. gtype .. "=SIZE to mmguard.conf)") end
     local usable = M.usable_bytes(mem, conf)
-    local peak, at = judged_peak(m, req)
-    if not peak then
-        return fail(ctx, "the submit-time prediction does not cover " .. istr(at) .. " GPUs"
-            .. " (the caching allocator is replayed only at the counts it was asked for)")
-    end
-    r.gpu_mem, r.usable, r.peak = mem, usable, peak
-    local what = string.format("predicted peak %s per GPU %s %s (%s usable of %s) with %s%s",
-        M.format_bytes(peak), peak <= usable and "fits" or "does not fit", gtype,
-        M.format_bytes(usable), M.format_bytes(mem), describe(req, tres),
-        at ~= req.gpus and ("; highest with " .. istr(at) .. " GPUs") or "")
+    local c, at = judged_card(m, req, gtype, usable)
+    if not c then return fail(ctx, at) end
+    r.gpu_mem, r.usable, r.peak = mem, usable, model_peak(m, at)
+    r.verdict, r.retries, r.card_peak, r.verdict_dp = c.kind, c.retries, c.peak, at
+    local what = verdict_text(m, c, gtype, usable, mem, describe(req, tres), at, req.gpus)
     local host = M.host_check(job, m, req, conf)
     r.host = host.log
     if host.block then
@@ -1220,14 +1320,23 @@ function M.decide(ctx, text)
         log_user("mmguard: WARNING: " .. host.reason .. "; to fit: " .. host.hint)
         what = what .. "; " .. host.reason
     end
-    if peak <= usable then return finish(ctx, host.warn and "warn" or "accept", what, ctx.SUCCESS) end
+    if M.acceptable(c, conf) then
+        if c.kind == "flushes" and conf.flush == "warn" then
+            log_user("mmguard: WARNING: " .. what .. "; " .. flush_note(c, conf))
+            return finish(ctx, "warn", what, ctx.SUCCESS)
+        elseif c.kind == "flushes" then
+            log_user("mmguard: " .. what .. "; " .. flush_note(c, conf))
+        end
+        return finish(ctx, host.warn and "warn" or "accept", what, ctx.SUCCESS)
+    end
+    if c.kind == "flushes" then what = what .. "; flush=reject" end
     if conf.action == "warn" then
         log_user("mmguard: WARNING: " .. what .. "; the job may run out of GPU memory")
         return finish(ctx, "warn", what, ctx.SUCCESS)
     end
     if conf.action == "reject" or req.kind == "task" then
         local hint = ""
-        local g = req.kind == "node" and first_fit(m, req, req.count + 1, usable, conf.max_gpus_per_node)
+        local g = req.kind == "node" and first_fit(m, req, req.count + 1, gtype, usable, conf.max_gpus_per_node, conf)
         if g then hint = string.format("; to fit: ask for %s GPUs per node (%s)", istr(g), gpu_text(req.type, g)) end
         if m.dp == req.gpus and m.mmb and m.mmb > 0 then
             hint = hint .. "; to fit: training.micro_batch_size=" .. istr(m.mmb)
@@ -1263,7 +1372,8 @@ local function fix_environment(job, old_text, new, per_job, m)
     local admission = string.format("resized %s -> %s", old_text, new.text)
     env["MMGUARD_ADMISSION"] = admission
     if type(env["SLURM_SPANK_MMGUARD"]) == "string" then
-        m.dp, m.peak, m.alloc = new.total, new.peak, M.alloc_for_dp(m, new.total)
+        m.dp, m.peak = new.total, model_peak(m, new.total) or new.peak
+        m.alloc = m.has_model and M.alloc_for_dp(m, new.total) or nil
         m.gpu, m.gpu_mem, m.usable, m.mmb, m.admission = new.type, new.mem, new.usable, nil, admission
         m.request = new.code
         env["SLURM_SPANK_MMGUARD"] = M.format_record(m)
@@ -1274,16 +1384,16 @@ end
 -- larger resize_types entry from the current count up.
 local function resize_choice(m, req, r, conf)
     local per_node = req.kind == "job" and ceil_div(req.count, req.nodes_min) or req.count
-    local g, p = first_fit(m, req, per_node + 1, r.usable, conf.max_gpus_per_node)
+    local g, c = first_fit(m, req, per_node + 1, r.gpu, r.usable, conf.max_gpus_per_node, conf)
     if g then
-        return { type = r.gpu, typed = req.type ~= nil, count = g, peak = p, usable = r.usable, mem = r.gpu_mem }
+        return { type = r.gpu, typed = req.type ~= nil, count = g, peak = c.peak, card = c, usable = r.usable, mem = r.gpu_mem }
     end
     for _, t in ipairs(conf.resize_types) do
         local tm = conf.gpus[t]
         if t ~= r.gpu and tm and tm > r.gpu_mem then
             local tu = M.usable_bytes(tm, conf)
-            g, p = first_fit(m, req, per_node, tu, conf.max_gpus_per_node)
-            if g then return { type = t, typed = true, count = g, peak = p, usable = tu, mem = tm } end
+            g, c = first_fit(m, req, per_node, t, tu, conf.max_gpus_per_node, conf)
+            if g then return { type = t, typed = true, count = g, peak = c.peak, card = c, usable = tu, mem = tm } end
         end
     end
 end
@@ -1324,11 +1434,12 @@ function M.resize(ctx, m, req, tres, why)
         M.format_bytes(choice.peak))
     local prev = job.admin_comment
     job.admin_comment = (prev and prev ~= "") and (prev .. "; " .. note) or note
-    log_user(string.format("mmguard: %s: predicted %s/GPU with %s does not fit %s usable; job resized to %s (%s/GPU of %s usable)",
-        tostring(job.name or "job"), M.format_bytes(r.peak), old_text, M.format_bytes(r.usable),
-        new_text, M.format_bytes(choice.peak), M.format_bytes(choice.usable)))
+    log_user(string.format("mmguard: %s: predicted %s/GPU with %s does not fit %s usable; job resized to %s (%s/GPU of %s usable%s)",
+        tostring(job.name or "job"), M.format_bytes(r.peak or r.card_peak), old_text, M.format_bytes(r.usable),
+        new_text, M.format_bytes(choice.peak), M.format_bytes(choice.usable),
+        choice.card.kind == "flushes" and ", with cache flushes: " .. retries_text(choice.card) or ""))
     r.new_tres, r.new_gpu, r.new_gpus = new_tres, choice.type, new_total
-    r.new_peak, r.new_usable = choice.peak, choice.usable
+    r.new_peak, r.new_usable, r.new_verdict = choice.peak, choice.usable, choice.card.kind
     return finish(ctx, "resize", why .. "; " .. note, ctx.SUCCESS)
 end
 

@@ -28,3 +28,19 @@ check-dp: $(DP_EXACT)
 	  [ $$fail = 0 ] && echo "dp model: every N (1..4096; ZeRO/FSDP 1..512) equals a direct prediction" || exit 1
 
 CHECK_TARGETS += check-dp
+
+# The published verdicts (record.h cards=) as job_submit.lua decides them,
+# against `mmguard check --json` at every (GPU type, count) the record covers:
+# fits, fits with cache flushes and out of memory, under each flush= policy
+# (tests/jobsubmit/verdict_check.py).  Also in `make check-jobsubmit`.
+VERDICT_TOOL := $(BUILD)/verdict_tool
+$(VERDICT_TOOL): tests/jobsubmit/verdict_tool.c spank_plugin/record.c spank_plugin/record.h $(BUILD)/libmmguard.a $(HDRS)
+	$(CC) $(CFLAGS_ALL) -Ispank_plugin tests/jobsubmit/verdict_tool.c spank_plugin/record.c $(BUILD)/libmmguard.a $(PKG_LIBS) -lm -o $@
+
+.PHONY: check-dp-verdict
+check-dp-verdict: $(VERDICT_TOOL) $(BUILD)/mmguard contrib/job_submit.lua
+	@lua=$$(for l in lua5.1 lua5.3 lua5.4; do command -v $$l && break; done); \
+	  [ -n "$$lua" ] || { echo "no Lua interpreter"; exit 1; }; \
+	  python3 tests/jobsubmit/verdict_check.py $(BUILD)/mmguard $(VERDICT_TOOL) $$lua contrib/job_submit.lua
+
+check-dp: check-dp-verdict

@@ -146,44 +146,144 @@ static size_t ctld_degrees(const struct mmg_check *chk, uint32_t *ns, size_t max
     return k;
 }
 
-/* The peak at the judged degree; for a node range starting at one GPU, also
- * at the next total (the allocated peak never grows with N >= 2, but going
- * from 1 to 2 GPUs adds NCCL), each replayed at its degree. */
+/* a node range starting at one GPU is judged at the next total too (going
+ * from 1 to 2 GPUs adds NCCL); 0 when not */
+static uint32_t next_count(const struct mmg_check *chk)
+{
+    const struct mmg_gpureq *g = &chk->req.gpus;
+    if (mmg_opts.gpus || !chk->have_req || chk->req.status != MMG_REQ_OK ||
+        g->kind != MMG_PER_NODE || g->nodes_max <= g->nodes_min || chk->dp != 1)
+        return 0;
+    return mmg_gpureq_total(g, g->nodes_min + 1);
+}
+
+/* The uncapped peak model at the judged degree (and the degrees
+ * job_submit.lua may judge): MMGUARD_PEAK_BYTES, the explanation. */
 static int predict(struct mmg_check *chk)
 {
     char msg[2048];
     mm_error e;
-    uint32_t ns[MMG_RECORD_POINTS];
+    uint32_t ns[MMG_RECORD_POINTS], n2 = next_count(chk);
     size_t k;
-    const struct mmg_gpureq *g = &chk->req.gpus;
     memset(&e, 0, sizeof(e));
     if (mm_predict(chk->spec, &chk->pred, &e) != 0) {
         snprintf(msg, sizeof(msg), "--mm-model=%s: prediction failed: %s", chk->spec_arg, e.msg);
         return set_error(chk, msg);
     }
     chk->have_pred = 1;
-    chk->worst_dp = chk->dp;
     k = ctld_degrees(chk, ns, MMG_RECORD_POINTS - 2); /* + n2 + the own N: <= 64 points */
-    if (!mmg_opts.gpus && g->kind == MMG_PER_NODE && g->nodes_max > g->nodes_min &&
-        chk->dp == 1)
-        ns[k++] = mmg_gpureq_total(g, g->nodes_min + 1);
+    if (n2)
+        ns[k++] = n2;
     if (k && mm_dp_cover(chk->spec, &chk->pred, ns, k, &e) != 0) {
         snprintf(msg, sizeof(msg), "--mm-model=%s: prediction failed: %s", chk->spec_arg, e.msg);
         return set_error(chk, msg);
     }
     chk->peak = mm_peak_for_dp(&chk->pred, chk->dp);
-    if (!mmg_opts.gpus && g->kind == MMG_PER_NODE && g->nodes_max > g->nodes_min &&
-        chk->dp == 1) {
-        uint32_t n2 = mmg_gpureq_total(g, g->nodes_min + 1);
-        uint64_t p2 = mm_peak_for_dp(&chk->pred, n2);
-        if (p2 > chk->peak) {
-            chk->peak = p2;
-            chk->worst_dp = n2;
-        }
-    }
+    if (n2 && mm_peak_for_dp(&chk->pred, n2) > chk->peak)
+        chk->peak = mm_peak_for_dp(&chk->pred, n2);
     chk->alloc_peak = chk->pred.allocated_peak_bytes;
     chk->usable = mmg_config_usable(&chk->cfg, chk->gpu->bytes);
     return 0;
+}
+
+/* The spec's verdict at n GPUs on the judged card (docs/allocator.md). */
+static int verdict_at(struct mmg_check *chk, uint32_t n, mm_verdict *v, mm_error *e)
+{
+    char assign[64];
+    mm_spec *c;
+    int rc;
+    if (n == chk->dp)
+        return mm_verdict_for(chk->spec, chk->gpu->bytes, chk->usable, 0, v, e);
+    if (!(c = mm_spec_clone(chk->spec))) {
+        snprintf(e->msg, sizeof(e->msg), "out of memory");
+        return -1;
+    }
+    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, n);
+    rc = mm_spec_set(c, assign, e) != 0 ? -1
+       : mm_verdict_for(c, chk->gpu->bytes, chk->usable, 0, v, e);
+    mm_spec_free(c);
+    return rc;
+}
+
+/* a worse than b: out of memory, then flushes, then more retries, then a
+ * higher peak on the card */
+static int worse(const mm_verdict *a, const mm_verdict *b)
+{
+    if (a->kind != b->kind)
+        return a->kind > b->kind;
+    if (a->retries_step != b->retries_step)
+        return a->retries_step > b->retries_step;
+    return a->reserved_peak + a->context_bytes > b->reserved_peak + b->context_bytes;
+}
+
+/* The capacity-aware verdict: the caching allocator replayed at the
+ * capacity the judged card leaves it (one replay, no boundary search); a
+ * node range at its worst count. */
+static int judge_card(struct mmg_check *chk)
+{
+    char msg[2048];
+    mm_error e;
+    mm_verdict v2;
+    uint32_t n2 = next_count(chk);
+    memset(&e, 0, sizeof(e));
+    chk->worst_dp = chk->dp;
+    if (verdict_at(chk, chk->dp, &chk->verdict, &e) != 0 ||
+        (n2 && verdict_at(chk, n2, &v2, &e) != 0)) {
+        snprintf(msg, sizeof(msg), "--mm-model=%s: prediction failed: %s", chk->spec_arg, e.msg);
+        return set_error(chk, msg);
+    }
+    chk->have_verdict = 1;
+    mmg_card_from_verdict(&chk->cards[chk->n_cards++], chk->gpu->name, &chk->verdict);
+    if (n2) {
+        mmg_card_from_verdict(&chk->cards[chk->n_cards++], chk->gpu->name, &v2);
+        if (worse(&v2, &chk->verdict)) {
+            chk->verdict = v2;
+            chk->worst_dp = n2;
+        }
+    }
+    return 0;
+}
+
+/* The GPU type slurmctld judges (the request's, else default_gpu) and, for
+ * action=resize, the resize_types with more memory: into names/mem/usable
+ * after the judged card.  Their count. */
+static size_t ctld_types(const struct mmg_check *chk, const char **names, uint64_t *mem,
+                         uint64_t *usable, size_t max)
+{
+    const struct mmg_gpureq *g = &chk->req.gpus;
+    int known = chk->have_req && chk->req.status == MMG_REQ_OK;
+    const struct mmg_gpu *own = mmg_config_gpu(&chk->cfg, known && g->type[0] ? g->type
+                                                                            : chk->cfg.default_gpu);
+    char list[sizeof(chk->cfg.resize_types)], *save = NULL;
+    size_t k = 0;
+    const struct mmg_gpu *t;
+    names[k] = chk->gpu->name, mem[k] = chk->gpu->bytes, usable[k++] = chk->usable;
+    if (own && own != chk->gpu)
+        names[k] = own->name, mem[k] = own->bytes, usable[k++] = mmg_config_usable(&chk->cfg, own->bytes);
+    if (!own || chk->cfg.action != MMG_ACTION_RESIZE)
+        return k;
+    snprintf(list, sizeof(list), "%s", chk->cfg.resize_types);
+    for (char *w = strtok_r(list, ",", &save); w && k < max; w = strtok_r(NULL, ",", &save))
+        if ((t = mmg_config_gpu(&chk->cfg, w)) && t->bytes > own->bytes && t != chk->gpu)
+            names[k] = t->name, mem[k] = t->bytes, usable[k++] = mmg_config_usable(&chk->cfg, t->bytes);
+    return k;
+}
+
+/* The verdicts job_submit.lua decides by (record.h cards=): every type it
+ * may judge or move the job to at every count it may judge (ctld_degrees);
+ * the judged card's are there already.  A count the spec cannot be judged at
+ * (past its data_parallel limit) is left out: job_submit.lua then says it has
+ * no verdict there, and this check's own decision stands. */
+static void publish_cards(struct mmg_check *chk)
+{
+    const char *names[MMG_MAX_GPU_TYPES + 2];
+    uint64_t mem[MMG_MAX_GPU_TYPES + 2], usable[MMG_MAX_GPU_TYPES + 2];
+    uint32_t ns[MMG_RECORD_POINTS];
+    mm_error e;
+    size_t nt = ctld_types(chk, names, mem, usable, MMG_MAX_GPU_TYPES + 2);
+    size_t k = ctld_degrees(chk, ns, MMG_RECORD_POINTS);
+    memset(&e, 0, sizeof(e));
+    (void)mmg_cards_add(chk->cards, &chk->n_cards, chk->spec, nt, names, mem, usable, k, ns, &e);
 }
 
 /* "2 GPUs (--gres=gpu:h100:2 on 1 node)" or the --mm-gpus override. */
@@ -199,32 +299,91 @@ static void request_phrase(const struct mmg_check *chk, char *buf, size_t n)
                  chk->dp == 1 ? "" : "s", chk->dp);
 }
 
-static void decide(struct mmg_check *chk)
+/* what the verdict is, in chk->reason: the card's peak (never above it) */
+static void verdict_reason(struct mmg_check *chk)
 {
+    const mm_verdict *v = &chk->verdict;
     char b1[32], b2[32], b3[32], what[600];
-    int fits = chk->peak <= chk->usable;
-
-    mm_format_bytes(chk->peak, b1, sizeof(b1));
+    size_t used;
+    uint64_t need = v->kind == MM_VERDICT_OOM ? v->reserved_uncapped : v->reserved_peak;
+    mm_format_bytes(need + v->context_bytes, b1, sizeof(b1));
     mm_format_bytes(chk->usable, b2, sizeof(b2));
     mm_format_bytes(chk->gpu->bytes, b3, sizeof(b3));
     request_phrase(chk, what, sizeof(what));
-    snprintf(chk->reason, sizeof(chk->reason),
-             "predicted peak %s per GPU %s %s (%s usable of %s) with %.500s", b1,
-             fits ? "fits" : "does not fit", chk->gpu->name, b2, b3, what);
-    if (chk->worst_dp != chk->dp)
-        snprintf(chk->reason + strlen(chk->reason), sizeof(chk->reason) - strlen(chk->reason),
-                 "; highest with %" PRIu32 " GPUs", chk->worst_dp);
-    if (fits) {
-        chk->decision = MMG_ACCEPT;
+    used = (size_t)snprintf(chk->reason, sizeof(chk->reason),
+                            "predicted peak %s per GPU %s %s (%s usable of %s) with %.500s", b1,
+                            v->kind == MM_VERDICT_OOM ? "does not fit" : "fits", chk->gpu->name,
+                            b2, b3, what);
+    if (used < sizeof(chk->reason) && v->kind == MM_VERDICT_FLUSHES && !v->retries_step)
+        used += (size_t)snprintf(chk->reason + used, sizeof(chk->reason) - used,
+                                 " only with cache flushes (cudaMalloc retries in the first step "
+                                 "only)");
+    else if (used < sizeof(chk->reason) && v->kind == MM_VERDICT_FLUSHES)
+        used += (size_t)snprintf(chk->reason + used, sizeof(chk->reason) - used,
+                                 " only with cache flushes (%" PRIu64 " cudaMalloc retr%s per step)",
+                                 v->retries_step, v->retries_step == 1 ? "y" : "ies");
+    if (used < sizeof(chk->reason) && v->kind == MM_VERDICT_OOM)
+        used += (size_t)snprintf(chk->reason + used, sizeof(chk->reason) - used,
+                                 ": out of memory at %s", v->oom_event);
+    if (used < sizeof(chk->reason) && chk->worst_dp != chk->dp)
+        snprintf(chk->reason + used, sizeof(chk->reason) - used, "; highest with %" PRIu32 " GPUs",
+                 chk->worst_dp);
+}
+
+/* The lines after the verdict: what the bytes are, and what a flush costs. */
+static void verdict_lines(struct mmg_check *chk)
+{
+    const mm_verdict *v = &chk->verdict;
+    char live[32], cache[32], ctx[32], rq[32], rs[32], lf[32], cap[32];
+    uint64_t unc = v->reserved_uncapped;
+    mm_format_bytes(v->allocated_peak, live, sizeof(live));
+    mm_format_bytes(unc > v->allocated_peak ? unc - v->allocated_peak : 0, cache, sizeof(cache));
+    mm_format_bytes(v->context_bytes, ctx, sizeof(ctx));
+    mm_format_bytes(v->capacity, cap, sizeof(cap));
+    if (v->kind == MM_VERDICT_FLUSHES)
+        mmg_check_line(chk, "the caching allocator frees its cache and retries cudaMalloc %" PRIu64
+                       " time%s per step (%" PRIu64 " over the first two steps, num_alloc_retries); "
+                       "each flush synchronises the device: slower, not out of memory", v->retries_step,
+                       v->retries_step == 1 ? "" : "s", v->retries);
+    if (v->kind == MM_VERDICT_OOM) {
+        mm_format_bytes(v->oom_request, rq, sizeof(rq));
+        mm_format_bytes(v->oom_reserved, rs, sizeof(rs));
+        mm_format_bytes(v->oom_largest_free, lf, sizeof(lf));
+        mmg_check_line(chk, "out of memory at %s: a request of %s with %s reserved after freeing "
+                       "the cache (largest free block %s); the allocator has %s", v->oom_event,
+                       rq, rs, lf, cap);
+    }
+    if (v->kind != MM_VERDICT_FITS)
+        mmg_check_line(chk, "without a limit: live tensors %s + allocator cache %s; outside the "
+                       "allocator: CUDA context%s %s", live, cache,
+                       v->n > 1 ? " and NCCL" : "", ctx);
+}
+
+static void decide(struct mmg_check *chk)
+{
+    int flushes = chk->verdict.kind == MM_VERDICT_FLUSHES;
+    const char *prefix = "";
+    chk->misfit = chk->verdict.kind == MM_VERDICT_OOM ||
+                  (flushes && chk->cfg.flush == MMG_FLUSH_REJECT);
+    verdict_reason(chk);
+    if (!chk->misfit) {
+        chk->decision = flushes && chk->cfg.flush == MMG_FLUSH_WARN ? MMG_WARN : MMG_ACCEPT;
+        prefix = chk->decision == MMG_WARN ? "warning: " : "";
     } else {
         chk->decision = chk->cfg.action == MMG_ACTION_REJECT ? MMG_REJECT : MMG_WARN;
         chk->blocks = chk->decision == MMG_REJECT;
+        prefix = chk->blocks ? "job rejected: " : "warning: ";
     }
-    mmg_check_line(chk, "--mm-model=%s: %s%s", chk->spec_arg,
-                   fits ? "" : chk->blocks ? "job rejected: " : "warning: ", chk->reason);
+    mmg_check_line(chk, "--mm-model=%s: %s%s", chk->spec_arg, prefix, chk->reason);
     if (chk->spec_dp != chk->dp)
         mmg_check_line(chk, "judged at %" PRIu32 " GPU%s, not the spec's training.data_parallel=%"
                        PRIu32, chk->dp, chk->dp == 1 ? "" : "s", chk->spec_dp);
+    verdict_lines(chk);
+    if (flushes)
+        mmg_check_line(chk, "flush=%s: %s", mmg_flush_name(chk->cfg.flush),
+                       chk->cfg.flush == MMG_FLUSH_ACCEPT ? "submitted"
+                       : chk->cfg.flush == MMG_FLUSH_WARN ? "submitting; the job runs, slower"
+                       : "a job that needs cache flushes does not fit here");
 }
 
 void mmg_check_run(struct mmg_check *chk, mmg_tool tool, int ac, char **av)
@@ -240,10 +399,11 @@ void mmg_check_run(struct mmg_check *chk, mmg_tool tool, int ac, char **av)
     if (load_config(chk, ac, av))
         return;
     load_spec(chk); /* its error waits for the request's, so both are told */
-    if (judge_request(chk, tool) || spec_at_dp(chk) || predict(chk))
+    if (judge_request(chk, tool) || spec_at_dp(chk) || predict(chk) || judge_card(chk))
         return;
+    publish_cards(chk);
     decide(chk);
-    if (chk->decision == MMG_ACCEPT) {
+    if (!chk->misfit) {
         /* only the largest micro-batch: a full mm_fit also searches
          * checkpointing, ZeRO stages and GPU counts, which only a misfit needs */
         uint32_t mb = mm_max_micro_batch(chk->spec, chk->usable, &chk->pred);

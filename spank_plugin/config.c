@@ -45,10 +45,16 @@ const char *mmg_hostmem_name(mmg_hostmem h)
     return h == MMG_HOSTMEM_WARN ? "warn" : h == MMG_HOSTMEM_OFF ? "off" : "check";
 }
 
+const char *mmg_flush_name(mmg_flush f)
+{
+    return f == MMG_FLUSH_ACCEPT ? "accept" : f == MMG_FLUSH_REJECT ? "reject" : "warn";
+}
+
 void mmg_config_defaults(struct mmg_config *c)
 {
     memset(c, 0, sizeof(*c));
     c->action = MMG_ACTION_REJECT;
+    c->flush = MMG_FLUSH_WARN;
     c->on_error = MMG_ONERR_REJECT;
     c->require = MMG_REQUIRE_OFF;
     c->margin_den = 1;
@@ -159,6 +165,7 @@ static const char *const action_names[] = { "reject", "warn", "resize", NULL };
 static const char *const onerr_names[] = { "reject", "allow", NULL };
 static const char *const require_names[] = { "off", "warn", "reject", NULL };
 static const char *const hostmem_names[] = { "check", "warn", "off", NULL };
+static const char *const flush_names[] = { "warn", "accept", "reject", NULL };
 
 /* A size as mm_parse_size reads it, at most MMG_CONF_MAX_SIZE (job_submit.lua
  * counts in doubles, exact below 2^53). */
@@ -254,7 +261,7 @@ static int set_gpu(struct mmg_config *c, const char *key, const char *value, con
     return 0;
 }
 
-/* action, on_error, require: one word of a fixed list. */
+/* action, on_error, require, host_mem, flush: one word of a fixed list. */
 static int set_choice(struct mmg_config *c, const char *key, const char *value,
                       const char *where, char *err, size_t errlen)
 {
@@ -268,6 +275,9 @@ static int set_choice(struct mmg_config *c, const char *key, const char *value,
     } else if (!strcmp(key, "host_mem")) {
         if ((v = choice(value, hostmem_names)) >= 0)
             c->host_mem = (mmg_hostmem)v;
+    } else if (!strcmp(key, "flush")) {
+        if ((v = choice(value, flush_names)) >= 0)
+            c->flush = (mmg_flush)v;
     } else if ((v = choice(value, require_names)) >= 0) {
         c->require = (mmg_require)v;
     }
@@ -276,7 +286,8 @@ static int set_choice(struct mmg_config *c, const char *key, const char *value,
     return fail(err, errlen, "%s: %s: invalid value '%s' (%s)", where, key, value,
                 !strcmp(key, "action") ? "reject|warn|resize"
                 : !strcmp(key, "on_error") ? "reject|allow"
-                : !strcmp(key, "host_mem") ? "check|warn|off" : "off|warn|reject");
+                : !strcmp(key, "host_mem") ? "check|warn|off"
+                : !strcmp(key, "flush") ? "accept|warn|reject" : "off|warn|reject");
 }
 
 /* def_mem_per_node / _cpu / _gpu, node_mem: slurm.conf's values, which count
@@ -325,7 +336,7 @@ int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
                    const char *where, char *err, size_t errlen)
 {
     if (!strcmp(key, "action") || !strcmp(key, "on_error") || !strcmp(key, "require") ||
-        !strcmp(key, "host_mem"))
+        !strcmp(key, "host_mem") || !strcmp(key, "flush"))
         return set_choice(c, key, value, where, err, errlen);
     if (!strcmp(key, "host_overhead"))
         return set_size(&c->host_overhead, key, value, where, err, errlen);

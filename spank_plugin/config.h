@@ -30,6 +30,10 @@ typedef enum { MMG_REQUIRE_OFF = 0, MMG_REQUIRE_WARN, MMG_REQUIRE_REJECT } mmg_r
 /* host memory that does not fit the job's request: check (as action= says:
  * reject, or warn for warn/resize) | warn | off */
 typedef enum { MMG_HOSTMEM_CHECK = 0, MMG_HOSTMEM_WARN, MMG_HOSTMEM_OFF } mmg_hostmem;
+/* a job that fits only with cache flushes (the caching allocator frees its
+ * cache and retries cudaMalloc, docs/allocator.md): warn (default) | accept |
+ * reject (a misfit, handled as action= says) */
+typedef enum { MMG_FLUSH_WARN = 0, MMG_FLUSH_ACCEPT, MMG_FLUSH_REJECT } mmg_flush;
 
 /* Host memory of one GPU process outside what the predictor models: Python,
  * torch and CUDA initialised (docs/plugin.md, "Host memory"). */
@@ -46,6 +50,7 @@ struct mmg_gpu {
 
 struct mmg_config {
     mmg_action action;
+    mmg_flush flush;                /* flush= */
     mm_margin margin;               /* margin= (percent or bytes) */
     uint64_t margin_num, margin_den;/* the percentage exactly: num/den percent */
     uint64_t reserve;               /* reserve= bytes, added to margin.bytes */
@@ -68,7 +73,7 @@ struct mmg_config {
     char config_file[MMG_PATH_MAX]; /* last config= loaded, "" if none */
 };
 
-/* Built-in defaults: action=reject margin=0% reserve=0 default_gpu=h100,
+/* Built-in defaults: action=reject flush=warn margin=0% reserve=0 default_gpu=h100,
  * on_error=reject, syslog=no, no log, max_gpus_per_node=8, host_mem=check,
  * host_overhead=3GiB, no def_mem_* nor node_mem, GPU table
  * h100=81559MiB h200=143771MiB a100=81920MiB a100-40g=40960MiB l40s=46068MiB. */
@@ -104,5 +109,6 @@ void mmg_config_margin_str(const struct mmg_config *c, char *buf, size_t n);
 
 const char *mmg_action_name(mmg_action a);
 const char *mmg_hostmem_name(mmg_hostmem h);
+const char *mmg_flush_name(mmg_flush f);
 
 #endif

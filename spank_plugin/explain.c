@@ -17,20 +17,34 @@ static uint64_t module_total(const mm_module_result *m)
     return s;
 }
 
+/* Where the peak goes: the five tensor factors, then what the predictor's
+ * "overhead" is on this card - the CUDA context (and NCCL's buffers, N > 1)
+ * outside the allocator, and the allocator's cache (reserved - allocated,
+ * without a limit) - by name, largest first. */
 static void explain_factors(struct mmg_check *chk)
 {
     const mm_prediction *p = &chk->pred;
-    uint64_t v[MM_NFACTORS];
-    int idx[MM_NFACTORS] = { 0, 1, 2, 3, 4, 5 };
+    const mm_verdict *vd = &chk->verdict;
+    uint64_t v[MM_NFACTORS + 1], unc = vd->reserved_uncapped;
+    const char *names[MM_NFACTORS + 1];
+    int idx[MM_NFACTORS + 1];
     char buf[MMG_LINE_MAX], b[32];
     size_t used = 0;
+    uint64_t total = 0;
 
     mm_factor_values(&p->factors, v);
-    /* the overhead (the last factor) at N (device-level) is peak - allocated */
-    v[MM_NFACTORS - 1] = chk->peak > chk->alloc_peak ? chk->peak - chk->alloc_peak
-                                                      : v[MM_NFACTORS - 1];
-    for (int i = 0; i < MM_NFACTORS; i++)
-        for (int j = i + 1; j < MM_NFACTORS; j++)
+    for (int i = 0; i < MM_NFACTORS - 1; i++)
+        names[i] = mm_factor_names[i];
+    names[MM_NFACTORS - 1] = vd->n > 1 ? "CUDA context and NCCL" : "CUDA context";
+    v[MM_NFACTORS - 1] = vd->context_bytes;
+    names[MM_NFACTORS] = "allocator cache";
+    v[MM_NFACTORS] = unc > vd->allocated_peak ? unc - vd->allocated_peak : 0;
+    for (int i = 0; i <= MM_NFACTORS; i++) {
+        idx[i] = i;
+        total = total > UINT64_MAX - v[i] ? UINT64_MAX : total + v[i];
+    }
+    for (int i = 0; i <= MM_NFACTORS; i++)
+        for (int j = i + 1; j <= MM_NFACTORS; j++)
             if (v[idx[j]] > v[idx[i]]) {
                 int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
             }
@@ -38,8 +52,8 @@ static void explain_factors(struct mmg_check *chk)
     for (int i = 0; i < 3 && v[idx[i]] > 0 && used < sizeof(buf); i++) {
         mm_format_bytes(v[idx[i]], b, sizeof(b));
         used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s%s %s (%.0f%%)", i ? ", " : "",
-                                 mm_factor_names[idx[i]], b,
-                                 chk->peak ? 100.0 * (double)v[idx[i]] / (double)chk->peak : 0.0);
+                                 names[idx[i]], b,
+                                 total ? 100.0 * (double)v[idx[i]] / (double)total : 0.0);
     }
     mmg_check_line(chk, "top factors: %s (peak in %s: %s)", buf, mm_phase_name(p->peak_phase),
                    p->peak_event);

@@ -129,6 +129,19 @@ static void add_prediction(json_object *o, const struct mmg_check *chk)
     json_object_object_add(o, "spec_data_parallel", json_object_new_int64(chk->spec_dp));
     json_object_object_add(o, "micro_batch_size", json_object_new_int64(p->micro_batch_size));
     json_object_object_add(o, "peak_bytes", u64(chk->peak));
+    if (chk->have_verdict) {
+        const mm_verdict *v = &chk->verdict;
+        static const char *const kinds[] = { "fits", "flushes", "oom" };
+        json_object_object_add(o, "verdict", json_object_new_string(kinds[v->kind]));
+        json_object_object_add(o, "alloc_retries_per_step", u64(v->retries_step));
+        /* the allocator's reserved peak at the card's capacity plus what is
+         * outside it: never above the card */
+        struct mmg_card c;
+        mmg_card_from_verdict(&c, "", v);
+        json_object_object_add(o, "card_peak_bytes", u64(c.peak));
+        json_object_object_add(o, "verdict_data_parallel", json_object_new_int64(v->n));
+        json_object_object_add(o, "flush", json_object_new_string(mmg_flush_name(chk->cfg.flush)));
+    }
     json_object_object_add(o, "allocated_peak_bytes", u64(chk->alloc_peak));
     json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
     json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));

@@ -103,6 +103,11 @@ struct mmg_check {
     uint32_t dp;                  /* GPUs judged = data-parallel degree */
     uint32_t worst_dp;            /* where the peak of a node range is highest */
     uint64_t peak, alloc_peak, usable;
+    mm_verdict verdict;           /* on the judged card at worst_dp (mm_verdict_for) */
+    int have_verdict;
+    int misfit;                   /* out of memory, or cache flushes under flush=reject */
+    size_t n_cards;               /* the verdicts published for job_submit.lua */
+    struct mmg_card cards[MMG_RECORD_CARDS];
     mmg_decision decision;
     int blocks;                   /* 1: init_post_opt must return -1 */
     char reason[1024];

@@ -48,6 +48,8 @@ void mmg_record_from_check(const struct mmg_check *chk, struct mmg_record *r)
     r->mmb = chk->fit.max_micro_batch;
     r->host = chk->pred.host_peak_bytes;
     mmg_record_set_model(r, &chk->pred);
+    r->n_cards = chk->n_cards;
+    memcpy(r->cards, chk->cards, chk->n_cards * sizeof(r->cards[0]));
 }
 
 void mmg_publish(const struct mmg_check *chk, mmg_setenv_f set, void *ctx)
@@ -56,10 +58,15 @@ void mmg_publish(const struct mmg_check *chk, mmg_setenv_f set, void *ctx)
     char text[MMG_RECORD_MAX + 1];
     mmg_record_from_check(chk, &r);
     if (mmg_record_format(&r, text, sizeof(text)) != 0) {
-        /* a spec path or message too long for the record: drop the prose */
+        /* a spec path or message too long for the record: drop the prose,
+         * then the verdicts of the counts job_submit.lua is least likely to
+         * judge (the last; the judged card's come first) */
         r.error[0] = '\0';
-        if (mmg_record_format(&r, text, sizeof(text)) != 0)
-            return;
+        while (mmg_record_format(&r, text, sizeof(text)) != 0) {
+            if (r.n_cards <= 1)
+                return;
+            r.n_cards--;
+        }
     }
     set(ctx, MMG_VAR, text);
 }

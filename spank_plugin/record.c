@@ -10,8 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
-enum kind { K_STR, K_U64, K_U32, K_DBL, K_TERMS, K_POINTS };
+enum kind { K_STR, K_U64, K_U32, K_DBL, K_TERMS, K_POINTS, K_CARDS };
 
 struct key {
     const char *name;
@@ -34,6 +35,7 @@ static const struct key keys[] = {
     { "afix", K_U64, F(afix), 1 },          { "afrac", K_DBL, F(afrac), 1 },
     { "dp1", K_U64, F(dp1), 1 },            { "terms", K_TERMS, F(terms), 1 },
     { "res", K_POINTS, F(points), 1 },
+    { "cards", K_CARDS, F(cards), 0 },
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 #define NMODEL 7
@@ -67,6 +69,19 @@ static void put_str(struct out *o, const char *s)
     }
 }
 
+static const char *const kind_names[] = { "fits", "flushes", "oom" };
+
+static void put_cards(struct out *o, const struct mmg_record *r)
+{
+    for (size_t i = 0; i < r->n_cards && i < MMG_RECORD_CARDS; i++) {
+        const struct mmg_card *c = &r->cards[i];
+        put(o, "%s", i ? "," : "");
+        put_str(o, c->gpu);
+        put(o, ":%" PRIu64 ":%" PRIu32 ":%s:%" PRIu64 ":%" PRIu64, c->usable, c->n,
+            kind_names[c->kind <= MM_VERDICT_OOM ? c->kind : MM_VERDICT_OOM], c->retries, c->peak);
+    }
+}
+
 static void put_value(struct out *o, const struct mmg_record *r, const struct key *k)
 {
     const char *base = (const char *)r + k->off;
@@ -88,6 +103,7 @@ static void put_value(struct out *o, const struct mmg_record *r, const struct ke
                 put(o, ":%" PRIu64, q->allocated);
         }
         break;
+    case K_CARDS: put_cards(o, r); break;
     }
 }
 
@@ -97,6 +113,8 @@ static int present(const struct mmg_record *r, const struct key *k)
         return r->has_model;
     if (!strcmp(k->name, "mmb"))
         return r->has_mmb;
+    if (k->kind == K_CARDS)
+        return r->n_cards > 0;
     if (k->kind == K_STR)
         return ((const char *)r + k->off)[0] != '\0';
     if (k->kind == K_U32)
@@ -279,6 +297,63 @@ static int get_points(const char *s, size_t n, struct mmg_record *r)
     return k > 0 ? 0 : -1;
 }
 
+/* a GPU type as the configuration accepts it: [A-Za-z0-9_.-], 1..31 */
+static int get_gpu(const char *s, size_t n, char *dst)
+{
+    if (n == 0 || n >= sizeof(((struct mmg_card *)0)->gpu))
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr("_.-", s[i]))
+            return -1;
+    memcpy(dst, s, n);
+    dst[n] = '\0';
+    return 0;
+}
+
+static int get_kind(const char *s, size_t n, mm_verdict_kind *k)
+{
+    for (int i = 0; i < 3; i++)
+        if (strlen(kind_names[i]) == n && !memcmp(kind_names[i], s, n)) {
+            *k = (mm_verdict_kind)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* "TYPE:USABLE:N:KIND:RETRIES:PEAK", N >= 1, PEAK <= USABLE, (TYPE, N) not
+ * seen before */
+static int get_card(const char *s, size_t n, size_t idx, struct mmg_record *r)
+{
+    const char *f[6];
+    size_t len[6];
+    uint64_t cnt;
+    struct mmg_card *c = &r->cards[idx];
+    for (int i = 0; i < 5; i++) {
+        f[i] = s;
+        if (cut(&s, &n, ':', &len[i]) != 0)
+            return -1;
+    }
+    f[5] = s;
+    len[5] = n;
+    if (get_gpu(f[0], len[0], c->gpu) || get_u64(f[1], len[1], UINT64_MAX, &c->usable) ||
+        get_u64(f[2], len[2], UINT32_MAX, &cnt) || cnt < 1 || get_kind(f[3], len[3], &c->kind) ||
+        get_u64(f[4], len[4], UINT64_MAX, &c->retries) ||
+        get_u64(f[5], len[5], UINT64_MAX, &c->peak) || c->peak > c->usable)
+        return -1;
+    c->n = (uint32_t)cnt;
+    for (size_t i = 0; i < idx; i++)
+        if (r->cards[i].n == c->n && !strcasecmp(r->cards[i].gpu, c->gpu))
+            return -1;
+    return 0;
+}
+
+static int get_cards(const char *s, size_t n, struct mmg_record *r)
+{
+    long k = each_item(s, n, MMG_RECORD_CARDS, get_card, r);
+    r->n_cards = k > 0 ? (size_t)k : 0;
+    return k > 0 ? 0 : -1;
+}
+
 static int get_value(struct mmg_record *r, const struct key *k, const char *v, size_t n)
 {
     char *base = (char *)r + k->off;
@@ -293,6 +368,7 @@ static int get_value(struct mmg_record *r, const struct key *k, const char *v, s
         return 0;
     case K_DBL: return get_dbl(v, n, (double *)(void *)base);
     case K_TERMS: return get_terms(v, n, r);
+    case K_CARDS: return get_cards(v, n, r);
     default: return get_points(v, n, r);
     }
 }
@@ -342,7 +418,7 @@ int mmg_record_parse(const char *text, struct mmg_record *r, char *err, size_t e
     memset(r, 0, sizeof(*r));
     if (len > MMG_RECORD_MAX)
         return fail(err, errlen, "MMGUARD: longer than %u bytes", MMG_RECORD_MAX);
-    if (strncmp(text, "v=3", 3) != 0 || (text[3] != ' ' && text[3] != '\0'))
+    if (strncmp(text, "v=4", 3) != 0 || (text[3] != ' ' && text[3] != '\0'))
         return fail(err, errlen, "MMGUARD: unsupported version (want v=%d)", MMG_RECORD_VERSION);
     for (i = 3; i < len;) {
         const char *t = text + i + 1, *sp = memchr(t, ' ', len - i - 1);
@@ -388,4 +464,75 @@ uint64_t mmg_record_peak_for_dp(const struct mmg_record *r, uint32_t n)
     p.n_dp_points = r->n_points;
     p.dp_points = (mm_dp_point *)r->points; /* read only: not freed */
     return mm_peak_for_dp(&p, n);
+}
+
+const struct mmg_card *mmg_cards_find(const struct mmg_card *cards, size_t n_cards,
+                                      const char *gpu, uint32_t n)
+{
+    for (size_t i = 0; i < n_cards && i < MMG_RECORD_CARDS; i++)
+        if (cards[i].n == n && !strcasecmp(cards[i].gpu, gpu))
+            return &cards[i];
+    return NULL;
+}
+
+const struct mmg_card *mmg_record_card(const struct mmg_record *r, const char *gpu, uint32_t n)
+{
+    return mmg_cards_find(r->cards, r->n_cards, gpu, n);
+}
+
+void mmg_card_from_verdict(struct mmg_card *c, const char *gpu, const mm_verdict *v)
+{
+    memset(c, 0, sizeof(*c));
+    snprintf(c->gpu, sizeof(c->gpu), "%s", gpu);
+    c->usable = v->usable_bytes;
+    c->n = v->n;
+    c->kind = v->kind;
+    c->retries = v->retries_step;
+    c->peak = v->reserved_peak > UINT64_MAX - v->context_bytes ? UINT64_MAX
+                                                               : v->reserved_peak + v->context_bytes;
+    if (c->peak > c->usable)  /* capacity 0: the context alone is over the card */
+        c->peak = c->usable;
+}
+
+/* the cards of one count: one simulated step for all types */
+static int add_count(struct mmg_card *cards, size_t *n_cards, const mm_spec *spec,
+                     size_t n_types, const char *const *names, const uint64_t *mem,
+                     const uint64_t *usable, uint32_t count, mm_error *err)
+{
+    char assign[64];
+    mm_verdict v[MMG_RECORD_CARDS];
+    uint64_t m[MMG_RECORD_CARDS], u[MMG_RECORD_CARDS];
+    const char *nm[MMG_RECORD_CARDS];
+    size_t k = 0;
+    int rc = 0;
+    for (size_t t = 0; t < n_types && *n_cards + k < MMG_RECORD_CARDS; t++)
+        if (!mmg_cards_find(cards, *n_cards, names[t], count)) {
+            nm[k] = names[t];
+            m[k] = mem[t];
+            u[k++] = usable[t];
+        }
+    if (!k)
+        return 0;
+    mm_spec *c = mm_spec_clone(spec);
+    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, count);
+    if (!c)
+        snprintf(err->msg, sizeof(err->msg), "out of memory");
+    if (!c || mm_spec_set(c, assign, err) != 0 || mm_verdict_cards(c, k, m, u, v, err) != 0)
+        rc = -1;
+    for (size_t i = 0; rc == 0 && i < k; i++)
+        mmg_card_from_verdict(&cards[(*n_cards)++], nm[i], &v[i]);
+    if (c)
+        mm_spec_free(c);
+    return rc;
+}
+
+int mmg_cards_add(struct mmg_card *cards, size_t *n_cards, const mm_spec *spec, size_t n_types,
+                  const char *const *names, const uint64_t *mem, const uint64_t *usable,
+                  size_t n_counts, const uint32_t *counts, mm_error *err)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n_counts && *n_cards < MMG_RECORD_CARDS; i++)
+        if (add_count(cards, n_cards, spec, n_types, names, mem, usable, counts[i], err) != 0)
+            rc = -1; /* that count stays uncovered; the others are still judged */
+    return rc;
 }

@@ -8,7 +8,7 @@
  * MMGUARD_* variables.  slurmstepd runs as root and the text comes from the
  * user, so the parser is strict, bounded and fuzzed (tests/fuzz/fuzz_record.c).
  *
- * Text: "v=3 key=value key=value ...", keys below, strings percent-encoded
+ * Text: "v=4 key=value key=value ...", keys below, strings percent-encoded
  * (every byte outside '!'..'~' and '%' itself as %XX).  Unknown keys,
  * duplicates, bad numbers and over-long text are errors.  The format is
  * documented in docs/plugin.md; contrib/job_submit.lua has its own reader.
@@ -21,9 +21,24 @@
 
 #include "mmguard.h"
 
-#define MMG_RECORD_MAX 8192   /* longest accepted text */
-#define MMG_RECORD_VERSION 3
+#define MMG_RECORD_MAX 16384  /* longest accepted text */
+#define MMG_RECORD_VERSION 4
 #define MMG_RECORD_POINTS 64  /* most degree ranges in res= */
+#define MMG_RECORD_CARDS 64   /* most (GPU type, count) verdicts in cards= */
+
+/* The capacity-aware verdict (mm_verdict_cards) for one GPU type at one
+ * count: what `mmguard check SPEC --gpu-mem MEM --set
+ * training.data_parallel=N` answers, from one capped replay.  cards= item
+ * "TYPE:USABLE:N:KIND:RETRIES:PEAK", KIND fits|flushes|oom. */
+struct mmg_card {
+    char gpu[32];             /* GPU type */
+    uint64_t usable;          /* its usable bytes as the plugin's mmguard.conf says */
+    uint32_t n;               /* GPUs = data-parallel degree */
+    mm_verdict_kind kind;
+    uint64_t retries;         /* cudaMalloc retries (cache flushes) per step */
+    uint64_t peak;            /* reserved peak at the capacity + CUDA context and NCCL:
+                                 never above usable */
+};
 
 struct mmg_record {
     char decision[8];         /* decision=  accept | warn | error */
@@ -50,6 +65,8 @@ struct mmg_record {
     mm_dp_term terms[MM_MAX_TERMS];
     size_t n_points;          /* res= "FROM-TO:RESERVED:PAGED,..." by FROM */
     mm_dp_point points[MMG_RECORD_POINTS];
+    size_t n_cards;           /* cards= the verdicts job_submit.lua decides by */
+    struct mmg_card cards[MMG_RECORD_CARDS];
 };
 
 /* The text of r; -1 when it does not fit n bytes. */
@@ -62,5 +79,21 @@ void mmg_record_set_model(struct mmg_record *r, const mm_prediction *p);
 /* mm_peak_for_dp() from the published model (what job_submit.lua computes):
  * MM_PEAK_UNKNOWN for a degree no point covers. */
 uint64_t mmg_record_peak_for_dp(const struct mmg_record *r, uint32_t n);
+/* The published verdict for GPU type `gpu` (case-insensitive) at n GPUs;
+ * NULL when the record has none. */
+const struct mmg_card *mmg_record_card(const struct mmg_record *r, const char *gpu, uint32_t n);
+const struct mmg_card *mmg_cards_find(const struct mmg_card *cards, size_t n_cards,
+                                      const char *gpu, uint32_t n);
+/* Append to cards[*n_cards] the verdicts of `spec` on each of the n_types
+ * cards (name, memory, usable bytes) at each of the n_counts counts, counts
+ * first, until MMG_RECORD_CARDS: per count one simulated step
+ * (mm_verdict_cards); (type, count) pairs already there are skipped.  0, or
+ * -1 with err when a count could not be judged (the spec refuses it: it is
+ * left out, the other counts are judged). */
+int mmg_cards_add(struct mmg_card *cards, size_t *n_cards, const mm_spec *spec, size_t n_types,
+                  const char *const *names, const uint64_t *mem, const uint64_t *usable,
+                  size_t n_counts, const uint32_t *counts, mm_error *err);
+/* The card of a verdict as the record carries it. */
+void mmg_card_from_verdict(struct mmg_card *c, const char *gpu, const mm_verdict *v);
 
 #endif

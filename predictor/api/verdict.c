@@ -174,39 +174,62 @@ static int boundaries(const judge *j, const reserve_result *free_run, mm_verdict
     return 0;
 }
 
-int mm_verdict_for(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, int want_bounds,
-                   mm_verdict *v, mm_error *err)
+/* the verdict on one card from an opened judge and its uncapped replay */
+static int judge_card(judge *j, const reserve_result *free_run, uint64_t gpu_bytes,
+                      uint64_t usable, int want_bounds, mm_verdict *v, mm_error *err)
 {
-    judge j;
-    reserve_result free_run, r;
+    reserve_result r;
+    mm_overheads o = predict_overheads(j->sp);
     memset(v, 0, sizeof *v);
-    int rc = judge_open(&j, sp, gpu_bytes, err);
-    if (!rc)
-        rc = replay_at(&j, 0, &free_run, err);
-    if (rc) {
-        judge_close(&j);
-        return -1;
-    }
-    mm_overheads o = predict_overheads(sp);
-    v->n = j.n;
+    j->gpu = gpu_bytes;
+    v->n = j->n;
     v->gpu_bytes = gpu_bytes;
     v->usable_bytes = usable;
-    v->allocated_peak = j.s.peak;
-    v->paged_bytes = j.s.outside_bytes;
-    v->context_bytes = outside_allocator(&o, j.s.peak, j.n);
-    v->capacity = verdict_capacity(&o, usable, j.s.peak, j.n);
-    v->reserved_uncapped = free_run.reserved_peak > j.s.peak ? free_run.reserved_peak : j.s.peak;
-    rc = replay_at(&j, v->capacity ? v->capacity : 1, &r, err);
-    if (!rc) {
-        v->reserved_peak = r.reserved_peak;
-        v->retries = r.retries;
-        v->retries_step = r.retries_step;
-        v->kind = r.oom ? MM_VERDICT_OOM : r.retries ? MM_VERDICT_FLUSHES : MM_VERDICT_FITS;
-        if (r.oom)
-            oom_event(&j, &r, v);
-        if (want_bounds)
-            rc = boundaries(&j, &free_run, v, err);
+    v->allocated_peak = j->s.peak;
+    v->paged_bytes = j->s.outside_bytes;
+    v->context_bytes = outside_allocator(&o, j->s.peak, j->n);
+    v->capacity = verdict_capacity(&o, usable, j->s.peak, j->n);
+    v->reserved_uncapped = free_run->reserved_peak > j->s.peak ? free_run->reserved_peak
+                                                               : j->s.peak;
+    if (replay_at(j, v->capacity ? v->capacity : 1, &r, err))
+        return -1;
+    v->reserved_peak = r.reserved_peak;
+    v->retries = r.retries;
+    v->retries_step = r.retries_step;
+    v->kind = r.oom ? MM_VERDICT_OOM : r.retries ? MM_VERDICT_FLUSHES : MM_VERDICT_FITS;
+    if (r.oom)
+        oom_event(j, &r, v);
+    return want_bounds ? boundaries(j, free_run, v, err) : 0;
+}
+
+/* one simulated step serves every card, one uncapped replay every card of
+ * the same memory (a memory fraction and expandable segments depend on it) */
+static int verdicts(const mm_spec *sp, size_t n_cards, const uint64_t *gpu_bytes,
+                    const uint64_t *usable, int want_bounds, mm_verdict *out, mm_error *err)
+{
+    judge j;
+    reserve_result free_run;
+    int rc = judge_open(&j, sp, n_cards ? gpu_bytes[0] : 0, err);
+    for (size_t i = 0; !rc && i < n_cards; i++) {
+        j.gpu = gpu_bytes[i];
+        if (i == 0 || gpu_bytes[i] != gpu_bytes[i - 1])
+            rc = replay_at(&j, 0, &free_run, err);
+        if (!rc)
+            rc = judge_card(&j, &free_run, gpu_bytes[i], usable[i], want_bounds, &out[i], err);
     }
     judge_close(&j);
     return rc;
+}
+
+int mm_verdict_for(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, int want_bounds,
+                   mm_verdict *v, mm_error *err)
+{
+    memset(v, 0, sizeof *v);
+    return verdicts(sp, 1, &gpu_bytes, &usable, want_bounds, v, err);
+}
+
+int mm_verdict_cards(const mm_spec *sp, size_t n_cards, const uint64_t *gpu_bytes,
+                     const uint64_t *usable, mm_verdict *out, mm_error *err)
+{
+    return verdicts(sp, n_cards, gpu_bytes, usable, 0, out, err);
 }

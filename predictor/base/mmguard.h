@@ -236,6 +236,11 @@ typedef struct mm_verdict {
  * err. */
 int mm_verdict_for(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int boundaries,
                    mm_verdict *out, mm_error *err);
+/* The same verdict on several cards at once, without the boundaries: out[i]
+ * equals mm_verdict_for(spec, gpu_bytes[i], usable[i], 0, ...), from one
+ * simulated step and one uncapped replay (the plugin's published record). */
+int mm_verdict_cards(const mm_spec *spec, size_t n_cards, const uint64_t *gpu_bytes,
+                     const uint64_t *usable, mm_verdict *out, mm_error *err);
 
 /* What would fit in `usable` bytes per GPU (device-level peak_bytes). */
 typedef struct mm_fit_result {

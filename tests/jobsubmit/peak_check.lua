@@ -1,7 +1,7 @@
 --[[
 peak_check.lua JOB_SUBMIT_LUA [FILE] - job_submit.lua's peak(N) of a published
 MMGUARD record against the C library's mm_peak_for_dp() of the same record.
-Input (FILE or stdin, from tests/jobsubmit/peak_tool): "v=3 ..." record lines,
+Input (FILE or stdin, from tests/jobsubmit/peak_tool): "v=4 ..." record lines,
 each followed by "N<TAB>PEAK" lines (PEAK "-": the record does not cover N, and
 job_submit.lua must say so, nil).  Prints "N passed, N failed"; exit 1 on
 any difference.
@@ -11,7 +11,7 @@ dofile(arg[1])
 local M = mmguard_jobsubmit
 local pass, fail, model, text = 0, 0, nil, nil
 for line in (arg[2] and io.lines(arg[2]) or io.lines()) do
-    if line:sub(1, 3) == "v=3" then
+    if line:sub(1, 3) == "v=4" then
         local err
         model, err = M.parse_record(line)
         text = line

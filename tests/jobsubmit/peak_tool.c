@@ -7,7 +7,7 @@
  *
  *   peak_tool spec FILE...     predictions of these specs
  *   peak_tool record TEXT      a published MMGUARD value
- * Output: "v=3 ..." record lines, each followed by "N<TAB>PEAK" lines. */
+ * Output: "v=4 ..." record lines, each followed by "N<TAB>PEAK" lines. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>

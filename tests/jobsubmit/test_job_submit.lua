@@ -235,6 +235,29 @@ end)
 -- 10 GiB replicated + 120 GiB sharded, afrac 0.05, afix 512 MiB, ctx 1 GiB,
 -- nccl 1 GiB: peak(1)=138 GiB, peak(2)=76, peak(3)=55, peak(4)=44.5.
 -- h100 usable (10% margin, 2 GiB reserve) = 69.68 GiB; h200 = 124.4 GiB.
+-- The verdicts the plugin publishes (cards=), here from the peak model: a
+-- card fits when peak(N) <= usable under the decision tests' BASE
+-- configuration, else is out of memory; o.flushes = { ["h100:4"] = RETRIES }
+-- makes those cards fit only with cache flushes.
+local function cards(r, o)
+    local base = assert(M.parse_conf("margin=10%\nreserve=2GiB\n", "BASE"))
+    local m = assert(M.parse_record(M.format_record(r)))
+    local list = {}
+    for _, t in ipairs({ "h100", "h200", "a100" }) do
+        local usable = M.usable_bytes(base.gpus[t], base)
+        for n = 1, 16 do
+            local pk = M.peak_for_dp(m, n)
+            local fl = o.flushes and o.flushes[t .. ":" .. n]
+            if pk then
+                list[#list + 1] = { gpu = t, usable = o.usable or usable, n = n,
+                    kind = fl and "flushes" or pk <= usable and "fits" or "oom", retries = fl or 0,
+                    peak = pk <= usable and pk or usable }
+            end
+        end
+    end
+    return list
+end
+
 local function record(o)
     o = o or {}
     local r = {
@@ -246,6 +269,7 @@ local function record(o)
         dp1 = o.dp1 or 130 * GiB, terms = o.terms or { { 10 * GiB, 120 * GiB }, { 20 * GiB, 0 } },
         res = o.res or { { 1, 4294967295, 0, 0 } },
     }
+    if not o.nocards then r.cards = cards(r, o) end
     return M.format_record(r)
 end
 local HUGE = record({ terms = { { 500 * GiB, 10 * GiB } }, dp1 = 510 * GiB })
@@ -279,13 +303,13 @@ case("the MMGUARD record: round trip and hostile text", function()
     eq(m.spec, "/home/alice/llava \"quoted\".yaml", "decoded path")
     eq(M.format_record(m), record(), "round trip")
     has(record(), 'spec=/home/alice/llava%20"quoted".yaml ', "blanks encoded (as record.c does)")
-    local model = "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res="
-    for _, bad in ipairs({ "", "v=1 decision=accept", "v=2 decision=accept", "v=3 decision=accept decision=warn",
-        "v=3 color=red", "v=3 slack=1",
-        "v=3  decision=accept", "v=3 peak=12a", "v=3 peak=99999999999999999999", "v=3 spec=%0Aetc",
-        "v=3 spec=%00", "v=3 spec=ab%4", "v=3 decision=acceptable", "v=3 ctx=1 nccl=1",
-        "v=3 afrac=nan ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res=1-1:0:0",
-        "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1, res=1-1:0:0",
+    local model = "v=4 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res="
+    for _, bad in ipairs({ "", "v=1 decision=accept", "v=2 decision=accept", "v=4 decision=accept decision=warn",
+        "v=4 color=red", "v=4 slack=1",
+        "v=4  decision=accept", "v=4 peak=12a", "v=4 peak=99999999999999999999", "v=4 spec=%0Aetc",
+        "v=4 spec=%00", "v=4 spec=ab%4", "v=4 decision=acceptable", "v=4 ctx=1 nccl=1",
+        "v=4 afrac=nan ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res=1-1:0:0",
+        "v=4 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1, res=1-1:0:0",
         model, model .. "1-1:0:0,", model .. "0-1:0:0", model .. "2-1:0:0", model .. "1-2:0",
         model .. "1-2:0:0,2-3:0:0", model .. "3-4:0:0,1-2:0:0", model .. "1-4294967296:0:0",
         model .. "1-1:0:x", model .. string.rep("1-1:0:0,", 64) .. "1-1:0:0",
@@ -294,12 +318,32 @@ case("the MMGUARD record: round trip and hostile text", function()
     end
     assert(M.parse_record(model .. "1-1:0:0,2-3:5:6,7-4294967295:0:0"), "three ranges")
     -- a range with its own allocated peak (a per-degree ZeRO / FSDP point) uses it
-    local half = "v=3 afrac=0.5 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res="
+    local half = "v=4 afrac=0.5 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res="
     eq(M.peak_for_dp(assert(M.parse_record(half .. "1-1:100:0:50")), 1), 50 + 25 + 1 + 50 + 1,
        "own allocated")
+    eq(M.format_record(assert(M.parse_record(half .. "1-1:100:0:50,2-3:7:0"))),
+       "v=4 ctx=1 nccl=1 afix=1 afrac=0.5 dp1=1 terms=1:1 res=1-1:100:0:50,2-3:7:0",
+       "a per-degree point's allocated peak survives a rewrite")
     eq(M.peak_for_dp(assert(M.parse_record(half .. "1-1:100:0")), 1), 1 + 1 + 1 + 99 + 1,
        "allocated from dp1")
-    eq(M.parse_record("v=3 " .. string.rep("x", 9000)), nil, "too long")
+    eq(M.parse_record("v=4 " .. string.rep("x", 17000)), nil, "too long")
+    eq(M.parse_record("v=3 decision=accept"), nil, "the previous version")
+    -- cards=: the plugin's verdicts per (GPU type, count)
+    local ok = assert(M.parse_record("v=4 cards=h100:100:4:flushes:3:90,H200:200:4:fits:0:10"))
+    eq(M.card(ok, "h100", 4).kind, "flushes", "card kind")
+    eq(M.card(ok, "h100", 4).retries, 3, "card retries")
+    eq(M.card(ok, "h200", 4).peak, 10, "type case-insensitive")
+    eq(M.card(ok, "h100", 3), nil, "no card at 3")
+    eq(M.format_record(ok), "v=4 cards=h100:100:4:flushes:3:90,H200:200:4:fits:0:10", "cards round trip")
+    for _, bad in ipairs({ "cards=", "cards=h100:100:4:fits:0:10,", "cards=h100:100:4:fits:0:101",
+        "cards=h100:100:0:fits:0:10", "cards=h100:100:4:maybe:0:10", "cards=h100:100:4:fits:0",
+        "cards=h100:100:4:fits:0:10,H100:100:4:oom:0:10", "cards=h1%00:100:4:fits:0:10",
+        "cards=" .. string.rep("x", 32) .. ":100:4:fits:0:10", "cards=h100:100:4294967296:fits:0:10",
+        "cards=h100:1e3:4:fits:0:10", "cards=h100:100:4:fits:-1:10",
+        "cards=" .. string.rep("h100:100:4:fits:0:10,", 1):sub(1, -2) .. "," .. (function()
+            local t = {} for i = 1, 64 do t[i] = "a:100:" .. i .. ":fits:0:1" end return table.concat(t, ",") end)() }) do
+        eq(M.parse_record("v=4 " .. bad), nil, "parse of '" .. bad:sub(1, 60) .. "'")
+    end
 end)
 
 case("sizes", function()
@@ -430,6 +474,75 @@ case("warn: accepted with a warning", function()
     eq(j.tres_per_node, "gres:gpu:h100:2", "untouched")
     has(user_msgs[1], "WARNING", "warning")
     eq(last_decision(), "warn", "decision")
+end)
+
+-- 4 h100s fit only with cache flushes (3 cudaMalloc retries per step), 5 fit
+local FLUSH4 = record({ flushes = { ["h100:4"] = 3 } })
+
+case("flush=warn (default): submitted with a warning that says the cost", function()
+    write_conf(BASE .. "action=reject\n")
+    local j = job({ tpn = "gres:gpu:h100:4", model = FLUSH4 })
+    eq(slurm_job_submit(j, {}, 1000), slurm.SUCCESS, "rc")
+    eq(j.tres_per_node, "gres:gpu:h100:4", "untouched")
+    has(user_msgs[1], "WARNING: predicted peak", "a warning")
+    has(user_msgs[1], "only with cache flushes (3 cudaMalloc retries per step)", "how many")
+    has(user_msgs[1], "each flush synchronises the device: slower", "the cost")
+    has(user_msgs[1], "(flush=warn)", "the policy")
+    eq(last_decision(), "warn", "decision")
+    has(last_log(), '"verdict":"flushes"', "verdict logged")
+    has(last_log(), '"alloc_retries_per_step":3', "retries logged")
+    has(last_log(), '"flush":"warn"', "policy logged")
+end)
+
+case("flush=accept: accepted with an info line", function()
+    write_conf(BASE .. "action=reject\nflush=accept\n")
+    local j = job({ tpn = "gres:gpu:h100:4", model = FLUSH4 })
+    eq(slurm_job_submit(j, {}, 1000), slurm.SUCCESS, "rc")
+    eq(#user_msgs, 1, "one line")
+    eq(user_msgs[1]:find("WARNING", 1, true), nil, "not a warning")
+    has(user_msgs[1], "only with cache flushes", "said")
+    eq(last_decision(), "accept", "decision")
+end)
+
+case("flush=reject: a misfit under action=reject, resized under action=resize", function()
+    write_conf(BASE .. "action=reject\nflush=reject\n")
+    local j = job({ tpn = "gres:gpu:h100:4", model = FLUSH4 })
+    eq(slurm_job_submit(j, {}, 1000), slurm.ERROR, "rejected")
+    has(user_msgs[1], "job rejected: predicted peak", "told")
+    has(user_msgs[1], "flush=reject", "why")
+    eq(last_decision(), "reject", "decision")
+    write_conf(BASE .. "action=resize\nflush=reject\n")
+    user_msgs = {}
+    j = job({ tpn = "gres:gpu:h100:4", model = FLUSH4 })
+    eq(slurm_job_submit(j, {}, 1000), slurm.SUCCESS, "resized")
+    eq(j.tres_per_node, "gres:gpu:h100:5", "to the first count that fits without flushes")
+    has(last_log(), '"new_verdict":"fits"', "the new verdict logged")
+    -- flush=warn: the same job is not resized
+    write_conf(BASE .. "action=resize\n")
+    j = job({ tpn = "gres:gpu:h100:4", model = FLUSH4 })
+    eq(slurm_job_submit(j, {}, 1000), slurm.SUCCESS, "rc")
+    eq(j.tres_per_node, "gres:gpu:h100:4", "flush=warn: not resized")
+end)
+
+case("verdicts: the published card decides, not the peak model", function()
+    write_conf(BASE .. "action=reject\n")
+    -- the model says 44.5 GiB fits at 4, the card says out of memory
+    local oom = record({ flushes = {} }):gsub("h100:(%d+):4:fits:0:(%d+)", "h100:%1:4:oom:0:%2")
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = oom }), {}, 1000), slurm.ERROR, "card")
+    has(user_msgs[1], "does not fit h100", "told")
+    has(last_log(), '"verdict":"oom"', "logged")
+    -- no card for the request, a card for another usable memory: on_error
+    user_msgs = {}
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = record({ nocards = true }) }), {}, 1000),
+       slurm.ERROR, "no cards")
+    has(user_msgs[1], "no prediction published", "no cards: told")
+    user_msgs = {}
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:20" }), {}, 1000), slurm.ERROR, "not covered")
+    has(user_msgs[1], "no verdict for 20 GPUs of h100", "uncovered count: told")
+    user_msgs = {}
+    eq(slurm_job_submit(job({ tpn = "gres:gpu:h100:4", model = record({ usable = 1000 * GiB }) }), {}, 1000),
+       slurm.ERROR, "other usable")
+    has(user_msgs[1], "mmguard.conf here gives", "another usable: told")
 end)
 
 case("resize: more GPUs of the same type; the job's record follows", function()
@@ -576,10 +689,10 @@ case("host memory at another GPU count: an upper bound whatever the offload", fu
 end)
 
 case("cannot decide (malformed record, no GPU, per socket, unknown type): on_error", function()
-    for _, o in ipairs({ { tpn = "gres:gpu:h100:1", model = "v=3 ctx=12 garbage" },
+    for _, o in ipairs({ { tpn = "gres:gpu:h100:1", model = "v=4 ctx=12 garbage" },
                           { tpn = "gres:shard:1" }, { tps = "gres:gpu:1" },
                           { tpn = "gres:gpu:v100:2" },
-                          { tpn = "gres:gpu:1", model = "v=3 decision=error error=bad%20spec" } }) do
+                          { tpn = "gres:gpu:1", model = "v=4 decision=error error=bad%20spec" } }) do
         write_conf(BASE .. "action=resize\non_error=allow\n")
         local j = job(o)
         eq(slurm_job_submit(j, {}, 1000), slurm.SUCCESS, "allow")

@@ -233,22 +233,22 @@ conf "$@"
 #     (root) only copies validated strings -- it never opens a file (remote.c).
 o=$work/uout/forged.out
 as_user env SLURM_SPANK__SLURM_SPANK_OPTION_mmguard_mm_model="$ROOTSPEC" \
-    SLURM_SPANK_MMGUARD="v=3 decision=accept spec=$ROOTSPEC" SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC" \
-    SPANK_MMGUARD="v=3 decision=accept spec=$ROOTSPEC" sbatch -o "$o" --gres=gpu:h100:1 "$work/job.sh"
+    SLURM_SPANK_MMGUARD="v=4 decision=accept spec=$ROOTSPEC" SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC" \
+    SPANK_MMGUARD="v=4 decision=accept spec=$ROOTSPEC" sbatch -o "$o" --gres=gpu:h100:1 "$work/job.sh"
 expect "forged option env without a job: the user's sbatch checks it and cannot read it (rc 1)" \
     sh -c "[ $rc -eq 1 ] && grep -q 'cannot open: Permission denied' '$work/err'"
 as_user env SLURM_JOB_ID=1 SLURM_SPANK__SLURM_SPANK_OPTION_mmguard_mm_model="$ROOTSPEC" \
-    SLURM_SPANK_MMGUARD="v=3 decision=accept spec=$ROOTSPEC" SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC" \
-    SPANK_MMGUARD="v=3 model=$ROOTSPEC" sbatch -o "$o" "$work/job.sh"
+    SLURM_SPANK_MMGUARD="v=4 decision=accept spec=$ROOTSPEC" SLURM_SPANK_MMGUARD_SPEC="$ROOTSPEC" \
+    SPANK_MMGUARD="v=4 model=$ROOTSPEC" sbatch -o "$o" "$work/job.sh"
 id=$(jobid); st=$(wait_job "$id")
 expect "forged option env as if inside a job: submitted unchecked ($st), no forged SLURM_SPANK_MMGUARD reaches it" \
     sh -c "[ $rc -eq 0 ] && [ '$st' = COMPLETED ] && ! grep -q 'SLURM_SPANK_MMGUARD' '$o'"
-as_user env SLURM_SPANK_MMGUARD="v=3 decision=accept spec=$ROOTSPEC" \
-    SPANK_MMGUARD="v=3 decision=accept spec=$ROOTSPEC" \
+as_user env SLURM_SPANK_MMGUARD="v=4 decision=accept spec=$ROOTSPEC" \
+    SPANK_MMGUARD="v=4 decision=accept spec=$ROOTSPEC" \
     srun -n1 -o "$work/uout/forged-srun.out" sh -c 'env | grep MMGUARD_; true'
 expect "forged SLURM_SPANK_MMGUARD on srun: step runs (rc $rc)" test "$rc" -eq 0
 as_user sbatch -o "$work/uout/forged-direct.out" --mm-model="$SMALL" --gres=gpu:h100:1 \
-    --export=ALL,SLURM_SPANK_MMGUARD="v=3 spec=$ROOTSPEC",SPANK_MMGUARD="v=3 model=$ROOTSPEC" "$work/job.sh"
+    --export=ALL,SLURM_SPANK_MMGUARD="v=4 spec=$ROOTSPEC",SPANK_MMGUARD="v=4 model=$ROOTSPEC" "$work/job.sh"
 id=$(jobid); st=$(wait_job "$id")
 expect "--export of forged values with a real --mm-model: job ran ($st) with its own checked spec" \
     sh -c "[ '$st' = COMPLETED ] && grep -qx 'step: MMGUARD_SPEC=$SMALL' '$work/uout/forged-direct.out'"

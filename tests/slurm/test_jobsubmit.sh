@@ -99,7 +99,7 @@ expect "type switch: job ran on $tsw GPUs ($st)" sh -c "[ '$st' = COMPLETED ] &&
 
 # ---- the values the plugin really publishes: Lua peak(N) == C mm_peak_for_dp(N) ----
 run salloc --mm-model="$RESIZE" --gres=gpu:h100:4 sh -c 'echo "$SLURM_SPANK_MMGUARD"'
-rec=$(grep '^v=3 ' "$work/out")
+rec=$(grep '^v=4 ' "$work/out")
 lua=$(command -v lua5.1 || command -v lua5.3 || command -v lua)
 "$PEAK_TOOL" record "$rec" >"$work/cases" 2>"$work/err"
 expect "published MMGUARD record (replayed where job_submit.lua may resize): job_submit.lua's peak(N) equals mm_peak_for_dp(N) for N=1..4096" \
@@ -115,6 +115,57 @@ run sbatch --gres=gpu:h100:1 -o "$work/plain.out" "$work/job.sh"
 id=$(jobid); show "$id"; st=$(wait_job "$id")
 expect "no --mm-model: untouched, ran on 1 GPU, no decision logged" \
     sh -c "[ $rc -eq 0 ] && grep -q 'TresPerNode=gres:gpu:h100:1' '$work/show' && ! grep -q 'AdminComment=mmguard' '$work/show' && grep -q '^gpus=1 ' '$work/plain.out' && [ $(ctld_lines) -eq $n0 ] && ! grep -q mmguard '$work/err'"
+
+# ---- fits with cache flushes: flush=warn|accept|reject at slurmctld ---------------
+# llava-1.5-7b-finetune (ZeRO-3) on 4 GPUs of 60 GiB: runs only with cache flushes
+# (1 cudaMalloc retry per step); on 4 H200s it fits.  job_submit.lua decides by
+# the verdicts the plugin published (cards=), the same as `mmguard check`.
+# (its own logs: the report below counts the others)
+FLUSH=$root/contrib/models/llava-1.5-7b-finetune.yaml
+saved_logs="$LOG $CTLD"
+LOG=$work/flush-plugin.jsonl CTLD=$work/flush-ctld.jsonl
+start "action=reject" "margin=0" "gpu.h100=60GiB" "max_gpus_per_node=4" "resize_types=h200"
+conf() { printf '%s\n' "margin=0" "gpu.h100=60GiB" "max_gpus_per_node=4" "resize_types=h200" \
+    "log=$LOG" "ctld_log=$CTLD" "$@" >"$CLUSTER_DIR/etc/mmguard.conf"; }
+cli_verdict() { "$MMGUARD" check "$FLUSH" --gpu-mem "$1" --margin 0 --set training.data_parallel=4 --json |
+    python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["verdict"], d["alloc_retries_per_step"], d["peak_bytes"])'; }
+want=$(cli_verdict 60GiB)
+ctld_verdict() { echo "$(last_ctld verdict) $(last_ctld alloc_retries_per_step) $(last_ctld card_peak_bytes)"; }
+
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:4 -o /dev/null --wrap true
+expect "flush=warn (default) at slurmctld: submitted, the warning says the retries and the cost" \
+    sh -c "[ $rc -eq 0 ] && grep -q 'mmguard: WARNING: predicted peak .* fits h100 .* with 4 GPUs (gres:gpu:h100:4 on 1 node) only with cache flushes (1 cudaMalloc retry per step); the caching allocator frees its cache and retries cudaMalloc; each flush synchronises the device: slower, not out of memory (flush=warn)' '$work/err'"
+expect "flush=warn: ctld log warn with the verdict of \`mmguard check --json\` ($want)" \
+    sh -c "[ '$(last_ctld decision)' = warn ] && [ '$(ctld_verdict)' = '$want' ] && [ '$(last_ctld flush)' = warn ]"
+
+conf "action=reject" "flush=accept"
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:4 -o /dev/null --wrap true
+expect "flush=accept at slurmctld: accepted, an info line, no warning" \
+    sh -c "[ $rc -eq 0 ] && grep -q 'mmguard: predicted peak .* only with cache flushes .*(flush=accept)' '$work/err' && ! grep -qi 'warning' '$work/err' && [ '$(last_ctld decision)' = accept ] && [ '$(last_ctld verdict)' = flushes ]"
+
+# the plugin judges 4 H200s (--mm-gpu: fits), slurmctld the 4 H100s the job asks for
+conf "action=reject" "flush=reject"
+run sbatch --hold --mm-model="$FLUSH" --mm-gpu=h200 --gres=gpu:h100:4 -o /dev/null --wrap true
+expect "flush=reject at slurmctld: rejected as a misfit (the plugin accepted 4 H200s)" \
+    sh -c "[ $rc -ne 0 ] && grep -q 'mmguard: job rejected: predicted peak .* fits h100 .* only with cache flushes .*; flush=reject' '$work/err' && [ '$(last_ctld decision)' = reject ] && [ '$(last_ctld verdict)' = flushes ]"
+
+conf "action=resize" "flush=reject"
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:4 -o /dev/null --wrap true
+id=$(jobid); show "$id"
+expect "flush=reject, action=resize: moved to 4 H200s, where it fits without flushes" \
+    sh -c "[ $rc -eq 0 ] && grep -q 'TresPerNode=gres:gpu:h200:4' '$work/show' && [ '$(last_ctld decision)' = resize ] && [ '$(last_ctld new_verdict)' = fits ]"
+conf "action=resize"
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:4 -o /dev/null --wrap true
+id=$(jobid); show "$id"
+expect "flush=warn, action=resize: not moved (it runs), warned" \
+    sh -c "[ $rc -eq 0 ] && grep -q 'TresPerNode=gres:gpu:h100:4' '$work/show' && [ '$(last_ctld decision)' = warn ]"
+conf "action=reject" "gpu.h100=50GiB"
+want=$(cli_verdict 50GiB)
+run sbatch --hold --mm-model="$FLUSH" --mm-gpu=h200 --gres=gpu:h100:4 -o /dev/null --wrap true
+expect "out of memory on 50 GiB at slurmctld: rejected; the verdict is \`mmguard check\`'s ($want)" \
+    sh -c "[ $rc -ne 0 ] && grep -q 'mmguard: job rejected: predicted peak .* does not fit h100 (50.0 GiB usable of 50.0 GiB) with 4 GPUs (gres:gpu:h100:4 on 1 node): out of memory' '$work/err' && [ '$(ctld_verdict)' = '$want' ]"
+scancel -u "$(id -un)" 2>/dev/null
+set -- $saved_logs; LOG=$1 CTLD=$2
 
 # ---- per-node maximum: no type to switch to -> reject ---------------------------
 start "action=resize" "margin=5%" "reserve=1GiB" "max_gpus_per_node=4" "on_error=reject"
@@ -133,7 +184,7 @@ start "action=reject" "margin=5%" "reserve=1GiB" "on_error=reject"
 run sbatch --mm-model="$RESIZE" --mm-gpus=4 --gres=gpu:h100:2 -t 30 -o /dev/null "$work/job.sh"
 expect "reject: sbatch exit 1" test "$rc" -eq 1
 expect "reject: the message names the peak, the GPU count and the usable memory" \
-    has "$work/err" 'mmguard: job rejected: predicted peak [0-9.]+ GiB per GPU does not fit h100 \([0-9.]+ GiB usable of [0-9.]+ GiB\) with 2 GPUs \(gres:gpu:h100:2 on 1 node\); to fit: ask for 4 GPUs per node'
+    has "$work/err" 'mmguard: job rejected: predicted peak [0-9.]+ GiB per GPU does not fit h100 \([0-9.]+ GiB usable of [0-9.]+ GiB\) with 2 GPUs \(gres:gpu:h100:2 on 1 node\): out of memory; to fit: ask for [34] GPUs per node'
 expect "reject: ctld log line with gpus, time limit and the plugin's own N" \
     sh -c "[ '$(last_ctld decision)' = reject ] && [ '$(last_ctld gpus)' = 2 ] && [ '$(last_ctld time_limit_minutes)' = 30 ] && [ '$(last_ctld source)' = slurmctld ] && [ '$(last_ctld plugin_data_parallel)' = 4 ]"
 run sbatch --mm-model="$RESIZE" --gres=gpu:h100:4 -t 90 -o /dev/null "$work/job.sh"

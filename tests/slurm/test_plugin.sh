@@ -141,7 +141,7 @@ expect "job submitted from an mmguard job without --mm-model gets no stale MMGUA
 # salloc and srun
 run salloc --mm-model="$SMALL" --gres=gpu:h100:1 sh -c 'env | grep "^SLURM_SPANK_MMGUARD"'
 expect "salloc: fitting spec gets an allocation, the one record in SLURM_SPANK_MMGUARD" \
-    sh -c "[ $rc -eq 0 ] && grep -Eq '^SLURM_SPANK_MMGUARD=v=3 decision=accept .* peak=[0-9]+ ' '$work/out' && [ \$(wc -l <'$work/out') -eq 1 ]"
+    sh -c "[ $rc -eq 0 ] && grep -Eq '^SLURM_SPANK_MMGUARD=v=4 decision=accept .* peak=[0-9]+ ' '$work/out' && [ \$(wc -l <'$work/out') -eq 1 ]"
 run salloc --mm-model="$BIG" --gres=gpu:h100:1 sh -c 'echo allocated'
 expect "salloc: oversized spec is refused with the explanation" \
     sh -c "[ $rc -ne 0 ] && grep -q '^salloc: error: mmguard: --mm-model=.*does not fit h100' '$work/err' && ! grep -q allocated '$work/out'"
@@ -191,6 +191,65 @@ expect "on_error=allow: invalid spec is submitted with the file:line message" \
     sh -c "[ $rc -eq 0 ] && grep -Eq 'mmguard: --mm-model=.*invalid.yaml: invalid spec: .*invalid.yaml:[0-9]+' '$work/err' && grep -q 'on_error=allow' '$work/err'"
 expect "warn/allow decisions logged as warn, error" \
     test "$(python3 -c 'import json,sys; print(" ".join(json.loads(l)["decision"] for l in open(sys.argv[1])))' "$LOG")" = "warn error"
+
+# ---- the capacity-aware verdict: fits / fits with cache flushes / out of memory ----
+# llava-1.5-7b-finetune (ZeRO-3) on 8 GPUs: out of memory on a 40 GiB card, runs
+# with cache flushes on 50 GiB, fits on 60 GiB (docs/allocator.md; gpu.h100=
+# sets the card).  The plugin reads mmguard.conf at every submission.
+FLUSH=$root/contrib/models/llava-1.5-7b-finetune.yaml
+start "action=reject" "log=$LOG"
+conf() { printf '%s\n' "margin=0" "log=$LOG" "$@" >"$CLUSTER_DIR/etc/mmguard.conf"; rm -f "$LOG"; }
+# verdict_logged DECISION VERDICT FLUSH CARD_GIB: the log line of the last decision
+verdict_logged() {
+    python3 - "$LOG" "$@" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+want = {"decision": sys.argv[2], "verdict": sys.argv[3], "flush": sys.argv[4]}
+got = {k: r.get(k) for k in want}
+card = int(sys.argv[5]) << 30
+ok = (got == want and r["data_parallel"] == 8 and r["card_peak_bytes"] <= card
+      and (sys.argv[3] != "flushes" or r["alloc_retries_per_step"] > 0)
+      and (sys.argv[3] != "fits" or r["alloc_retries_per_step"] == 0))
+if not ok:
+    print("# log:", got, r.get("card_peak_bytes"), r.get("alloc_retries_per_step"))
+sys.exit(0 if ok else 1)
+PY
+}
+conf "action=reject" "gpu.h100=50GiB"
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:8 -o /dev/null --wrap true
+expect "flush= unset (warn): a job that fits only with cache flushes is submitted" test "$rc" -eq 0 -a -n "$(jobid)"
+expect "flush=warn: the warning says how many cudaMalloc retries per step and that each flush synchronises the device" \
+    sh -c "grep -q '^sbatch: mmguard: --mm-model=.*: warning: predicted peak [0-9.]* GiB per GPU fits h100 (50.0 GiB usable of 50.0 GiB) with 8 GPUs .* only with cache flushes (1 cudaMalloc retry per step)' '$work/err' && grep -q 'each flush synchronises the device: slower' '$work/err' && grep -q 'flush=warn: submitting' '$work/err'"
+expect "flush=warn: the bytes are named (live tensors, allocator cache, CUDA context and NCCL), no 'overhead'" \
+    sh -c "grep -q 'live tensors .* allocator cache .* CUDA context and NCCL' '$work/err' && ! grep -q overhead '$work/err'"
+expect "flush=warn: logged as warn, verdict flushes, retries, the card's peak within the card" verdict_logged warn flushes warn 50
+cp "$work/err" "$work/flush-warn.err"
+
+conf "action=reject" "gpu.h100=50GiB" "flush=accept"
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:8 -o /dev/null --wrap true
+expect "flush=accept: submitted with an info line, no warning" \
+    sh -c "[ $rc -eq 0 ] && grep -q '^sbatch: mmguard: --mm-model=.*: predicted peak .* only with cache flushes' '$work/err' && ! grep -q 'warning' '$work/err' && grep -q 'flush=accept: submitted' '$work/err'"
+expect "flush=accept: logged as accept, verdict flushes" verdict_logged accept flushes accept 50
+
+conf "action=reject" "gpu.h100=50GiB" "flush=reject"
+njobs=$(squeue -h | wc -l)
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:8 -o /dev/null --wrap true
+expect "flush=reject: refused with exit 1, as a misfit, saying why" \
+    sh -c "[ $rc -eq 1 ] && grep -q '^sbatch: error: mmguard: --mm-model=.*: job rejected: predicted peak .* only with cache flushes' '$work/err' && grep -q 'flush=reject: a job that needs cache flushes does not fit here' '$work/err' && grep -q 'mmguard: to fit:' '$work/err' && [ \$(squeue -h | wc -l) -eq $njobs ]"
+expect "flush=reject: logged as reject, verdict flushes" verdict_logged reject flushes reject 50
+
+conf "action=reject" "gpu.h100=40GiB" "flush=accept"
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:8 -o /dev/null --wrap true
+expect "out of memory (40 GiB): refused whatever flush= says, with the failing request" \
+    sh -c "[ $rc -eq 1 ] && grep -q 'job rejected: predicted peak .* does not fit h100 (40.0 GiB usable of 40.0 GiB) with 8 GPUs .*: out of memory at forward language_model loss' '$work/err' && grep -q 'out of memory at .*: a request of .* reserved after freeing the cache (largest free block' '$work/err'"
+expect "out of memory: logged as reject, verdict oom, the card's peak within the card" verdict_logged reject oom accept 40
+
+conf "action=reject" "gpu.h100=60GiB" "flush=reject"
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:8 -o /dev/null --wrap true
+expect "fits (60 GiB): accepted with one line, whatever flush= says" \
+    sh -c "[ $rc -eq 0 ] && grep -q 'predicted peak .* fits h100 (60.0 GiB usable' '$work/err' && ! grep -q 'cache flushes' '$work/err' && [ \$(grep -c mmguard '$work/err') -eq 1 ]"
+expect "fits: logged as accept, verdict fits" verdict_logged accept fits reject 60
+scancel -u "$(id -un)" 2>/dev/null
 
 # ---- configuration errors -------------------------------------------------------
 start "action=reject" "bogus_key=1"

@@ -73,6 +73,7 @@ static void value_of(const struct mmg_config *c, const char *key, char *out, siz
     else if (!strcmp(key, "max_gpus_per_node")) snprintf(out, n, "%u", c->max_gpus_per_node);
     else if (!strcmp(key, "resize_types")) snprintf(out, n, "%s", c->resize_types);
     else if (!strcmp(key, "host_mem")) snprintf(out, n, "%s", mmg_hostmem_name(c->host_mem));
+    else if (!strcmp(key, "flush")) snprintf(out, n, "%s", mmg_flush_name(c->flush));
     else if (!strcmp(key, "host_overhead")) snprintf(out, n, "%llu", (unsigned long long)c->host_overhead);
     else if (!strcmp(key, "def_mem_per_node")) snprintf(out, n, "%llu", (unsigned long long)c->def_mem_per_node);
     else if (!strcmp(key, "def_mem_per_cpu")) snprintf(out, n, "%llu", (unsigned long long)c->def_mem_per_cpu);

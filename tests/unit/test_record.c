@@ -89,7 +89,7 @@ START_TEST(round_trip)
     snprintf(r.decision, sizeof(r.decision), "error");
     snprintf(r.error, sizeof(r.error), "spec.yaml:3:1: modules: missing");
     ck_assert_int_eq(mmg_record_format(&r, text, sizeof(text)), 0);
-    ck_assert_str_eq(text, "v=3 decision=error error=spec.yaml:3:1:%20modules:%20missing");
+    ck_assert_str_eq(text, "v=4 decision=error error=spec.yaml:3:1:%20modules:%20missing");
     ck_assert_int_eq(mmg_record_parse(text, &back, err, sizeof(err)), 0);
     ck_assert(!back.has_model && !back.has_mmb);
 }
@@ -100,44 +100,58 @@ START_TEST(hostile)
     static const struct { const char *text, *msg; } bad[] = {
         { "v=1 decision=accept", "unsupported version" },
         { "decision=accept", "unsupported version" },
-        { "v=3 decision=accept decision=warn", "duplicate field 'decision'" },
-        { "v=3 color=red", "unknown field 'color'" },
-        { "v=3 noequals", "unknown field 'noequals'" },
-        { "v=3  decision=accept", "empty field" },
-        { "v=3 decision=accept ", "empty field" },
-        { "v=3 peak=12a", "bad value of 'peak'" },
-        { "v=3 peak=18446744073709551616", "bad value of 'peak'" },
-        { "v=3 dp=4294967296", "bad value of 'dp'" },
-        { "v=3 peak=", "bad value of 'peak'" },
-        { "v=3 spec=%0Aetc", "bad value of 'spec'" },
-        { "v=3 spec=%00", "bad value of 'spec'" },
-        { "v=3 spec=%G1", "bad value of 'spec'" },
-        { "v=3 spec=ab%4", "bad value of 'spec'" },
-        { "v=3 decision=acceptable", "bad value of 'decision'" },
-        { "v=3 afrac=nan ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res=1-1:0:0", "bad value of 'afrac'" },
-        { "v=3 afrac=11 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res=1-1:0:0", "bad value of 'afrac'" },
-        { "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1, res=1-1:0:0", "bad value of 'terms'" },
-        { "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms= res=1-1:0:0", "bad value of 'terms'" },
-        { "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1,2:2,3:3,4:4,5:5,6:6,7:7,8:8,9:9",
+        { "v=4 decision=accept decision=warn", "duplicate field 'decision'" },
+        { "v=4 color=red", "unknown field 'color'" },
+        { "v=4 noequals", "unknown field 'noequals'" },
+        { "v=4  decision=accept", "empty field" },
+        { "v=4 decision=accept ", "empty field" },
+        { "v=4 peak=12a", "bad value of 'peak'" },
+        { "v=4 peak=18446744073709551616", "bad value of 'peak'" },
+        { "v=4 dp=4294967296", "bad value of 'dp'" },
+        { "v=4 peak=", "bad value of 'peak'" },
+        { "v=4 spec=%0Aetc", "bad value of 'spec'" },
+        { "v=4 spec=%00", "bad value of 'spec'" },
+        { "v=4 spec=%G1", "bad value of 'spec'" },
+        { "v=4 spec=ab%4", "bad value of 'spec'" },
+        { "v=4 decision=acceptable", "bad value of 'decision'" },
+        { "v=4 afrac=nan ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res=1-1:0:0", "bad value of 'afrac'" },
+        { "v=4 afrac=11 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1 res=1-1:0:0", "bad value of 'afrac'" },
+        { "v=4 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1, res=1-1:0:0", "bad value of 'terms'" },
+        { "v=4 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms= res=1-1:0:0", "bad value of 'terms'" },
+        { "v=4 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1,2:2,3:3,4:4,5:5,6:6,7:7,8:8,9:9",
           "bad value of 'terms'" },
-        { "v=3 ctx=1 nccl=1", "incomplete peak model" },
-        { "v=3 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1", "incomplete peak model" },
+        { "v=4 ctx=1 nccl=1", "incomplete peak model" },
+        { "v=4 afrac=0 ctx=1 nccl=1 afix=1 dp1=1 terms=1:1", "incomplete peak model" },
         { "v=2 decision=accept", "unsupported version" },
-        { "v=3 slack=1", "unknown field 'slack'" },
-        { "v=3 res=", "bad value of 'res'" },
-        { "v=3 res=1-1:0:0,", "bad value of 'res'" },
-        { "v=3 res=0-1:0:0", "bad value of 'res'" },
-        { "v=3 res=2-1:0:0", "bad value of 'res'" },
-        { "v=3 res=1-2:0", "bad value of 'res'" },
-        { "v=3 res=1-2:0:0:0", "bad value of 'res'" },
-        { "v=3 res=1-2:0:0:x", "bad value of 'res'" },
-        { "v=3 res=1-2:0:0:1:2", "bad value of 'res'" },
-        { "v=3 res=1-2:0:0,2-3:0:0", "bad value of 'res'" },
-        { "v=3 res=3-4:0:0,1-2:0:0", "bad value of 'res'" },
-        { "v=3 res=1-4294967295:0:0,4294967295-4294967295:0:0", "bad value of 'res'" },
-        { "v=3 res=1-4294967296:0:0", "bad value of 'res'" },
-        { "v=3 res=1-1:18446744073709551616:0", "bad value of 'res'" },
-        { "v=3 res=1--1:0:0", "bad value of 'res'" },
+        { "v=4 slack=1", "unknown field 'slack'" },
+        { "v=4 res=", "bad value of 'res'" },
+        { "v=4 res=1-1:0:0,", "bad value of 'res'" },
+        { "v=4 res=0-1:0:0", "bad value of 'res'" },
+        { "v=4 res=2-1:0:0", "bad value of 'res'" },
+        { "v=4 res=1-2:0", "bad value of 'res'" },
+        { "v=4 res=1-2:0:0:0", "bad value of 'res'" },
+        { "v=4 res=1-2:0:0:x", "bad value of 'res'" },
+        { "v=4 res=1-2:0:0:1:2", "bad value of 'res'" },
+        { "v=4 res=1-2:0:0,2-3:0:0", "bad value of 'res'" },
+        { "v=4 res=3-4:0:0,1-2:0:0", "bad value of 'res'" },
+        { "v=4 res=1-4294967295:0:0,4294967295-4294967295:0:0", "bad value of 'res'" },
+        { "v=4 res=1-4294967296:0:0", "bad value of 'res'" },
+        { "v=4 res=1-1:18446744073709551616:0", "bad value of 'res'" },
+        { "v=4 res=1--1:0:0", "bad value of 'res'" },
+        { "v=3 decision=accept", "unsupported version" },
+        { "v=4 cards=", "bad value of 'cards'" },
+        { "v=4 cards=h100:100:4:fits:0:10,", "bad value of 'cards'" },
+        { "v=4 cards=h100:100:4:fits:0:101", "bad value of 'cards'" },
+        { "v=4 cards=h100:100:0:fits:0:10", "bad value of 'cards'" },
+        { "v=4 cards=h100:100:4:maybe:0:10", "bad value of 'cards'" },
+        { "v=4 cards=h100:100:4:fits:0", "bad value of 'cards'" },
+        { "v=4 cards=h100:100:4:fits:0:10:7", "bad value of 'cards'" },
+        { "v=4 cards=h100:100:4:fits:0:10,H100:100:4:oom:0:10", "bad value of 'cards'" },
+        { "v=4 cards=h1%00:100:4:fits:0:10", "bad value of 'cards'" },
+        { "v=4 cards=h100:100:4294967296:fits:0:10", "bad value of 'cards'" },
+        { "v=4 cards=h100:1e3:4:fits:0:10", "bad value of 'cards'" },
+        { "v=4 cards=:100:4:fits:0:10", "bad value of 'cards'" },
+        { "v=4 cards=abcdefghijabcdefghijabcdefghijab:100:4:fits:0:10", "bad value of 'cards'" },
     };
     char *big = malloc(MMG_RECORD_MAX + 20);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -148,11 +162,20 @@ START_TEST(hostile)
                       bad[i].msg);
     }
     ck_assert_ptr_nonnull(big);
-    memcpy(big, "v=3 spec=", 9);
+    memcpy(big, "v=4 spec=", 9);
     memset(big + 9, 'a', MMG_RECORD_MAX + 5);
     big[MMG_RECORD_MAX + 14] = '\0';
     ck_assert_int_eq(mmg_record_parse(big, &back, err, sizeof(err)), -1);
     ck_assert_ptr_nonnull(strstr(err, "longer than"));
+    /* at most MMG_RECORD_CARDS cards */
+    size_t used = (size_t)snprintf(big, MMG_RECORD_MAX, "v=4 cards=");
+    for (int i = 1; i <= MMG_RECORD_CARDS + 1; i++)
+        used += (size_t)snprintf(big + used, MMG_RECORD_MAX - used, "%sa:9:%d:fits:0:1",
+                                 i > 1 ? "," : "", i);
+    ck_assert_int_eq(mmg_record_parse(big, &back, err, sizeof(err)), -1);
+    big[strrchr(big, ',') - big] = '\0';
+    ck_assert_msg(mmg_record_parse(big, &back, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_uint_eq(back.n_cards, MMG_RECORD_CARDS);
     free(big);
 }
 END_TEST
@@ -204,12 +227,66 @@ START_TEST(peak_model)
 }
 END_TEST
 
+/* cards=: the verdicts published for job_submit.lua are those of a direct
+ * mm_verdict_for at each (card, count), and survive the round trip. */
+START_TEST(cards)
+{
+    mm_error e;
+    const char *names[] = { "c40", "c50", "c60" };
+    const uint64_t mem[] = { 40ull << 30, 50ull << 30, 60ull << 30 };
+    const uint32_t counts[] = { 8, 4 };
+    int kinds[3] = { 0, 0, 0 };
+    mm_spec *spec = mm_spec_load_file(SRCDIR "/contrib/models/llava-1.5-7b-finetune.yaml", &e);
+    ck_assert_msg(spec != NULL, "%s", e.msg);
+    memset(&r, 0, sizeof(r));
+    ck_assert_msg(mmg_cards_add(r.cards, &r.n_cards, spec, 3, names, mem, mem, 2, counts, &e) == 0,
+                  "%s", e.msg);
+    ck_assert_uint_eq(r.n_cards, 6);
+    /* again: pairs already there are not replayed again */
+    ck_assert_int_eq(mmg_cards_add(r.cards, &r.n_cards, spec, 3, names, mem, mem, 1, counts, &e), 0);
+    ck_assert_uint_eq(r.n_cards, 6);
+    ck_assert_int_eq(mmg_record_format(&r, text, sizeof(text)), 0);
+    ck_assert_msg(mmg_record_parse(text, &back, err, sizeof(err)) == 0, "%s: %s", err, text);
+    ck_assert_uint_eq(back.n_cards, 6);
+    for (size_t i = 0; i < 6; i++) {
+        const struct mmg_card *c = mmg_record_card(&back, names[i % 3], counts[i / 3]);
+        mm_verdict v;
+        mm_spec *at = mm_spec_clone(spec);
+        char assign[64];
+        snprintf(assign, sizeof(assign), "training.data_parallel=%u", counts[i / 3]);
+        ck_assert_int_eq(mm_spec_set(at, assign, &e), 0);
+        ck_assert_int_eq(mm_verdict_for(at, mem[i % 3], mem[i % 3], 0, &v, &e), 0);
+        ck_assert_ptr_nonnull(c);
+        ck_assert_int_eq(c->kind, v.kind);
+        ck_assert_uint_eq(c->retries, v.retries_step);
+        ck_assert_uint_eq(c->peak, v.reserved_peak + v.context_bytes);
+        ck_assert_uint_le(c->peak, mem[i % 3]);
+        if (counts[i / 3] == 8)
+            kinds[c->kind]++;
+        mm_spec_free(at);
+    }
+    /* docs/allocator.md: out of memory at 40 GiB, flushes at 50, fits at 60 on 8 GPUs */
+    ck_assert_int_eq(mmg_record_card(&back, "c40", 8)->kind, MM_VERDICT_OOM);
+    ck_assert_int_eq(mmg_record_card(&back, "C50", 8)->kind, MM_VERDICT_FLUSHES);
+    ck_assert_int_eq(mmg_record_card(&back, "c60", 8)->kind, MM_VERDICT_FITS);
+    ck_assert_ptr_null(mmg_record_card(&back, "c60", 2));
+    /* a count the spec refuses is left out, the next still judged */
+    const uint32_t some[] = { 0, 2 };
+    ck_assert_int_eq(mmg_cards_add(r.cards, &r.n_cards, spec, 1, names, mem, mem, 2, some, &e), -1);
+    ck_assert_ptr_null(mmg_cards_find(r.cards, r.n_cards, "c40", 0));
+    ck_assert_ptr_nonnull(mmg_cards_find(r.cards, r.n_cards, "c40", 2));
+    ck_assert_uint_eq(r.n_cards, 7);
+    mm_spec_free(spec);
+}
+END_TEST
+
 TCase *record_tcase(void)
 {
     TCase *tc = tcase_create("record");
     tcase_add_test(tc, round_trip);
     tcase_add_test(tc, hostile);
     tcase_add_test(tc, peak_model);
+    tcase_add_test(tc, cards);
     tcase_set_timeout(tc, 30);
     return tc;
 }

@@ -22,7 +22,8 @@ INSTALL_TARGETS += install-plugin
 # fuzz_request.c, fuzz_record.c, fuzz_memreq.c)
 PLUGIN_PURE_SRCS := spank_plugin/config.c spank_plugin/request.c spank_plugin/walk.c \
                     spank_plugin/optable.c spank_plugin/script.c spank_plugin/reqtext.c \
-                    spank_plugin/jobinfo.c spank_plugin/record.c spank_plugin/memreq.c
+                    spank_plugin/jobinfo.c spank_plugin/record.c spank_plugin/memreq.c \
+                    spank_plugin/outcome_rec.c
 UNIT_EXTRA_SRCS += $(PLUGIN_PURE_SRCS) tests/unit/case_table.c
 
 .PHONY: plugin check-slurm check-plugin-structure check-plugin-docs demo bench-sbatch bench-sbatch-instructions install-plugin

@@ -59,6 +59,7 @@ check-slurm: $(PLUGIN_SO) $(BUILD)/mmguard $(REQUEST_TOOL)
 	  JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) sh tests/slurm/test_request.sh
 	PLUGIN=$(abspath $(PLUGIN_SO)) JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) \
 	  sh tests/slurm/test_hostmem.sh
+	PLUGIN=$(abspath $(PLUGIN_SO)) MMGUARD_CLI=$(abspath $(BUILD)/mmguard) sh tests/slurm/test_outcome.sh
 
 demo:
 	sh scripts/install-deps.sh build slurm

@@ -24,3 +24,11 @@ check-python:
 	PYTHONPATH=$(abspath $(PYREC_DIR)) $(PYREC_PY) tests/python/test_recorder.py
 
 CHECK_TARGETS += check-python
+
+# `mmguard report` on a recorded (synthetic) log of many jobs: the outcome
+# section recomputed independently (tests/loop/test_report_loop.py)
+.PHONY: check-loop
+check-loop: $(BUILD)/mmguard
+	python3 tests/loop/test_report_loop.py $(BUILD)/mmguard
+
+CHECK_TARGETS += check-loop

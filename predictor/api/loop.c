@@ -4,7 +4,8 @@
  * joins the earliest unused decision line of the same uid and spec digest
  * (and predicted peak, when both say one) written no later than its outcome,
  * taking jobs by increasing id (Slurm numbers jobs in submission order);
- * plugin lines (sbatch/salloc/srun) are preferred to slurmctld's. */
+ * plugin lines (sbatch/salloc/srun) with the decision the job was published
+ * with are preferred to slurmctld's. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -308,6 +309,9 @@ static int matches(const dec_rec *d, const job *j, int ctld)
     if ((d->source && !strcmp(d->source, "slurmctld")) != ctld)
         return 0;
     if (d->peak >= 0 && j->p_peak >= 0 && d->peak != j->p_peak)
+        return 0;
+    /* the plugin's line says what it published (a warn run after a reject) */
+    if (!ctld && j->p_decision && strcmp(d->decision, j->p_decision))
         return 0;
     return !d->time || !j->time || strcmp(d->time, j->time) <= 0;
 }
@@ -836,6 +840,10 @@ static void text_rows(FILE *f, const char *title, json_object *a, const char *co
                             ? json_object_get_string(v) : "-";
             char buf[48];
             size_t m;
+            if (v && json_object_is_type(v, json_type_double)) {
+                fprintf(f, " %s=%.4g", keys[k], json_object_get_double(v));
+                continue;
+            }
             for (m = 0; s[m] && m < sizeof buf - 1; m++)   /* no control bytes from the log */
                 buf[m] = (unsigned char)s[m] < 0x20 || s[m] == 0x7f ? '?' : s[m];
             buf[m] = '\0';

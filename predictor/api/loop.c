@@ -88,6 +88,17 @@ void mm_loop_free(mm_loop *l)
     free(l);
 }
 
+size_t mm_loop_n_decisions(const mm_loop *l)
+{
+    return l ? l->n_decs : 0;
+}
+
+const char *mm_loop_decision_at(const mm_loop *l, size_t i, const char **time)
+{
+    *time = l->decs[i].time ? l->decs[i].time : "";
+    return l->decs[i].decision;
+}
+
 size_t mm_loop_outcome_lines(const mm_loop *l)
 {
     return l ? l->n_lines : 0;

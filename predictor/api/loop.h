@@ -50,4 +50,8 @@ size_t mm_loop_points(mm_loop *l, double *pred, double *meas, size_t cap);
 void mm_loop_advice(mm_loop *l, size_t accepted[MM_LOOP_N_MARGINS],
                     size_t would_oom[MM_LOOP_N_MARGINS]);
 
+/* The decision lines read, in order: decision name and time ("" unknown). */
+size_t mm_loop_n_decisions(const mm_loop *l);
+const char *mm_loop_decision_at(const mm_loop *l, size_t i, const char **time);
+
 #endif

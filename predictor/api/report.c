@@ -167,6 +167,11 @@ void mm_report_free(mm_report *r)
     free(r);
 }
 
+struct mm_loop *mm_report_loop(mm_report *r)
+{
+    return r ? r->loop : NULL;
+}
+
 size_t mm_report_records(const mm_report *r)
 {
     return r ? (size_t)r->records : 0;

@@ -104,7 +104,8 @@ static uint64_t layer_value(const mm_tl_point *p, int by_module, size_t k)
 
 /* One stacked chart: layers (factors or modules) as areas, the reserved line,
  * the peak, the card. */
-static void stack_chart(FILE *f, const mm_timeline *tl, int by_module, double ymax, uint64_t card)
+static void stack_chart(FILE *f, const mm_timeline *tl, int by_module, double ymax, uint64_t card,
+                        uint64_t device_peak)
 {
     size_t nl = by_module ? MM_TL_MODULES : MM_TL_FACTORS, li = 0;
     double xmax = tl->n > 1 ? (double)(tl->n - 1) : 1;
@@ -132,7 +133,11 @@ static void stack_chart(FILE *f, const mm_timeline *tl, int by_module, double ym
     for (size_t i = 0; i < tl->n; i++)
         fprintf(f, "%.1f,%.1f ", px((double)i, xmax), py((double)tl->pts[i].reserved, ymax));
     fputs("\"/>\n", f);
-    legend(f, li++, "#333", "reserved", 1);
+    legend(f, li++, "#333", "reserved (1 replay)", 1);
+    fprintf(f, "<line id=\"device-peak\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#9467bd\" "
+               "stroke-dasharray=\"2,3\" stroke-width=\"2\"/>\n", ML, W - MR, py((double)device_peak, ymax),
+            py((double)device_peak, ymax));
+    legend(f, li++, "#9467bd", "predicted device peak", 1);
     fprintf(f, "<line id=\"peak\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\"/>"
                "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#d62728\"/>\n",
             px((double)tl->peak_point, xmax), px((double)tl->peak_point, xmax), MT,
@@ -158,13 +163,17 @@ int mm_html_predict(FILE *f, const mm_spec *sp, const mm_prediction *p, const mm
 {
     char a[32], b[32], c[32];
     double ymax = (double)tl->peak_live;
+    if ((double)p->peak_bytes > ymax)
+        ymax = (double)p->peak_bytes;
     if ((double)tl->reserved_peak > ymax)
         ymax = (double)tl->reserved_peak;
     if ((double)card > ymax)
         ymax = (double)card;
     ymax *= 1.08;
     head(f, "mmguard predict: memory over one step");
-    fputs("<p id=\"summary\">Spec <b>", f);
+    fprintf(f, "<p id=\"summary\" data-peak-live=\"%llu\" data-peak-bytes=\"%llu\" data-events=\"%llu\">Spec <b>",
+            (unsigned long long)tl->peak_live, (unsigned long long)p->peak_bytes,
+            (unsigned long long)tl->events);
     esc(f, mm_spec_name(sp));
     gib(a, sizeof a, (double)p->peak_bytes);
     gib(b, sizeof b, (double)tl->peak_live);
@@ -180,10 +189,14 @@ int mm_html_predict(FILE *f, const mm_spec *sp, const mm_prediction *p, const mm
         fprintf(f, " Card: %s.", a);
     }
     fputs("</p>\n<figure>", f);
-    stack_chart(f, tl, 0, ymax, card);
-    fputs("<figcaption>Live bytes by factor over the step's allocation events; the line is what "
-          "the caching allocator model reserves; red: the peak event.</figcaption></figure>\n<figure>", f);
-    stack_chart(f, tl, 1, ymax, card);
+    stack_chart(f, tl, 0, ymax, card, p->peak_bytes);
+    fputs("<figcaption>Live bytes by factor over the step's allocation events (the allocated "
+          "peak is the prediction's); the solid line is what the caching allocator model reserves "
+          "replaying this step once from an empty cache (the prediction's reserved peak replays two "
+          "steps); dotted: the predicted device peak (reserved + CUDA context and the rest outside "
+          "the allocator), which is what is judged against the card; red: the peak event."
+          "</figcaption></figure>\n<figure>", f);
+    stack_chart(f, tl, 1, ymax, card, p->peak_bytes);
     fputs("<figcaption>The same by module.</figcaption></figure>\n</body></html>\n", f);
     return ferror(f) ? -1 : 0;
 }

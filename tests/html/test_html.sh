@@ -57,7 +57,15 @@ PY
 }
 check "predict page: 4 factor layers (parameters, gradients, optimizer, activations)" [ "$(in_svg predict live-by-factor 'class="layer"')" = 4 ]
 check "predict page: 3 module layers" [ "$(in_svg predict live-by-module 'class="layer"')" = 3 ]
-check "predict page: a legend entry per layer and line" [ "$(in_svg predict live-by-factor 'class="legend"')" = 7 ]
+check "predict page: a legend entry per layer and line" [ "$(in_svg predict live-by-factor 'class="legend"')" = 8 ]
+check "predict page: the predicted device peak line" [ "$(count predict 'id="device-peak"')" = 2 ]
+# the timeline's allocated peak is the prediction's, for specs of every parallel kind
+for s in llava-1.5-7b-finetune qwen2.5-vl-7b-lora llama-3.1-8b-full smolvlm-qlora; do
+    "$M" predict contrib/models/$s.yaml --html "$T/$s.html" --json >"$T/$s.json"
+    live=$(sed -n 's/.*data-peak-live="\([0-9]*\)".*/\1/p' "$T/$s.html")
+    want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["allocated_peak_bytes"])' "$T/$s.json")
+    check "timeline's allocated peak = predicted allocated peak ($s: $want)" [ "$live" = "$want" ]
+done
 check "predict page: the reserved line" [ "$(count predict 'id="reserved"')" = 2 ]
 check "predict page: the peak event" [ "$(count predict 'id="peak"')" = 2 ]
 check "predict page: the card's capacity" [ "$(count predict 'id="capacity"')" = 2 ]

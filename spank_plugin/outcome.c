@@ -5,9 +5,10 @@
  * job's environment).  exit: read that file (outcome_rec.c: no symlink, the
  * job user's regular file, bounded, strict) and append one "outcome" line to
  * the decision log (log= of mmguard.conf), joined by job id and carrying the
- * decision the job was published with.  Missing or broken records are logged
- * (slurmstepd's log, and an outcome line with record_state) and never fail
- * anything: every function here returns nothing to Slurm. */
+ * decision the job was published with.  A broken record is logged (slurmd's
+ * log, and an outcome line with record_state "invalid"), a missing one in
+ * slurmd's debug log only; nothing fails: every function here returns
+ * nothing to Slurm. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -138,9 +139,12 @@ static void collect(spank_t sp, const struct mmg_config *cfg, struct mmg_outcome
     read_record(path, uid, rec, &j, err, sizeof err);
     if (j.record_error)
         slurm_info(MMG_PREFIX "job %u step %s: record %s: %s", j.job_id, step, path, err);
-    /* no recorder ran: only the batch step of a checked job says so */
-    if (!j.rec && !j.record_error && !(j.pred && !strcmp(step, "batch")))
+    /* no recorder ran (most steps): slurmd's debug log only, the decision
+     * log keeps one line per decision and per record */
+    if (!j.rec && !j.record_error) {
+        slurm_debug(MMG_PREFIX "job %u step %s: no record at %s", j.job_id, step, path);
         return;
+    }
     if (spank_get_item(sp, S_TASK_EXIT_STATUS, &j.exit_status) == ESPANK_SUCCESS)
         j.has_exit_status = 1;
     line = mmg_outcome_line(&j);

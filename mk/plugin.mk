@@ -42,7 +42,7 @@ $(PLUGIN_SO): $(PLUGIN_OBJS) $(BUILD)/libmmguard.a $(PLUGIN_LDS)
 # holds it against slurmctld's record of the same submission).
 REQUEST_TOOL := $(BUILD)/request_tool
 $(REQUEST_TOOL): tests/slurm/request_tool.c $(PLUGIN_PURE_SRCS) $(PLUGIN_HDRS)
-	$(CC) $(CFLAGS_ALL) -Ispank_plugin tests/slurm/request_tool.c $(filter-out %config.c %record.c,$(PLUGIN_PURE_SRCS)) -o $@
+	$(CC) $(CFLAGS_ALL) -Ispank_plugin tests/slurm/request_tool.c $(filter-out %config.c %record.c %outcome_rec.c,$(PLUGIN_PURE_SRCS)) -o $@
 
 # No two files of the plugin call each other (tests/check/test_structure.sh).
 check-plugin-structure: $(PLUGIN_OBJS)

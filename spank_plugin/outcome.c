@@ -1,6 +1,6 @@
 /* outcome.c - remote context (slurmstepd, root): close the loop (issue 25).
  *
- * user_init: tell the step's tasks where to record what they used,
+ * user_init: tell the tasks of a checked job's step where to record what they used,
  * MMGUARD_RECORD=${TMPDIR:-/tmp}/mmguard-record.JOB.STEP.json (TMPDIR of the
  * job's environment).  exit: read that file (outcome_rec.c: no symlink, the
  * job user's regular file, bounded, strict) and append one "outcome" line to
@@ -54,18 +54,6 @@ static int record_path(spank_t sp, uint32_t *job_id, char *step, size_t sn, char
     return mmg_outcome_path(tmpdir, *job_id, step, path, n);
 }
 
-void mmg_outcome_user_init(spank_t sp)
-{
-    char path[OUTCOME_PATH_MAX], step[16];
-    uint32_t job_id;
-    if (record_path(sp, &job_id, step, sizeof step, path, sizeof path) != 0) {
-        slurm_debug(MMG_PREFIX "no record path for this step (TMPDIR not absolute?)");
-        return;
-    }
-    if (spank_setenv(sp, "MMGUARD_RECORD", path, 1) != ESPANK_SUCCESS)
-        slurm_debug(MMG_PREFIX "cannot set MMGUARD_RECORD for the tasks");
-}
-
 /* The decision the job was published with; 1 when there is one. */
 static int job_decision(spank_t sp, struct mmg_record *r)
 {
@@ -76,6 +64,28 @@ static int job_decision(spank_t sp, struct mmg_record *r)
         return 0;
     return mmg_record_parse(text, r, err, sizeof err) == 0;
 }
+
+/* Only a checked job (one with a published decision) is asked to record; any
+ * other job loses an MMGUARD_RECORD inherited from where it was submitted. */
+void mmg_outcome_user_init(spank_t sp)
+{
+    char path[OUTCOME_PATH_MAX], step[16];
+    uint32_t job_id;
+    struct mmg_record *r = calloc(1, sizeof(*r));
+    int checked = r && job_decision(sp, r);
+    free(r);
+    if (!checked) {
+        (void)spank_unsetenv(sp, "MMGUARD_RECORD");
+        return;
+    }
+    if (record_path(sp, &job_id, step, sizeof step, path, sizeof path) != 0) {
+        slurm_debug(MMG_PREFIX "no record path for this step (TMPDIR not absolute?)");
+        return;
+    }
+    if (spank_setenv(sp, "MMGUARD_RECORD", path, 1) != ESPANK_SUCCESS)
+        slurm_debug(MMG_PREFIX "cannot set MMGUARD_RECORD for the tasks");
+}
+
 
 /* Append line + newline to the log: never through a symlink, never blocking,
  * a regular file only, whole lines under flock (as log.c does). */

@@ -864,6 +864,53 @@ static void text_rows(FILE *f, const char *title, json_object *a, const char *co
     }
 }
 
+static double dget(json_object *o, const char *k)
+{
+    json_object *v;
+    return json_object_object_get_ex(o, k, &v) && v ? json_object_get_double(v) : NAN;
+}
+
+static void text_error(FILE *f, json_object *e)
+{
+    int n = (int)dget(e, "jobs");
+    if (!n) {
+        fputs("  predicted vs measured: no job with both a prediction and a measured device peak\n", f);
+        return;
+    }
+    fprintf(f, "  predicted / measured - 1 over %d job(s): min %+.3f  p10 %+.3f  median %+.3f  "
+               "p90 %+.3f  max %+.3f  (%d under-predicted)\n", n, dget(e, "min"), dget(e, "p10"),
+            dget(e, "median"), dget(e, "p90"), dget(e, "max"), (int)dget(e, "under"));
+}
+
+static const char *gib_col(char *buf, size_t n, double v)
+{
+    if (v < 0)
+        snprintf(buf, n, "-");
+    else
+        snprintf(buf, n, "%.2f", v / 1073741824.0);
+    return buf;
+}
+
+/* the last `top` jobs: what their records say */
+static void text_jobs(FILE *f, const mm_loop *l, size_t top)
+{
+    char ub[32];
+    size_t from = l->n_jobs > top ? l->n_jobs - top : 0;
+    fprintf(f, "  %10s %-12s %-10s %-8s %-7s %12s %12s %12s\n", "job", "user", "decision", "record",
+            "status", "host GiB", "device GiB", "predicted");
+    for (size_t i = from; i < l->n_jobs; i++) {
+        const job *j = &l->jobs[i];
+        char u[13], d[11], g1[24], g2[24], g3[24];
+        snprintf(u, sizeof u, "%.12s", job_user(j, ub, sizeof ub));
+        snprintf(d, sizeof d, "%.10s", j->p_decision ? j->p_decision : "-");
+        for (char *c = u; *c; c++)
+            *c = (unsigned char)*c < 0x20 || *c == 0x7f ? '?' : *c;
+        fprintf(f, "  %10.0f %-12s %-10s %-8.8s %-7.7s %12s %12s %12s\n", j->job_id, u, d,
+                j->state ? j->state : "-", j->status ? j->status : "-", gib_col(g1, sizeof g1, j->host_rss),
+                gib_col(g2, sizeof g2, j->dev_peak), gib_col(g3, sizeof g3, j->p_peak));
+    }
+}
+
 void mm_loop_text(mm_loop *l, FILE *f, size_t top)
 {
     static const char *const job_keys[] = { "job_id", "user", "model", "gpu", "predicted_peak_bytes",
@@ -879,8 +926,8 @@ void mm_loop_text(mm_loop *l, FILE *f, size_t top)
     json_object_object_get_ex(o, "error", &e);
     fprintf(f, "\nOutcomes: %zu job(s) from %zu line(s); records %s\n", l->n_jobs, l->n_lines,
             json_object_to_json_string_ext(x, JSON_C_TO_STRING_PLAIN));
-    fprintf(f, "  predicted/measured - 1: %s\n",
-            json_object_to_json_string_ext(e, JSON_C_TO_STRING_PLAIN));
+    text_error(f, e);
+    text_jobs(f, l, top);
     json_object_object_get_ex(o, "under_predictions", &x);
     text_rows(f, "Under-predictions (worst first)", x, job_keys);
     json_object_object_get_ex(o, "by_model", &x);

@@ -55,7 +55,7 @@ def outcome(t, job_id, uid, dec, measured):
     pred.update({"gpu_mem_bytes": dec["gpu_mem_bytes"], "usable_bytes": dec["usable_bytes"],
                  "data_parallel": dec["data_parallel"], "peak_bytes": dec["peak_bytes"]})
     return {"synthetic": True, "time": stamp(t), "event": "outcome", "job_id": job_id,
-            "step": "batch", "uid": uid, "exit_status": None, "record": "/tmp/x.json",
+            "step": "batch", "uid": uid, "record": "/tmp/x.json",
             "record_state": "ok", "record_error": None,
             "measured": measured, "predicted": pred}
 

@@ -155,8 +155,6 @@ static void collect(spank_t sp, const struct mmg_config *cfg, struct mmg_outcome
         slurm_debug(MMG_PREFIX "job %u step %s: no record at %s", j.job_id, step, path);
         return;
     }
-    if (spank_get_item(sp, S_TASK_EXIT_STATUS, &j.exit_status) == ESPANK_SUCCESS)
-        j.has_exit_status = 1;
     line = mmg_outcome_line(&j);
     if (!line)
         return;

@@ -402,7 +402,6 @@ char *mmg_outcome_line(const struct mmg_outcome_job *j)
     json_object_object_add(o, "job_id", u64(j->job_id));
     json_object_object_add(o, "step", json_object_new_string(j->step));
     json_object_object_add(o, "uid", u64(j->uid));
-    json_object_object_add(o, "exit_status", j->has_exit_status ? json_object_new_int(j->exit_status) : NULL);
     json_object_object_add(o, "record", opt_str(j->record_path));
     json_object_object_add(o, "record_state", json_object_new_string(j->record_state));
     json_object_object_add(o, "record_error", opt_str(j->record_error));

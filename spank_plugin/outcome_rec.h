@@ -58,7 +58,6 @@ struct mmg_outcome_job {
     uint32_t job_id;
     char step[16];                  /* "batch" or the step number */
     uint32_t uid;
-    int exit_status, has_exit_status;
     const char *record_path;
     const char *record_state;       /* "ok" | "missing" | "invalid" */
     const char *record_error;       /* NULL unless invalid */

@@ -24,7 +24,7 @@ typedef struct dec_rec {
 } dec_rec;
 
 typedef struct job {
-    double job_id, uid, exit_status;
+    double job_id, uid;
     char *time, *state, *file, *status, *oom_phase, *oom_kind;
     unsigned long line;
     /* measured (-1 = absent) */
@@ -237,7 +237,6 @@ int mm_loop_add_outcome(mm_loop *l, json_object *o, const char *file, unsigned l
     l->n_lines++;
     j->job_id = num(o, "job_id");
     j->uid = num(o, "uid");
-    j->exit_status = num(o, "exit_status");
     j->time = dup_str(o, "time", &oom);
     j->state = dup_str(o, "record_state", &oom);
     j->file = strdup(file ? file : "-");

@@ -107,6 +107,27 @@ class PlainTorch(unittest.TestCase):
             self.assertFalse(os.path.exists(path))
 
 
+class Accelerate(unittest.TestCase):
+    def test_prepared_model_and_optimizer(self):
+        from accelerate import Accelerator
+        acc = Accelerator(cpu=True)
+        model = acc.prepare(tiny_lm())
+        opt = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-3))
+        self.assertIsNot(opt, getattr(opt, "optimizer", opt))  # an AcceleratedOptimizer
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "rec.json")
+            with mmguard.recording(model, opt, path=path) as rec:
+                for seq in (10, 30):
+                    ids = torch.randint(0, 64, (4, seq))
+                    acc.backward(model(input_ids=ids, labels=ids).loss)
+                    opt.step()
+                    opt.zero_grad()
+            r = read(path)
+            self.assertEqual(rec.written, 2)
+            self.assertEqual((r["status"], r["steps"]), ("done", 2))
+            self.assertEqual((r["micro_batch"], r["max_seq_len"]), (4, 30))
+
+
 class Trainer(unittest.TestCase):
     def test_hf_trainer_callback(self):
         from transformers import Trainer as HFTrainer, TrainingArguments

@@ -20,7 +20,7 @@
 FUZZ_CC       ?= clang
 FUZZ_SECONDS  ?= 60
 FUZZ_CHECK_SECONDS ?= 10
-FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record import_ds import_trainer import_args import_lf memreq
+FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record import_ds import_trainer import_args import_lf memreq outcome report
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_CFLAGS    = $(CSTD) -O1 -g $(WARN) $(FUZZ_SAN) $(PKG_CFLAGS) $(PRED_INC) -Ispank_plugin $(CFLAGS)
 FUZZ_DIR      := $(BUILD)/fuzz
@@ -66,6 +66,10 @@ $(FUZZ_DIR)/fuzz_memreq: tests/fuzz/fuzz_memreq.c tests/fuzz/fuzz_common.h tests
 
 $(FUZZ_DIR)/fuzz_record: tests/fuzz/fuzz_record.c tests/fuzz/fuzz_common.h $(FUZZ_DIR)/plugin/record.o $(FUZZ_LIB_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_DIR)/plugin/record.o $(FUZZ_LIB_OBJS) $(PKG_LIBS) -lm -o $@
+
+# the job's record (issue 25): read by slurmstepd as root from a file the user wrote
+$(FUZZ_DIR)/fuzz_outcome: tests/fuzz/fuzz_outcome.c tests/fuzz/fuzz_common.h $(FUZZ_DIR)/plugin/outcome_rec.o
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_DIR)/plugin/outcome_rec.o $(PKG_LIBS) -o $@
 
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_LIB_OBJS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB_OBJS) $(PKG_LIBS) -lm -o $@

@@ -22,7 +22,8 @@ INSTALL_TARGETS += install-plugin
 # fuzz_request.c, fuzz_record.c, fuzz_memreq.c)
 PLUGIN_PURE_SRCS := spank_plugin/config.c spank_plugin/request.c spank_plugin/walk.c \
                     spank_plugin/optable.c spank_plugin/script.c spank_plugin/reqtext.c \
-                    spank_plugin/jobinfo.c spank_plugin/record.c spank_plugin/memreq.c
+                    spank_plugin/jobinfo.c spank_plugin/record.c spank_plugin/memreq.c \
+                    spank_plugin/outcome_rec.c
 UNIT_EXTRA_SRCS += $(PLUGIN_PURE_SRCS) tests/unit/case_table.c
 
 .PHONY: plugin check-slurm check-plugin-structure check-plugin-docs demo bench-sbatch bench-sbatch-instructions install-plugin
@@ -41,7 +42,7 @@ $(PLUGIN_SO): $(PLUGIN_OBJS) $(BUILD)/libmmguard.a $(PLUGIN_LDS)
 # holds it against slurmctld's record of the same submission).
 REQUEST_TOOL := $(BUILD)/request_tool
 $(REQUEST_TOOL): tests/slurm/request_tool.c $(PLUGIN_PURE_SRCS) $(PLUGIN_HDRS)
-	$(CC) $(CFLAGS_ALL) -Ispank_plugin tests/slurm/request_tool.c $(filter-out %config.c %record.c,$(PLUGIN_PURE_SRCS)) -o $@
+	$(CC) $(CFLAGS_ALL) -Ispank_plugin tests/slurm/request_tool.c $(filter-out %config.c %record.c %outcome_rec.c,$(PLUGIN_PURE_SRCS)) -o $@
 
 # No two files of the plugin call each other (tests/check/test_structure.sh).
 check-plugin-structure: $(PLUGIN_OBJS)
@@ -58,6 +59,7 @@ check-slurm: $(PLUGIN_SO) $(BUILD)/mmguard $(REQUEST_TOOL)
 	  JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) sh tests/slurm/test_request.sh
 	PLUGIN=$(abspath $(PLUGIN_SO)) JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) \
 	  sh tests/slurm/test_hostmem.sh
+	PLUGIN=$(abspath $(PLUGIN_SO)) MMGUARD_CLI=$(abspath $(BUILD)/mmguard) sh tests/slurm/test_outcome.sh
 
 demo:
 	sh scripts/install-deps.sh build slurm

@@ -3,8 +3,9 @@
 # start munged/slurmctld/slurmd with the mmguard SPANK plugin, submit the
 # shipped LLaVA specs through the real sbatch with their GPU requests (accepted
 # when the GPUs asked for hold the predicted peak, rejected with the
-# explanation and ways to fit when not), show the decision log, stop the
-# cluster.
+# explanation and ways to fit when not), let the accepted job record what it
+# used (python/mmguard), show the decision log with the job's outcome and the
+# report, stop the cluster.
 # `make demo` installs the packages and builds the plugin first.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,11 +37,23 @@ MMGUARD_CONF=$dir/mmguard.conf PLUGIN=$PLUGIN GRES=h100:8,h200:8 \
 . "$CLUSTER_DIR/env.sh"
 cd "$dir"
 
-cat >"$dir/train.sh" <<'JOB'
+cat >"$dir/train.sh" <<JOB
 #!/bin/sh
 #SBATCH --gres=gpu:h100:8
-echo "job $SLURM_JOB_ID on $(hostname): the plugin's prediction, as the training script sees it:"
+echo "job \$SLURM_JOB_ID on \$(hostname): the plugin's prediction, as the training script sees it:"
 env | grep '^MMGUARD_' | sort | sed 's/^/  /'
+# the job-side recorder (python/mmguard, here without torch: host memory only;
+# on a GPU node with torch it adds the CUDA counters and NVML's peak)
+if command -v python3 >/dev/null 2>&1; then
+    PYTHONPATH=$root/python python3 -c '
+import mmguard
+rec = mmguard.Recorder()
+for seq in (1024, 2048):
+    rec.observe(micro_batch=16, seq_len=seq)
+    rec.step_done()
+rec.close()
+print("  recorded:", rec.path)'
+fi
 JOB
 
 wait_job() {
@@ -77,12 +90,21 @@ say "4. the same 13B fine-tune on 4 H200s: accepted"
 show "sbatch --mm-model=contrib/models/$(basename "$TOO_BIG") --gres=gpu:h200:4 -o job2.out train.sh"
 sbatch --mm-model="$TOO_BIG" --gres=gpu:h200:4 -o "$dir/job2.out" "$dir/train.sh"
 
-say "5. the decision log ($dir/decisions.jsonl), one JSON object per decision"
+say "5. the decision log ($dir/decisions.jsonl): one JSON object per decision, and the
+   outcome of job 1 (its record, read by slurmstepd when the batch step ended)"
 if command -v python3 >/dev/null 2>&1; then
     python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
+    if r.get("event") == "outcome":
+        m = r.get("measured") or {}
+        print("%s outcome job %s: record %s, status %s, %s steps, host peak %.2f GiB, "
+              "longest sequence %s, CUDA %s" % (
+            r["time"], r["job_id"], r["record_state"], m.get("status"), m.get("steps"),
+            (m.get("host_peak_rss_bytes") or 0) / 2**30, m.get("max_seq_len"),
+            "measured" if m.get("cuda") else "absent (no GPU here)"))
+        continue
     print("%s %-6s %-7s %-28s gpu=%-5s peak=%6.1f GiB usable=%6.1f GiB  %s" % (
         r["time"], r["source"], r["decision"], r.get("model"), r.get("gpu"),
         r.get("peak_bytes", 0) / 2**30, r.get("usable_bytes", 0) / 2**30, r["user"]))
@@ -93,6 +115,8 @@ fi
 if [ -x "$cli" ]; then
     show "mmguard report decisions.jsonl"
     "$cli" report "$dir/decisions.jsonl" || true
+    echo "(on a GPU node the outcome carries the device peak: predicted vs measured, the error"
+    echo " distribution and the margin advice above fill in; here the node has no GPU)"
 fi
 
 say "stopping the cluster"

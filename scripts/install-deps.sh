@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install the Debian packages mmguard needs, only those missing, so that the
 # README's commands work on a fresh Debian bookworm machine (CI included).
-# Usage: install-deps.sh GROUP...   (groups are files in deps/: build, slurm, oracle, fuzz)
+# Usage: install-deps.sh GROUP...   (groups are files in deps/: build, slurm, oracle, fuzz, browser)
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 missing=""

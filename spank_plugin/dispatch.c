@@ -37,16 +37,17 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
-    if (spank_context() == S_CTX_REMOTE)
+    if (spank_context() == S_CTX_REMOTE) {
+        mmg_outcome_user_init(sp);
         return mmg_remote_user_init(sp, ac, av);
+    }
     return 0;
 }
 
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
-    (void)sp;
-    (void)ac;
-    (void)av;
+    if (spank_context() == S_CTX_REMOTE)
+        mmg_outcome_exit(sp, ac, av);
     mmg_options_free();
     return 0;
 }

@@ -14,8 +14,10 @@
  * alloc.c     sbatch / salloc (allocator context)
  * local.c     srun (local context)
  * remote.c    slurmstepd (remote context): MMGUARD_* for the tasks
+ * outcome.c   slurmstepd: MMGUARD_RECORD for the tasks; at the step's end the
+ *             job's record (outcome_rec.c) as an outcome line in the log
  * Slurm-free, unit-tested and fuzzed: config.c, request.c, walk.c,
- * optable.c, script.c, reqtext.c, jobinfo.c, record.c, memreq.c.
+ * optable.c, script.c, reqtext.c, jobinfo.c, record.c, memreq.c, outcome_rec.c.
  */
 #ifndef MMG_PLUGIN_H
 #define MMG_PLUGIN_H
@@ -153,5 +155,8 @@ int mmg_alloc_post_opt(spank_t sp, int ac, char **av);
 int mmg_local_post_opt(spank_t sp, int ac, char **av);
 int mmg_remote_user_init(spank_t sp, int ac, char **av);
 int mmg_slurmd_init(spank_t sp, int ac, char **av);
+/* outcome.c: never fail, never return anything to Slurm */
+void mmg_outcome_user_init(spank_t sp);
+void mmg_outcome_exit(spank_t sp, int ac, char **av);
 
 #endif

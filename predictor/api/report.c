@@ -1,5 +1,6 @@
 /* report.c - summary of mmguard decision logs (see report.h, docs/report.md). */
 #include "report.h"
+#include "loop.h"
 
 #include <errno.h>
 #include <math.h>
@@ -136,11 +137,17 @@ struct mm_report {
     double rej_hours;
     malformed kept[MM_REPORT_KEEP_MALFORMED];
     size_t n_kept;
+    mm_loop *loop;                  /* outcome lines and the decisions they join (loop.c) */
 };
 
 mm_report *mm_report_new(void)
 {
-    return calloc(1, sizeof(mm_report));
+    mm_report *r = calloc(1, sizeof(mm_report));
+    if (r && !(r->loop = mm_loop_new())) {
+        free(r);
+        return NULL;
+    }
+    return r;
 }
 
 void mm_report_free(mm_report *r)
@@ -152,11 +159,17 @@ void mm_report_free(mm_report *r)
     gs_free(&r->models);
     gs_free(&r->specs);
     gs_free(&r->sizes);
+    mm_loop_free(r->loop);
     for (size_t i = 0; i < r->n_kept; i++) {
         free(r->kept[i].file);
         free(r->kept[i].error);
     }
     free(r);
+}
+
+struct mm_loop *mm_report_loop(mm_report *r)
+{
+    return r ? r->loop : NULL;
 }
 
 size_t mm_report_records(const mm_report *r)
@@ -410,6 +423,12 @@ int mm_report_add_line(mm_report *r, const char *file, unsigned long lineno,
         json_object_put(o);
         return bad_line(r, file, lineno, "not a JSON object");
     }
+    dec = get_str(o, "event");
+    if (dec && !strcmp(dec, "outcome")) {
+        rc = mm_loop_add_outcome(r->loop, o, file, lineno);
+        json_object_put(o);
+        return rc == -1 ? bad_line(r, file, lineno, "outcome without a job_id") : rc;
+    }
     dec = get_str(o, "decision");
     if (!dec) {
         json_object_put(o);
@@ -428,6 +447,8 @@ int mm_report_add_line(mm_report *r, const char *file, unsigned long lineno,
         return bad_line(r, file, lineno, "unknown decision '%s'", shown);
     }
     rc = account(r, o, (mm_decision)d);
+    if (rc == 0)
+        rc = mm_loop_add_decision(r->loop, o, dec_names[d], file, lineno);
     json_object_put(o);
     return rc;
 }
@@ -682,6 +703,11 @@ static json_object *build_json(const mm_report *r, size_t top)
         return NULL;
     }
     json_object_object_add(o, "rejected_gpu_hours", x);
+    if (!(x = mm_loop_json(r->loop, top))) {
+        json_object_put(o);
+        return NULL;
+    }
+    json_object_object_add(o, "outcomes", x);
     return o;
 }
 
@@ -853,6 +879,8 @@ char *mm_report_text(const mm_report *r, size_t top)
     text_rejected_specs(f, r, top);
     text_ratio(f, r);
     text_rejected_hours(f, r);
+    if (mm_loop_outcome_lines(r->loop))
+        mm_loop_text(r->loop, f, top);
     text_malformed(f, r);
     if (fclose(f) != 0) {
         free(buf);

@@ -65,4 +65,8 @@ size_t mm_report_decision_count(const mm_report *r, mm_decision d);
 char *mm_report_json(const mm_report *r, size_t top, int pretty);
 char *mm_report_text(const mm_report *r, size_t top);
 
+/* The outcome part (loop.h), for the pictures. */
+struct mm_loop;
+struct mm_loop *mm_report_loop(mm_report *r);
+
 #endif

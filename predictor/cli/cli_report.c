@@ -9,10 +9,11 @@
 
 #include "mmguard.h"
 #include "report.h"
+#include "cli_html.h"
 
 static void usage(FILE *f)
 {
-    fputs("usage: mmguard report [--json] [--pretty] [--top N] LOG...\n"
+    fputs("usage: mmguard report [--json] [--pretty] [--top N] [--html FILE] LOG...\n"
           "  Summarise mmguard decision logs (JSON lines written by the SPANK plugin's\n"
           "  log= and job_submit.lua's ctld_log=): decisions per user, model and source,\n"
           "  the most-rejected specs, predicted peak / usable memory, and the GPU-hours\n"
@@ -20,13 +21,16 @@ static void usage(FILE *f)
           "  counted and listed as FILE:LINE, never fatal.\n"
           "  --json      machine-readable summary (docs/report.md)\n"
           "  --pretty    indented JSON (implies --json)\n"
-          "  --top N     rows in the per-user/per-model/spec lists (default 10)\n",
+          "  --top N     rows in the per-user/per-model/spec lists (default 10)\n"
+          "  --html FILE also write the pictures (self-contained HTML/SVG): decisions over\n"
+          "              time, predicted vs measured, error histogram, margin advice\n",
           f);
 }
 
 typedef struct report_flags {
     int json, pretty, nfiles;
     size_t top;
+    const char *html;
 } report_flags;
 
 /* the options and the number of files; -1 to go on, else the exit status */
@@ -56,6 +60,12 @@ static int parse_flags(int argc, char **argv, report_flags *fl)
                 return 2;
             }
             fl->top = (size_t)n;
+        } else if (!strcmp(a, "--html") || !strncmp(a, "--html=", 7)) {
+            fl->html = a[6] == '=' ? a + 7 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!fl->html || !*fl->html) {
+                fprintf(stderr, "mmguard report: --html needs a FILE\n");
+                return 2;
+            }
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -85,7 +95,7 @@ static int read_files(mm_report *r, int argc, char **argv)
             continue;
         }
         if (!dashdash && a[0] == '-' && strcmp(a, "-")) {
-            if (!strcmp(a, "--top"))
+            if (!strcmp(a, "--top") || !strcmp(a, "--html"))
                 i++;
             continue;
         }
@@ -110,6 +120,8 @@ int mm_cli_report(int argc, char **argv)
         return 1;
     }
     rc = read_files(r, argc, argv);
+    if (fl.html && mm_cli_report_html(mm_report_loop(r), fl.html) != 0)
+        rc = 1;
     char *out = fl.json ? mm_report_json(r, fl.top, fl.pretty) : mm_report_text(r, fl.top);
     if (!out) {
         fprintf(stderr, "mmguard report: out of memory\n");

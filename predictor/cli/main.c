@@ -2,6 +2,7 @@
  * Exit codes: 0 ok / fits, 1 does not fit, 2 bad input or usage. */
 #include "mmguard.h"
 #include "cli.h"
+#include "cli_html.h"
 #include "cli_verdict.h"
 #include "import.h"
 
@@ -21,7 +22,7 @@ typedef struct opts {
     const char *sets[MAX_SETS];
     int nsets;
     int json, pretty, layers;
-    const char *gpu_mem, *margin;
+    const char *gpu_mem, *margin, *html;
     long iterations;
 } opts;
 
@@ -33,7 +34,7 @@ static void usage_main(FILE *f)
             "Predict the peak GPU memory of one training step of a (multimodal) model.\n"
             "\n"
             "commands:\n"
-            "  predict SPEC [--set KEY=VALUE]... [--json] [--layers]\n"
+            "  predict SPEC [--set KEY=VALUE]... [--json] [--layers] [--html FILE [--gpu-mem SIZE]]\n"
             "  check   SPEC --gpu-mem SIZE [--margin 10%%|4GiB] [--set KEY=VALUE]...\n"
             "  fit     SPEC --gpu-mem SIZE [--margin 10%%|4GiB] [--set KEY=VALUE]... [--json]\n"
             "  report  LOG... [--json]\n"
@@ -50,13 +51,17 @@ static void usage_cmd(const char *cmd, FILE *f)
     if (!strcmp(cmd, "predict"))
         fprintf(f,
                 "usage: mmguard predict SPEC [--set KEY=VALUE]... [--json [--pretty]] [--layers]\n"
+                "                       [--html FILE [--gpu-mem SIZE]]\n"
                 "  Predict the per-GPU peak of one steady-state training step and show where it\n"
                 "  comes from, by module and factor.\n"
                 "  --set KEY=VALUE  override any dotted key of the spec; modules by name, e.g.\n"
                 "                   --set training.micro_batch_size=8\n"
                 "                   --set language_model.num_hidden_layers=40\n"
                 "  --json           machine-readable output (schema in the README)\n"
-                "  --layers         list every layer row in the table\n");
+                "  --layers         list every layer row in the table\n"
+                "  --html FILE      also write the step as a picture (self-contained HTML/SVG):\n"
+                "                   live bytes by factor and module, reserved, the peak;\n"
+                "                   --gpu-mem SIZE adds the card's capacity line\n");
     else if (!strcmp(cmd, "check"))
         fprintf(f,
                 "usage: mmguard check SPEC --gpu-mem SIZE [--margin PCT|SIZE] [--set KEY=VALUE]... [--json]\n"
@@ -111,6 +116,10 @@ static int parse_opts(int argc, char **argv, opts *o, const char *cmd)
             if (r < 0)
                 goto missing;
             o->gpu_mem = val;
+        } else if ((r = TAKE("--html")) != 0) {
+            if (r < 0)
+                goto missing;
+            o->html = val;
         } else if ((r = TAKE("--margin")) != 0) {
             if (r < 0)
                 goto missing;
@@ -298,6 +307,7 @@ static int cmd_predict(int argc, char **argv)
         mm_spec_free(s);
         return 2;
     }
+    int rc = o.html ? mm_cli_predict_html(s, &p, o.html, o.gpu_mem) : 0;
     if (o.json) {
         char *j = mm_prediction_json(&p, o.pretty);
         if (j)
@@ -308,7 +318,7 @@ static int cmd_predict(int argc, char **argv)
     }
     mm_prediction_free(&p);
     mm_spec_free(s);
-    return 0;
+    return rc;
 }
 
 static int cmd_check(int argc, char **argv)

@@ -21,5 +21,6 @@ Suite *parallel_suite(void);
 Suite *fit_suite(void);
 Suite *engine_suite(void);
 Suite *features_suite(void);
+Suite *outcome_suite(void);
 
 #endif

@@ -233,12 +233,14 @@ int64_t shadow_peak() { std::lock_guard<std::mutex> g(g_mu); return C.shadow_pea
 // allocator at once; returns {allocations made, counted bytes left live}
 std::vector<int64_t> stress(int64_t nthreads, int64_t iters) {
   int64_t base = live();
-  std::atomic<int64_t> made{0};
+  std::atomic<int64_t> made{0}, ready{0};
   std::vector<std::thread> ts;
   for (int64_t t = 0; t < nthreads; t++) {
-    ts.emplace_back([&made, iters]() {
+    ts.emplace_back([&made, &ready, nthreads, iters]() {
       register_thread(false);
       c10::Allocator* a = c10::GetCPUAllocator();
+      ready.fetch_add(1);
+      while (ready.load() < nthreads) std::this_thread::yield();   // all start together
       for (int64_t i = 0; i < iters; i++) {
         c10::DataPtr d = a->allocate(64 + (i % 7) * 8);
         made.fetch_add(1);

@@ -100,9 +100,10 @@ def counter_concurrent_threads():
     assert M.live() == base, (M.live(), base)
     # and at full contention: C++ threads through c10's CPU allocator, no GIL
     base, n0 = M.live(), M.nalloc()
-    r = M.stress(4, 20000)
-    assert r == [4 * 20000, 0], r                           # allocations seen, bytes left live
-    assert M.nalloc() - n0 == 4 * 20000 and M.live() == base, (M.nalloc() - n0, M.live() - base)
+    # (without memhook's lock this lost 190 of 80,000 allocations and 4,984 bytes here)
+    r = M.stress(4, 50000)
+    assert r == [4 * 50000, 0], r                           # allocations seen, bytes left live
+    assert M.nalloc() - n0 == 4 * 50000 and M.live() == base, (M.nalloc() - n0, M.live() - base)
 
 
 @test
@@ -320,12 +321,13 @@ def conv_valid_padding_emulated():
                 assert M.reset_peak() - base == want, (grad, M.reset_peak() - base, want)
                 assert M.live() - base == (want if grad else nbytes(y)), (grad, M.live() - base)
                 close(y, ref, 5e-2)
-                if grad:
-                    base = M.live()
-                    M.reset_peak()
-                    y.sum().backward()
-                    # grad_weight in bf16, then AccumulateGrad's fp32 copy for the fp32 leaf
-                    assert M.reset_peak() - base <= nbytes(w) + w.numel() * 2 + nbytes(y)
+                if grad:                 # backward: the numerics (its bytes: _ConvCudnn.backward)
+                    g = torch.randn(y.shape)
+                    y.backward(g.to(y.dtype))
+                    wr = w.detach().clone().requires_grad_()
+                    emul._orig_conv2d(x, wr, None, 4, 0).backward(g)
+                    close(w.grad, wr.grad, 5e-2)
+                    w.grad = None
                 del y
     base = M.live()
     M.reset_peak()

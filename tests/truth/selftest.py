@@ -7,7 +7,8 @@ left out of the count, every CUDA-kernel emulation of emul.py (numerics against
 the real CPU op, and the exact counted bytes -- live afterwards and the
 transient peak -- against what the CUDA kernel allocates), that the tracer does
 not change what is measured, and that a few tiny configs reproduce their
-committed rows in data/truth.jsonl byte for byte (a missing row fails).
+committed rows in data/truth.jsonl (a missing row fails): byte for byte in one
+process, within GLOO_TIMING_BYTES (4 KiB, a gloo work thread's timing) with ranks.
 Prints 'N passed, N failed' and exits non-zero on any failure.
 """
 import json
@@ -453,17 +454,29 @@ def smoke_rows_match_committed_data():
         assert len(m["ranks"]) == s["world_size"]
         assert s["id"] in committed, "no committed row for %s in %s: measure it (truth.py generate)" % (s["id"], path)
         c = committed[s["id"]]["measured"]
-        assert c["peak_bytes"] == m["peak_bytes"], (s["id"], c["peak_bytes"], m["peak_bytes"])
-        assert c["phase_peak_bytes"] == m["phase_peak_bytes"], (s["id"], c["phase_peak_bytes"], m["phase_peak_bytes"])
+        tol = GLOO_TIMING_BYTES if s["world_size"] > 1 else 0
+        for ph in c["phase_peak_bytes"]:
+            assert abs(c["phase_peak_bytes"][ph] - m["phase_peak_bytes"][ph]) <= tol, (
+                s["id"], ph, c["phase_peak_bytes"], m["phase_peak_bytes"])
+        assert abs(c["peak_bytes"] - m["peak_bytes"]) <= tol, (s["id"], c["peak_bytes"], m["peak_bytes"])
+
+
+# Distributed rows: a counted tensor whose last reference is a gloo Work object is freed when
+# gloo's work thread drops that Work, so whether it is still alive at a phase's peak depends on
+# thread timing (llama-fsdp2-2: the backward peak of a rank measured 140,034,540 or 140,032,988 B,
+# a 1,552-byte tensor).  Bounded here, not hidden; single-process rows are compared exactly.
+GLOO_TIMING_BYTES = 4096
 
 
 @test
 def fsdp2_row_is_repeatable():
-    """With gloo's scratch out of the count, the FSDP2 smoke row measures the same bytes in every
-    phase twice in a row (the optimizer phase once swung 89.2 / 104.1 MB with the comm thread)."""
+    """With gloo's scratch out of the count, the FSDP2 smoke row measures every phase twice in a row
+    within GLOO_TIMING_BYTES (the optimizer phase once swung 89.2 / 104.1 MB with the comm thread)."""
     s = [x for x in smoke_setups() if x["parallel"] == "fsdp2"][0]
     a, b = _row(s), _row(s)
-    assert a["measured"]["phase_peak_bytes"] == b["measured"]["phase_peak_bytes"], (a["measured"], b["measured"])
+    pa, pb = a["measured"]["phase_peak_bytes"], b["measured"]["phase_peak_bytes"]
+    for ph in pa:
+        assert abs(pa[ph] - pb[ph]) <= GLOO_TIMING_BYTES, (ph, pa, pb)
     for r in a["measured"]["ranks"]:
         assert r["gloo_scratch"]["call_bytes"] > 0 and r["gloo_scratch"]["thread_bytes"] > 0, r["gloo_scratch"]
 

@@ -17,11 +17,12 @@ import torch.nn.functional as F
 import memhook
 
 ALL = ("sdpa_cuda", "layer_norm_cuda", "dropout_cuda", "autocast_cuda", "grouped_mm_cuda", "embedding_backward_cuda",
-       "conv_cudnn", "rng_state_host", "adamw_step_host", "adamw_foreach", "device_batch_copy")
+       "conv_cudnn", "rng_state_host", "adamw_step_host", "adamw_foreach", "device_batch_copy", "nccl_collectives")
 _orig = {}
 _REAL_SDPA = F.scaled_dot_product_attention
 _REAL_LN = F.layer_norm
 _REAL_DROPOUT = F.dropout
+_orig_conv2d = F.conv2d
 active = []
 
 
@@ -146,9 +147,13 @@ def sdpa_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         # (a padded copy), sliced back, then expanded
         S = attn_mask.shape[-1]
         attn_mask = F.pad(attn_mask, (0, 16 - S % 16))[..., :S]
-    if kind == "math" or kind == "error" or dropout_p > 0.0:
+    if kind == "math" or kind == "error":
         # the math backend is a CompositeImplicit decomposition: the same ops, the same bytes
-        # on CPU and CUDA (incl. its fp32 upcast of 16-bit inputs)
+        # on CPU and CUDA (incl. its fp32 upcast of 16-bit inputs).  dropout > 0 does not change
+        # the choice: flash and mem-efficient take dropout on CUDA (sdp_utils.cpp has no dropout
+        # constraint for them); they regenerate the mask from the Philox state in backward and
+        # store none (flash: the rng_state counted below; efficient: seed/offset are host scalars
+        # outside CUDA graph capture).  The numerics here are those of dropout 0 (same bytes).
         return torch.ops.aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
     return _FusedSDPA.apply(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, kind)
@@ -212,13 +217,41 @@ def layer_norm_cuda(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 
 # --------------------------------------------------------------- dropout
+class _NativeDropoutCuda(torch.autograd.Function):
+    """CUDA native_dropout (Dropout.cu dropout_cuda): `ret = at::empty_like(self)` and
+    `mask = at::empty_like(self, kBool)`, nothing else; native_dropout_backward (masked_scale_cuda):
+    one `at::empty_like(self)`.  The CPU kernels allocate a dtype-sized noise tensor (forward) and
+    an intermediate product (backward) besides: computed uncounted, copied into the counted tensors."""
+
+    @staticmethod
+    def forward(ctx, x, p):
+        out = torch.empty_like(x)
+        mask = torch.empty_like(x, dtype=torch.bool)
+        with memhook.uncounted():
+            o, m = torch.native_dropout(x, p, True)
+            out.copy_(o)
+            mask.copy_(m)
+            del o, m
+        ctx.save_for_backward(mask)
+        ctx.scale = 1.0 / (1.0 - p)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        gx = torch.empty_like(g)
+        with memhook.uncounted():
+            gx.copy_(torch.ops.aten.native_dropout_backward(g, mask, ctx.scale))
+        return gx, None
+
+
 def dropout_cuda(input, p=0.5, training=True, inplace=False):
     """ATen dropout takes the fused native_dropout (bool mask saved) only for CUDA/XPU
     inputs (Dropout.cpp is_fused_kernel_acceptable); on CPU it saves a dtype-sized
-    noise tensor.  native_dropout has a CPU kernel with the CUDA kernel's outputs."""
+    noise tensor.  Counted here: what CUDA's native_dropout allocates."""
     if not training or p == 0.0 or inplace or input.numel() == 0 or p >= 1.0:
         return _REAL_DROPOUT(input, p, training, inplace)
-    return torch.native_dropout(input, p, True)[0]
+    return _NativeDropoutCuda.apply(input, p)
 
 
 # --------------------------------------------------------------- AdamW steps
@@ -323,8 +356,7 @@ def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_gra
     gw = torch.zeros((num_weights, H), dtype=grad.dtype)
     if scratch:
         acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
-        scratch.append(torch.empty((n // NROWS_PER_THREAD + min(n, num_weights), _rup(H, 32) if False else H),
-                                   dtype=acc))
+        scratch.append(torch.empty((n // NROWS_PER_THREAD + min(n, num_weights), H), dtype=acc))
     with memhook.uncounted():
         idx = indices.reshape(-1)
         g2 = grad.reshape(-1, H)
@@ -341,7 +373,11 @@ def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_gra
 
 # --------------------------------------------------------------- convolution
 class _ConvCudnn(torch.autograd.Function):
-    """cuDNN convolution: output (and in backward grad_input/grad_weight/grad_bias) counted;
+    """cuDNN convolution: output (and in backward grad_input/grad_weight/grad_bias) counted, with
+    or without grad, for int and "valid"/"same" padding (conv*.padding is CompositeImplicit:
+    Convolution.cpp _convolution_mode turns "valid" into padding 0, so CUDA autocast casts it
+    through `convolution`, which its lower-precision list has, while the AutocastCPU conv*.padding
+    kernel has no CUDA counterpart and ran it in fp32 here before);
     the CPU kernels' im2col columns / reorder scratch is not (cuDNN's workspace, which the caching
     allocator does count on a GPU, is chosen by cuDNN heuristics at run time and is not modelled)."""
 
@@ -376,13 +412,30 @@ class _ConvCudnn(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None
 
 
+def _str_padding(padding, weight, dilation, nd):
+    """ConvUtils / Convolution.cpp _convolution_mode: "valid" is padding 0; "same" is symmetric
+    padding dilation*(k-1)/2 when every total is even (otherwise the input is padded first: left
+    to the real op, a string)."""
+    if padding == "valid":
+        return 0
+    if padding == "same":
+        d = list(dilation) if isinstance(dilation, (tuple, list)) else [dilation] * nd
+        tot = [d[i] * (weight.shape[2 + i] - 1) for i in range(nd)]
+        if all(t % 2 == 0 for t in tot):
+            return [t // 2 for t in tot]
+    return padding
+
+
 def _conv_patch(nd):
     real = getattr(F, "conv%dd" % nd)
 
     def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-        if (isinstance(padding, str) or not torch.is_grad_enabled()
-                or not (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))):
+        if isinstance(padding, str):
+            padding = _str_padding(padding, weight, dilation, nd)
+        if isinstance(padding, str):       # "same" with odd totals: the real op pads the input first
             return real(input, weight, bias, stride, padding, dilation, groups)
+        # with and without grad (a frozen vision tower): cuDNN allocates the output, the CPU
+        # kernel im2col columns / reorders besides
         tup = lambda v: list(v) if isinstance(v, (tuple, list)) else [v] * nd
         if _autocast_on():
             dt = torch.get_autocast_dtype("cpu")
@@ -403,6 +456,58 @@ def get_rng_state_host():
     checkpointed call): host memory on a GPU job."""
     with memhook.uncounted():
         return _REAL_GET_RNG()
+
+
+# --------------------------------------------------------------- collectives
+# gloo (the CPU backend the harness runs on) allocates ATen CPU tensors that a GPU job on NCCL
+# does not allocate through the caching allocator.  Both are left out of the count:
+#  * on the caller's thread, ProcessGroupGloo::reduce_scatter_tensor_coalesced (which
+#    reduce_scatter_single / reduce_scatter_tensor / _reduce_scatter_base reach through
+#    ProcessGroupGloo::_reduce_scatter_base) clones every input,
+#    `buffers.push_back(inputTensors[i].clone());`, allreduces the clones and copies each rank's
+#    chunk into the output in a LambdaWork that holds the clones until it is released
+#    (pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupGloo.cpp l.1540, in a recent main
+#    that has ProcessGroupGlooDetail.hpp as torch 2.13 does; the wheel ships no .cpp, so match
+#    the quoted statement);
+#    and ProcessGroupGloo::enqueue (l.790-801) records every work in the flight recorder with
+#    `work->getOutputTensors()`, which for AsyncAllgatherWork is `return {newLikeFlat(outputs[0])};`
+#    (l.1412): a full-size transient on the caller's thread per all-gather;
+#    memhook marks the allocations inside the c10d reduce-scatter / all-gather ops GLOO_CALL
+#    (a RecordFunction callback on the op names);
+#  * on gloo's work threads (ProcessGroupGloo::runLoop), AsyncAllgatherWork::allgather allocates
+#    one flat output for the whole gather, `at::Tensor flatOutputTensor = newLikeFlat(outputs[0]);`,
+#    and copies it into the outputs (same file, l.1395, AsyncAllgatherWork::allgather, run by
+#    AsyncWork::execute on a work thread, l.197-204); all_gather_single /
+#    all_gather_into_tensor / _all_gather_base reach it through ProcessGroupGloo::_allgather_base
+#    (`at::chunk(output_tensor, ...)` then `allgather(...)`), and so does FSDP1's CPU-only
+#    branch (fsdp/_flat_param.py `if sharded_flat_param.is_cpu: dist.all_gather(tensor_list, ...)`),
+#    whose CUDA branch is all_gather_single.  memhook counts nothing allocated on a thread that
+#    is neither registered nor an intra-op worker (category GLOO_THREAD).
+# NCCL instead: ProcessGroupNCCL::_reduce_scatter_base and ::_allgather_base hand the user's input
+# and output tensors to ncclReduceScatter / ncclAllGather (collective(input, output, ...)) and
+# allocate nothing; NCCL's own channel/proxy buffers are cudaMalloc'd by NCCL at communicator
+# setup, outside the caching allocator (docs/oracle.md).  Only the list-form
+# ProcessGroupNCCL::allgather with same-size outputs allocates `newLikeFlat(outputTensors_)`
+# through the caching allocator; the grid never calls it (the rows' gloo_scratch.calls list the
+# c10d ops of the measured step: allgather_ there is FSDP1's CPU-only branch).
+COLLECTIVE_CALLS = {}      # c10d op -> calls, filled by collective_calls()
+
+
+def collective_calls(reset=False):
+    """{c10d op: calls} since the last reset (memhook's RecordFunction callback)."""
+    COLLECTIVE_CALLS.clear()
+    COLLECTIVE_CALLS.update(memhook._mod.collective_calls(reset))
+    return dict(COLLECTIVE_CALLS)
+
+
+def install_nccl_collectives():
+    """Only in a process with a process group (the RecordFunction callback slows every op)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    memhook._mod.set_collective_ops(True)      # reduce-scatter input clones: GLOO_CALL
+    memhook._mod.set_foreign_counted(False)    # gloo work threads' allocations: GLOO_THREAD
+    return True
 
 
 # --------------------------------------------------------------- install
@@ -432,6 +537,9 @@ def install(names=ALL):
         _override_cpu_kernel("_grouped_mm", _grouped_mm_cpu)
     if "embedding_backward_cuda" in names:
         _override_cpu_kernel("embedding_dense_backward", _embedding_dense_backward)
+    if "nccl_collectives" in names and "collectives" not in _orig:
+        if install_nccl_collectives():
+            _orig["collectives"] = True
     active = [n for n in ALL if n in names]
     return active
 

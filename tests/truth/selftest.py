@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
 """Self-tests of the real-library oracle (make check-truth).
 
-Checks the byte counter, every CUDA-kernel emulation of emul.py (numerics
-against the real CPU op, and the exact counted bytes against what the CUDA
-kernel allocates), that the tracer does not change what is measured, and that
-a few tiny configs reproduce their committed rows in data/truth.jsonl byte for
-byte.  Prints 'N passed, N failed' and exits non-zero on any failure.
+Checks the byte counter (exact, and exact under concurrent allocation from
+several threads, with per-thread uncounted state), gloo's collective scratch
+left out of the count, every CUDA-kernel emulation of emul.py (numerics against
+the real CPU op, and the exact counted bytes -- live afterwards and the
+transient peak -- against what the CUDA kernel allocates), that the tracer does
+not change what is measured, and that a few tiny configs reproduce their
+committed rows in data/truth.jsonl (a missing row fails): byte for byte in one
+process, within GLOO_TIMING_BYTES (4 KiB, a gloo work thread's timing) with ranks.
+Prints 'N passed, N failed' and exits non-zero on any failure.
 """
 import json
 import os
 import subprocess
 import sys
+import threading
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +69,105 @@ def counter_counts_exact_bytes():
     assert M.live() == base
 
 
+@test
+def counter_concurrent_threads():
+    """Two threads allocate and free at once (ATen releases the GIL inside the op): every byte
+    and every allocation is counted once.  The old counter (`C.live += n` from every thread, no
+    lock) could lose updates here."""
+    sizes = [(7 + i % 13) * 64 for i in range(4000)]
+    base, n0 = M.live(), M.nalloc()
+    M.reset_peak()
+    keep = [[], []]
+    go = threading.Barrier(2)
+
+    def work(k):
+        M.register_thread(False)
+        go.wait()
+        for i, n in enumerate(sizes):
+            t = torch.empty(n, dtype=torch.uint8)
+            if i % 2:
+                keep[k].append(t)
+            del t
+    ts = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    kept = 2 * sum(n for i, n in enumerate(sizes) if i % 2)
+    assert M.live() - base == kept, (M.live() - base, kept)
+    assert M.nalloc() - n0 == 2 * len(sizes), (M.nalloc() - n0, 2 * len(sizes))
+    assert kept <= M.reset_peak() - base <= kept + 2 * max(sizes)
+    keep.clear()
+    assert M.live() == base, (M.live(), base)
+    # and at full contention: C++ threads through c10's CPU allocator, no GIL
+    base, n0 = M.live(), M.nalloc()
+    # (without memhook's lock this lost 190 of 80,000 allocations and 4,984 bytes here)
+    r = M.stress(4, 50000)
+    assert r == [4 * 50000, 0], r                           # allocations seen, bytes left live
+    assert M.nalloc() - n0 == 4 * 50000 and M.live() == base, (M.nalloc() - n0, M.live() - base)
+
+
+@test
+def uncounted_is_per_thread():
+    """One thread inside uncounted() does not hide another thread's allocations (the old single
+    global flag did), and frees are counted exactly as their allocations were."""
+    base = M.live()
+    inside, done = threading.Event(), threading.Event()
+    box = {}
+
+    def other():
+        M.register_thread(False)
+        inside.wait()
+        box["t"] = torch.empty(12345, dtype=torch.uint8)
+        done.set()
+    t = threading.Thread(target=other)
+    t.start()
+    with memhook.uncounted():
+        hidden = torch.empty(50000, dtype=torch.uint8)
+        inside.set()
+        done.wait()
+    t.join()
+    assert M.live() - base == 12345, M.live() - base
+    del hidden
+    assert M.live() - base == 12345, M.live() - base
+    box.clear()
+    assert M.live() == base
+
+
+@test
+def gloo_collective_scratch_not_counted():
+    """gloo's reduce-scatter clones its input on the calling thread, its all-gathers allocate a
+    full-size copy for the flight recorder on the calling thread and a flat output on a work
+    thread (emul.py "collectives"); NCCL allocates none of them.  A one-rank gloo group: the
+    counted peak of each call is 0, the scratch is in its category, byte for byte."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    assert emul.install_nccl_collectives()
+    inp = torch.randn(4096)
+    out = torch.empty(4096)
+    n = nbytes(inp)
+    # reduce-scatter: the input clone on this thread; all-gather: the flight recorder's
+    # newLikeFlat on this thread and the flat output on a work thread
+    for op, want in ((lambda: dist.reduce_scatter_single(out, inp), {memhook.GLOO_CALL: n, memhook.GLOO_THREAD: 0}),
+                     (lambda: dist.all_gather_single(out, inp), {memhook.GLOO_CALL: n, memhook.GLOO_THREAD: n}),
+                     (lambda: dist.all_gather([out], inp), {memhook.GLOO_CALL: n, memhook.GLOO_THREAD: n})):
+        M.reset_category_peaks()
+        base = M.live()
+        M.reset_peak()
+        op()
+        pk = M.reset_peak() - base
+        assert pk == 0 and M.live() == base, (pk, M.live() - base, M.category_stats(memhook.GLOO_CALL),
+                                              M.category_stats(memhook.GLOO_THREAD))
+        got = {c: M.category_stats(c)[2] for c in (memhook.GLOO_CALL, memhook.GLOO_THREAD)}
+        assert got == want, got
+        # had it been counted: the clone, or the larger of the flight-recorder copy / flat output
+        assert M.shadow_peak() - base in (nbytes(inp), 2 * nbytes(inp)), M.shadow_peak() - base
+    calls = emul.collective_calls(reset=True)
+    assert calls.get("c10d::_reduce_scatter_base_") == 1 and calls.get("c10d::_allgather_base_") == 1, calls
+    assert calls.get("c10d::allgather_") == 1, calls
+
+
 # ------------------------------------------------------------------ SDPA
 def _ref_sdpa(q, k, v, mask, causal, gqa):
     qq, kk, vv = (t.detach().float().requires_grad_() for t in (q, k, v))
@@ -72,16 +176,16 @@ def _ref_sdpa(q, k, v, mask, causal, gqa):
     return o, (qq, kk, vv)
 
 
-def _sdpa_case(dtype, B, H, Hk, L, D, causal, mask, expect_kind):
+def _sdpa_case(dtype, B, H, Hk, L, D, causal, mask, expect_kind, dropout=0.0):
     q = torch.randn(B, L, H, D, dtype=dtype).transpose(1, 2).requires_grad_()   # HF layout (B,H,L,D) view
     k = torch.randn(B, Hk, L, D, dtype=dtype).requires_grad_()
     v = torch.randn(B, Hk, L, D, dtype=dtype).requires_grad_()
     gqa = Hk != H
-    kind = emul.sdpa_backend(q, k, v, mask, 0.0, causal, gqa)
+    kind = emul.sdpa_backend(q, k, v, mask, dropout, causal, gqa)
     assert kind == expect_kind, (kind, expect_kind)
     gc_base = M.live()
     M.reset_peak()
-    out = emul.sdpa_cuda(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+    out = emul.sdpa_cuda(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, enable_gqa=gqa)
     fwd = M.live() - gc_base
     if kind == "flash":
         # out + lse (B,H,L) fp32 + rng_state 16 B + unused 8 B
@@ -96,6 +200,7 @@ def _sdpa_case(dtype, B, H, Hk, L, D, causal, mask, expect_kind):
         want = None
     if want is not None:
         assert fwd == want, "forward counted %d, CUDA kernel allocates %d" % (fwd, want)
+        assert M.reset_peak() - gc_base == want, "forward transient peak above what the kernel allocates"
     g = torch.randn_like(out)
     M.reset_peak()
     before = M.live()
@@ -108,14 +213,16 @@ def _sdpa_case(dtype, B, H, Hk, L, D, causal, mask, expect_kind):
     close(q.grad, qq.grad, tol * 8)
     close(k.grad, kk.grad, tol * 8)
     close(v.grad, vv.grad, tol * 8)
+    # backward peak: dq, dk, dv (they become the leaves' .grad) + the kernel's buffers
+    r = lambda n, m: (n + m - 1) // m * m
     if kind == "flash":
-        r = lambda n, m: (n + m - 1) // m * m
-        extra = B * H * r(L, 128) * 4 + B * r(L, 128) * H * r(D, 32) * 4
+        extra = B * H * r(L, 128) * 4 + B * r(L, 128) * H * r(D, 32 if D <= 128 else 64) * 4
         if gqa:
             extra += 2 * B * L * H * D * q.element_size()
-        grads = nbytes(q, k, v)
-        # peak in backward: dq, dk, dv + kernel buffers (+ the leaf .grad accumulation is the same tensors)
-        assert bwd_peak >= grads + extra, (bwd_peak, grads + extra)
+    elif kind == "efficient":
+        extra = B * H * L * 4 + (B * L * H * D * 4 if dtype != torch.float32 else 0)
+    if kind in ("flash", "efficient"):
+        assert bwd_peak == nbytes(q, k, v) + extra, (bwd_peak, nbytes(q, k, v) + extra)
     return kind
 
 
@@ -128,6 +235,9 @@ SDPA_CASES = [
      torch.ones(64, 64, dtype=torch.bool).tril()[None, None], "efficient"),
     # fp32 + GQA: flash needs 16-bit, mem-efficient has no GQA -> math (S x S materialised)
     ("math_fp32_gqa", torch.float32, 1, 4, 2, 48, 32, True, None, "math"),
+    # dropout > 0 keeps the fused backends (flash and mem-efficient take dropout on CUDA)
+    ("flash_bf16_dropout", torch.bfloat16, 1, 2, 2, 40, 64, True, None, "flash", 0.1),
+    ("efficient_fp32_dropout", torch.float32, 1, 2, 2, 50, 32, False, None, "efficient", 0.1),
 ]
 
 
@@ -147,9 +257,11 @@ def layer_norm_fp32_stats_for_bf16():
     w = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
     base = M.live()
+    M.reset_peak()
     y = F.layer_norm(x, (32,), w, b, 1e-5)
-    # output + mean + rstd in fp32 (60 rows)
+    # output + mean + rstd in fp32 (60 rows), live afterwards and at the transient peak
     assert M.live() - base == nbytes(y) + 2 * 60 * 4, M.live() - base
+    assert M.reset_peak() - base == nbytes(y) + 2 * 60 * 4
     g = torch.randn_like(y)
     y.backward(g)
     xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, b))
@@ -163,14 +275,66 @@ def layer_norm_fp32_stats_for_bf16():
 
 # ------------------------------------------------------------------ dropout
 @test
-def dropout_saves_bool_mask():
-    x = torch.randn(64, 64, requires_grad=True)
+def dropout_allocates_what_native_dropout_cuda_does():
+    """CUDA native_dropout: output + bool mask, nothing else (the CPU kernel's dtype-sized noise
+    tensor made the peak 5,242,880 B for a 1M-element bf16 input); backward: one gradient."""
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(1024, 1024, dtype=dtype, requires_grad=True)
+        base = M.live()
+        M.reset_peak()
+        y = F.dropout(x, 0.25, True)
+        want = nbytes(y) + x.numel()                      # output + bool mask (saved)
+        assert M.reset_peak() - base == want, (dtype, M.reset_peak() - base, want)
+        assert M.live() - base == want, (dtype, M.live() - base, want)
+        g = torch.randn_like(y)
+        base = M.live()
+        M.reset_peak()
+        y.backward(g)
+        assert M.reset_peak() - base == nbytes(x), (dtype, M.reset_peak() - base)   # grad_input only
+        kept = (y != 0)
+        close(x.grad, kept.to(dtype) * g / 0.75, 1e-2 if dtype == torch.bfloat16 else 1e-6)
+        del x, y, g, kept
+    x = torch.randn(1024, 1024, dtype=torch.bfloat16)
+    with torch.no_grad():                                 # the mask is made, then dropped
+        base = M.live()
+        M.reset_peak()
+        y = F.dropout(x, 0.1, True)
+        assert M.reset_peak() - base == nbytes(y) + x.numel() and M.live() - base == nbytes(y)
+
+
+# ------------------------------------------------------------------ convolution
+@test
+def conv_valid_padding_emulated():
+    """padding="valid" (SigLIP, Idefics3, SmolVLM, Mllama patch embeddings) goes through the
+    cuDNN emulation: under autocast the output is bf16 (CUDA autocasts `convolution`), counted
+    are the casts and the output only, with and without grad."""
+    x = torch.randn(2, 3, 32, 32)
+    w = torch.randn(16, 3, 4, 4, requires_grad=True)
+    ref = emul._orig_conv2d(x, w.detach(), None, 4, 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad):
+                base = M.live()
+                M.reset_peak()
+                y = F.conv2d(x, w, None, 4, "valid")
+                assert y.dtype == torch.bfloat16, y.dtype
+                want = nbytes(y) + x.numel() * 2 + w.numel() * 2          # bf16 casts of x and w
+                assert M.reset_peak() - base == want, (grad, M.reset_peak() - base, want)
+                assert M.live() - base == (want if grad else nbytes(y)), (grad, M.live() - base)
+                close(y, ref, 5e-2)
+                if grad:                 # backward: the numerics (its bytes: _ConvCudnn.backward)
+                    g = torch.randn(y.shape)
+                    y.backward(g.to(y.dtype))
+                    wr = w.detach().clone().requires_grad_()
+                    emul._orig_conv2d(x, wr, None, 4, 0).backward(g)
+                    close(w.grad, wr.grad, 5e-2)
+                    w.grad = None
+                del y
     base = M.live()
-    y = F.dropout(x, 0.25, True)
-    assert M.live() - base == nbytes(y) + 64 * 64, M.live() - base    # output + bool mask
-    y.sum().backward()
-    kept = (y != 0)
-    close(x.grad, kept.float() / 0.75, 1e-6)
+    M.reset_peak()
+    y = F.conv2d(x, w.detach(), None, 4, "valid")                  # fp32, no grad: output only
+    assert M.reset_peak() - base == nbytes(y) and y.dtype == torch.float32
+    close(y, ref, 1e-4)
 
 
 # ------------------------------------------------------------------ autocast
@@ -197,8 +361,10 @@ def grouped_mm_output_only():
     b = torch.randn(4, 16, 24, dtype=torch.bfloat16, requires_grad=True)
     offs = torch.tensor([5, 5, 12, 20], dtype=torch.int32)
     base = M.live()
+    M.reset_peak()
     o = F.grouped_mm(a, b, offs=offs)
     assert M.live() - base == nbytes(o), M.live() - base
+    assert M.reset_peak() - base == nbytes(o), M.reset_peak() - base
     g = torch.randn_like(o)
     o.backward(g)
     ref = torch.cat([a[0:5] @ b[0], a[5:5] @ b[1], a[5:12] @ b[2], a[12:20] @ b[3]])
@@ -230,9 +396,9 @@ def embedding_backward_small_and_large():
             it = 8
             max_seg = min(n, V)
             scratch = 3 * n * it + 8 + 2 * max_seg * it + 8 + (n // 10 + max_seg) * it + (n // 10 + max_seg) * H * 4
-            assert peak >= gw + scratch, (peak, gw + scratch)
+            assert peak == gw + scratch, (peak, gw + scratch)
         else:
-            assert peak == gw + nbytes(g) * 0 or peak >= gw, peak
+            assert peak == gw, (peak, gw)                 # the direct kernel: grad_weight only
 
 
 # ------------------------------------------------------------------ AdamW host steps
@@ -286,20 +452,33 @@ def smoke_rows_match_committed_data():
         m = r["measured"]
         assert m["peak_bytes"] >= max(x["start_bytes"] for x in m["ranks"])
         assert len(m["ranks"]) == s["world_size"]
-        if s["id"] in committed:
-            c = committed[s["id"]]["measured"]
-            cp, mp = dict(c["phase_peak_bytes"]), dict(m["phase_peak_bytes"])
-            if s.get("parallel") == "fsdp2":
-                # FSDP2 on gloo: when the last reduce-scatter's buffers are released
-                # depends on the comm thread (two runs of this row measured 89,178,286
-                # and 104,112,846 bytes in the optimizer phase); the step's peak and
-                # the other phases are exact
-                assert mp["optimizer"] <= m["peak_bytes"] and cp["optimizer"] <= c["peak_bytes"]
-                del cp["optimizer"], mp["optimizer"]
-            assert c["peak_bytes"] == m["peak_bytes"], (s["id"], c["peak_bytes"], m["peak_bytes"])
-            assert cp == mp, (s["id"], c["phase_peak_bytes"], m["phase_peak_bytes"])
-        else:
-            print("  (no committed row for %s: not compared)" % s["id"])
+        assert s["id"] in committed, "no committed row for %s in %s: measure it (truth.py generate)" % (s["id"], path)
+        c = committed[s["id"]]["measured"]
+        tol = GLOO_TIMING_BYTES if s["world_size"] > 1 else 0
+        for ph in c["phase_peak_bytes"]:
+            assert abs(c["phase_peak_bytes"][ph] - m["phase_peak_bytes"][ph]) <= tol, (
+                s["id"], ph, c["phase_peak_bytes"], m["phase_peak_bytes"])
+        assert abs(c["peak_bytes"] - m["peak_bytes"]) <= tol, (s["id"], c["peak_bytes"], m["peak_bytes"])
+
+
+# Distributed rows: a counted tensor whose last reference is a gloo Work object is freed when
+# gloo's work thread drops that Work, so whether it is still alive at a phase's peak depends on
+# thread timing (llama-fsdp2-2: the backward peak of a rank measured 140,034,540 or 140,032,988 B,
+# a 1,552-byte tensor).  Bounded here, not hidden; single-process rows are compared exactly.
+GLOO_TIMING_BYTES = 4096
+
+
+@test
+def fsdp2_row_is_repeatable():
+    """With gloo's scratch out of the count, the FSDP2 smoke row measures every phase twice in a row
+    within GLOO_TIMING_BYTES (the optimizer phase once swung 89.2 / 104.1 MB with the comm thread)."""
+    s = [x for x in smoke_setups() if x["parallel"] == "fsdp2"][0]
+    a, b = _row(s), _row(s)
+    pa, pb = a["measured"]["phase_peak_bytes"], b["measured"]["phase_peak_bytes"]
+    for ph in pa:
+        assert abs(pa[ph] - pb[ph]) <= GLOO_TIMING_BYTES, (ph, pa, pb)
+    for r in a["measured"]["ranks"]:
+        assert r["gloo_scratch"]["call_bytes"] > 0 and r["gloo_scratch"]["thread_bytes"] > 0, r["gloo_scratch"]
 
 
 def main():

@@ -266,6 +266,9 @@ def decoder_layer_classes(model):
     return classes
 
 
+memhook_GLOO_CALL, memhook_GLOO_THREAD = 3, 2     # memhook.GLOO_CALL, memhook.GLOO_THREAD
+
+
 class Meter:
     def __init__(self):
         import memhook
@@ -277,6 +280,8 @@ class Meter:
         gc.collect()
         self.start_bytes = self.m.live()
         self.m.reset_peak()
+        self.m.reset_category_peaks()
+        self.m.collective_calls(True)          # the measured step's collectives only
         self.phase = "forward"
 
     def switch(self, to):
@@ -286,6 +291,11 @@ class Meter:
     def stop(self):
         self.peaks[self.phase] = self.m.reset_peak()
         self.end_bytes = self.m.live()
+        # gloo's collective scratch, not counted (memhook categories GLOO_CALL / GLOO_THREAD):
+        # bytes allocated over the step, and the step's peak had it been counted
+        call, thread = self.m.category_stats(memhook_GLOO_CALL), self.m.category_stats(memhook_GLOO_THREAD)
+        self.gloo = {"call_bytes": call[2], "thread_bytes": thread[2], "peak_with_scratch": self.m.shadow_peak(),
+                     "calls": dict(sorted(self.m.collective_calls(False).items()))}
 
 
 def run_rank(setup, rank=0, world=1, trace=False):
@@ -480,6 +490,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
          "phase_peak_bytes": {p: peaks[p] for p in PHASES}, "peak_bytes": max(peaks.values()),
          "peak_phase": peak_phase, "param_count": nparams, "trainable_count": ntrain, "loss": lossv,
          "seconds": round(time.time() - t0, 2)}
+    if world > 1:
+        r["gloo_scratch"] = meter.gloo
     result = {"rank": r, "tokens": tokens, "config": json.loads(base.config.to_json_string(use_diff=False)),
               "preprocessor": None, "emulations": emus}
     if spec.get("processor"):
@@ -488,7 +500,10 @@ def run_rank(setup, rank=0, world=1, trace=False):
     if tracer:
         lines = []
         tracer.report(out=lines.append, top=int(os.environ.get("TRUTH_TRACE_TOP", "40")))
+        tracer.thread_totals(out=lines.append)
         tracer.op_totals(out=lines.append, top=40)
+        if world > 1:
+            lines.append("c10d ops of the measured step: %s" % meter.gloo["calls"])
         result["trace"] = lines
     return result
 
@@ -510,7 +525,7 @@ def _rank_main(setup_json, rank, world, port, out):
     import torch.distributed as dist
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    res = run_rank(setup, rank, world)
+    res = run_rank(setup, rank, world, trace=os.environ.get("TRUTH_TRACE") == "1")
     with open(out, "w") as f:
         json.dump(res, f)
     dist.barrier()
@@ -533,16 +548,20 @@ def run_setup(setup, trace=False):
             outs.append(out)
             code = ("import sys; sys.path.insert(0, %r); import truth; truth._rank_main(%r, %d, %d, %d, %r)"
                     % (HERE, json.dumps(setup), r, world, port, out))
-            procs.append(subprocess.Popen([sys.executable, "-c", code]))
+            env = dict(os.environ, TRUTH_TRACE="1" if trace else "0")
+            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env))
         rcs = [p.wait() for p in procs]
         if any(rcs):
             raise RuntimeError("rank exit codes %s" % rcs)
-        ranks, res = [], None
-        for out in outs:
+        ranks, res, traces = [], None, []
+        for r, out in enumerate(outs):
             with open(out) as f:
                 d = json.load(f)
             ranks.append(d["rank"])
             res = res or d
+            traces += ["== rank %d" % r] + d.get("trace", [])
+        if trace:
+            res["trace"] = traces
     peak = max(r["peak_bytes"] for r in ranks)
     top = max(ranks, key=lambda r: r["peak_bytes"])
     row = {

@@ -16,8 +16,10 @@
 objdir=${1:-build/obj}
 srcdir=${2:-predictor}
 doc=${3:-$(dirname "$0")/../../docs/architecture.md}
-python3 - "$objdir" "$srcdir" "$doc" <<'PY'
+python3 - "$objdir" "$srcdir" "$doc" "$(dirname "$0")" <<'PY'
 import glob, os, re, subprocess, sys
+sys.path.insert(0, sys.argv[4])
+import scc
 objdir, srcdir, doc = sys.argv[1], sys.argv[2], sys.argv[3]
 layers = [l.split("#")[0].strip() for l in open(os.path.join(srcdir, "layers.txt"))]
 layers = [l for l in layers if l]
@@ -93,25 +95,8 @@ for l in layers:
                 inc.append("%s (%s) includes %s/%s (%s)" % (p, l, hl[0], h, hl[0]))
 check("no file includes a header of a higher layer", inc)
 
-# 4. cycles (Tarjan's strongly connected components)
-sys.setrecursionlimit(10000)
-index, low, stack, on, sccs, n = {}, {}, [], set(), [], [0]
-def visit(v):
-    index[v] = low[v] = n[0]; n[0] += 1; stack.append(v); on.add(v)
-    for w in sorted(edges[v]):
-        if w not in index:
-            visit(w); low[v] = min(low[v], low[w])
-        elif w in on:
-            low[v] = min(low[v], index[w])
-    if low[v] == index[v]:
-        c = []
-        while True:
-            w = stack.pop(); on.discard(w); c.append(w)
-            if w == v: break
-        sccs.append(sorted(c))
-for v in sorted(edges):
-    if v not in index:
-        visit(v)
+# 4. cycles (strongly connected components, tests/check/scc.py)
+sccs = scc.components(edges)
 check("no two files use each other, directly or through others",
       ["files using each other: " + " <-> ".join(x + ".c" for x in c)
        for c in sccs if len(c) > 1])

@@ -5,8 +5,10 @@
 # explain.c) means the decision and the way it is handed on cannot be read,
 # tested or changed one at a time.  Prints "N passed, N failed".
 objdir=${1:-build/plugin}
-python3 - "$objdir" <<'PY'
+python3 - "$objdir" "$(dirname "$0")" <<'PY'
 import glob, os, subprocess, sys
+sys.path.insert(0, sys.argv[2])
+import scc
 objs = sorted(glob.glob(os.path.join(sys.argv[1], "*.o")))
 if not objs:
     print("no objects in", sys.argv[1]); print("0 passed, 1 failed"); sys.exit(1)
@@ -22,24 +24,7 @@ for o in objs:
         elif len(f) == 3 and f[1] in "TDBR":
             defined[f[2]] = name
 edges = {a: sorted({defined[s] for s in used[a] if s in defined and defined[s] != a}) for a in used}
-# Tarjan's strongly connected components
-index, low, stack, on, sccs, n = {}, {}, [], set(), [], [0]
-def visit(v):
-    index[v] = low[v] = n[0]; n[0] += 1; stack.append(v); on.add(v)
-    for w in edges[v]:
-        if w not in index:
-            visit(w); low[v] = min(low[v], low[w])
-        elif w in on:
-            low[v] = min(low[v], index[w])
-    if low[v] == index[v]:
-        c = []
-        while True:
-            w = stack.pop(); on.discard(w); c.append(w)
-            if w == v: break
-        sccs.append(sorted(c))
-for v in sorted(edges):
-    if v not in index:
-        visit(v)
+sccs = scc.components(edges)  # tests/check/scc.py
 cycles = [c for c in sccs if len(c) > 1]
 for c in cycles:
     print("not ok - files calling each other: " + " <-> ".join(x + ".c" for x in c))

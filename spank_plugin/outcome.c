@@ -82,6 +82,10 @@ void mmg_outcome_user_init(spank_t sp)
         slurm_debug(MMG_PREFIX "no record path for this step (TMPDIR not absolute?)");
         return;
     }
+    /* a record an earlier job of the same id and step left (ids restart with a
+     * new cluster, or wrap) is not this step's: unlink never follows the link */
+    if (unlink(path) == 0)
+        slurm_info(MMG_PREFIX "job %u step %s: removed a stale record at %s", job_id, step, path);
     if (spank_setenv(sp, "MMGUARD_RECORD", path, 1) != ESPANK_SUCCESS)
         slurm_debug(MMG_PREFIX "cannot set MMGUARD_RECORD for the tasks");
 }
@@ -147,6 +151,8 @@ static void collect(spank_t sp, const struct mmg_config *cfg, struct mmg_outcome
     j.record_path = path;
     j.pred = job_decision(sp, pred) ? pred : NULL;
     read_record(path, uid, rec, &j, err, sizeof err);
+    if (j.rec || j.record_error)
+        (void)unlink(path); /* read once: the next job of this id starts without it */
     if (j.record_error)
         slurm_info(MMG_PREFIX "job %u step %s: record %s: %s", j.job_id, step, path, err);
     /* no recorder ran (most steps): slurmd's debug log only, the decision

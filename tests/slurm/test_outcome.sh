@@ -103,6 +103,17 @@ J3=$jid
 expect "job without a record completed" [ "$st" = COMPLETED ]
 expect "no record, no outcome line (slurmd's debug log only)" [ -z "$(outcome "$J3" record_state)" ]
 
+# a record left at the next job's path (job ids restart with a new cluster) is not that
+# job's: removed when its step starts, so no outcome line; a record read is removed too
+expect "a record read is removed once its outcome is logged" [ ! -e "$TMPDIR/mmguard-record.$J1.batch.json" ]
+printf '{"v":1,"status":"done","phase":"step","steps":2,"rank":0,"world_size":1,"cuda":false}\n' \
+    >"$TMPDIR/mmguard-record.$((J3 + 1)).batch.json"
+submit none
+J4=$jid
+expect "stale record: the job id it was left for" [ "$J4" = "$((J3 + 1))" ]
+expect "stale record: no outcome line for the new job" [ -z "$(outcome "$J4" record_state)" ]
+expect "stale record: removed" [ ! -e "$TMPDIR/mmguard-record.$J4.batch.json" ]
+
 run "$MMGUARD_CLI" report --json "$LOG"
 cp "$work/out" "$work/report.json"
 joined() {

@@ -58,8 +58,6 @@ static int64_t alloc_at(replay *r, uint32_t row, uint8_t phase, uint64_t bytes)
         r->failed = 1;
     else if (h == MM_ALLOC_OOM)
         note_oom(r, row, phase, bytes);
-    else if (!r->in_setup && mm_allocator_stats(r->a)->reserved_peak > r->stop_above)
-        r->failed = r->out->stopped = 1;
     return h;
 }
 
@@ -184,6 +182,17 @@ static void step(replay *r, int first, int per_param)
 static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                       uint64_t capacity, uint64_t device_total);
 
+/* reserve_replay_until's watch, called before a segment is counted: once the
+ * steps' reserved bytes pass the bound, so has their peak (checked here, on
+ * the rare segment events, and not on every request) */
+static void watch_segment(void *ctx, int got, uint64_t bytes)
+{
+    replay *r = ctx;
+    if (got && !r->in_setup &&
+        mm_sat_add(mm_allocator_stats(r->a)->reserved, bytes) > r->stop_above)
+        r->failed = r->out->stopped = 1;
+}
+
 int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                    int pairs, reserve_result *out)
 {
@@ -224,6 +233,8 @@ static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per
         free(copy);
         return -1;
     }
+    if (r.stop_above != UINT64_MAX)
+        mm_allocator_on_segment(r.a, watch_segment, &r);
     for (size_t i = 0; i <= s->nt; i++)
         r.h[i] = -1;
     model_states(&r, F_PARAM, 1);

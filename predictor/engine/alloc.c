@@ -263,6 +263,8 @@ static uint64_t get_allocation_size(uint64_t size)
 
 /* ---- merging and releasing -------------------------------------------------------------- */
 
+static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src);
+
 /* try_merge_blocks: fold free neighbour `src` into `dst`; the bytes subsumed */
 static uint64_t try_merge(mm_allocator *a, int32_t dst, int32_t src, pool *p)
 {
@@ -275,6 +277,13 @@ static uint64_t try_merge(mm_allocator *a, int32_t dst, int32_t src, pool *p)
         pool_erase(a, p, src);
     else
         unmapped_erase(a, p, src);
+    return merge_into(a, dst, src);
+}
+
+/* try_merge_blocks once src is out of its pool */
+static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src)
+{
+    blk *d = &a->b[dst], *s = &a->b[src];
     if (d->prev == src) { /* [src dst] */
         d->ptr = s->ptr;
         d->prev = s->prev;
@@ -727,6 +736,37 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
     return a->nomem || i < 0 ? MM_ALLOC_NOMEM : i;
 }
 
+/* try_merge for a freed block: a mapped neighbour's entry in the pool is not
+ * erased but left as *hole (its key stays sorted: a deleted block keeps its
+ * size and address) for the merged block to fill; an earlier hole is erased
+ * first.  The same pool as try_merge's erase and a later pool_insert. */
+static uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p, size_t *hole)
+{
+    if (src < 0 || a->b[src].allocated || a->b[dst].mapped != a->b[src].mapped ||
+        !a->b[src].mapped)
+        return try_merge(a, dst, src, p);
+    if (*hole != NO_POS) {
+        ivec_erase_at(&p->blocks, *hole);
+        *hole = NO_POS;
+    }
+    size_t at = lower_bound_size(a, &p->blocks, a->b[src].size, a->b[src].ptr);
+    if (at < p->blocks.n && p->blocks.v[at] == src)
+        *hole = at;
+    return merge_into(a, dst, src);
+}
+
+/* pool_insert of i after erasing the hole (a key below i's): i's place lies
+ * after the hole, and the entries between move down one */
+static void pool_fill_hole(mm_allocator *a, pool *p, int32_t i, size_t hole)
+{
+    ivec tail = {.v = p->blocks.v + hole + 1, .n = p->blocks.n - hole - 1};
+    size_t q = hole + lower_bound_size(a, &tail, a->b[i].size, a->b[i].ptr);
+    if (q > hole)
+        memmove(&p->blocks.v[hole], &p->blocks.v[hole + 1], (q - hole) * sizeof *p->blocks.v);
+    p->blocks.v[q] = i;
+    a->b[i].gc_base = p->gc_calls;
+}
+
 /* free + free_block: back to the pool, merged with free neighbours */
 void mm_allocator_release(mm_allocator *a, int64_t h)
 {
@@ -738,9 +778,13 @@ void mm_allocator_release(mm_allocator *a, int64_t h)
     stat_sub(&a->st.allocated, a->b[i].size);
     stat_sub(&a->st.requested, a->b[i].req);
     int xs = a->b[i].seg >= 0;
-    uint64_t merged = try_merge(a, i, a->b[i].prev, p);
-    merged += try_merge(a, i, a->b[i].next, p);
-    pool_insert(a, p, i);
+    size_t hole = NO_POS;
+    uint64_t merged = merge_freed(a, i, a->b[i].prev, p, &hole);
+    merged += merge_freed(a, i, a->b[i].next, p, &hole);
+    if (hole != NO_POS)
+        pool_fill_hole(a, p, i, hole);
+    else
+        pool_insert(a, p, i);
     if (!xs) {
         stat_sub(&a->st.inactive_split, merged);
         if (is_split(&a->b[i]))

@@ -40,6 +40,18 @@ static uint64_t probe(mm_spec *s, uint64_t x, int lower)
     return lower ? q.lower : q.peak;
 }
 
+/* Whether `s` fits `usable` at micro-batch x: its peak when it does, else
+ * UINT64_MAX (the replay ends once the peak is known to exceed usable). */
+static uint64_t probe_fits(mm_spec *s, uint64_t x, uint64_t usable)
+{
+    mm_peak_only q;
+    mm_error e;
+    s->training.micro_batch_size = x;
+    if (mm_predict_peak_fits(s, &q, usable, &e))
+        return UINT64_MAX;
+    return q.peak;
+}
+
 #define MM_MB_CAP 65536u
 
 /* A bracket of the search: the largest x known to fit and the smallest known
@@ -95,8 +107,10 @@ static uint32_t search(mm_spec *s, uint64_t usable, int lower, bracket *b, uint6
     if ((b->hi && b->hi <= b->lo + 1) || b->hi == 1 || (!b->hi && b->lo >= MM_MB_CAP))
         return (uint32_t)b->lo;
     for (int iter = 0; iter < 64; iter++) {
+        /* x right above the largest that fits: a miss ends the search, so
+         * only whether it fits matters, not by how much */
         if (!pk)
-            pk = probe(s, x, lower);
+            pk = !lower && x == b->lo + 1 ? probe_fits(s, x, usable) : probe(s, x, lower);
         int fits = pk <= usable;
         /* the previous sample on the same side, for a slope before a bracket */
         uint64_t px = fits ? b->lo : b->hi, px_pk = fits ? b->lo_pk : b->hi_pk;
@@ -252,7 +266,7 @@ static int smallest_zero(mm_spec *s, const mm_spec *spec, uint64_t usable)
                 ? MASTER_FP32
                 : spec->training.master_weights;
         spec_derive(s);
-        if (probe(s, s->training.micro_batch_size, 0) <= usable)
+        if (probe_fits(s, s->training.micro_batch_size, usable) <= usable)
             return z;
     }
     return -1;

@@ -271,7 +271,34 @@ int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned
     return rc;
 }
 
-int mm_predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, mm_error *err)
+/* the device-level peak of a step whose allocator reserved `res` at its peak */
+static uint64_t peak_at(const mm_overheads *o, const sim *s, uint64_t res, uint32_t n)
+{
+    uint64_t slack = res > s->peak ? res - s->peak : 0;
+    return mm_sat_add(dp_device_level(o, s->peak, slack, n), s->outside_bytes);
+}
+
+/* the largest reserved peak whose device-level peak fits `usable` (peak_at is
+ * monotone in it; its lower bound, at s->peak, fits); UINT64_MAX: any */
+static uint64_t reserved_bound(const mm_overheads *o, const sim *s, uint64_t usable, uint32_t n)
+{
+    uint64_t lo = s->peak, hi = UINT64_MAX;
+    if (peak_at(o, s, hi, n) <= usable)
+        return UINT64_MAX;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (peak_at(o, s, mid, n) <= usable)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* mm_predict_peak; with `usable` (UINT64_MAX: none) out->peak may instead be
+ * UINT64_MAX when it is known to exceed usable before the replay ends */
+static int predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, uint64_t usable,
+                        mm_error *err)
 {
     const training_spec *t = &sp->training;
     sim s;
@@ -287,19 +314,34 @@ int mm_predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, mm_err
     out->paged = s.outside_bytes;
     out->lower = mm_sat_add(dp_device_level(&o, s.peak, 0, n), s.outside_bytes);
     int rc = 0;
-    if (!lower_only) {
+    if (!lower_only && usable != UINT64_MAX && out->lower > usable) {
+        out->peak = UINT64_MAX; /* never below its lower bound */
+    } else if (!lower_only) {
         steplog L;
-        uint64_t res = 0;
+        reserve_result r = {0};
+        uint64_t stop = usable == UINT64_MAX ? UINT64_MAX : reserved_bound(&o, &s, usable, n);
         rc = steplog_run(sp, &s, s.largest_param, n, 0, &L, err);
         if (!rc) {
-            rc = steplog_reserved(&L, n, &res, err);
+            if (reserve_replay_until(&L.s, n, &L.conf, L.per_param, L.pairs, stop, &r)) {
+                mm_err(err, "out of memory");
+                rc = -1;
+            }
             steplog_free(&L);
         }
-        uint64_t slack = res > s.peak ? res - s.peak : 0;
-        out->peak = mm_sat_add(dp_device_level(&o, s.peak, slack, n), s.outside_bytes);
+        out->peak = r.stopped ? UINT64_MAX : peak_at(&o, &s, rc ? 0 : r.reserved_peak, n);
     }
     sim_free(&s);
     return rc;
+}
+
+int mm_predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, mm_error *err)
+{
+    return predict_peak(sp, out, lower_only, UINT64_MAX, err);
+}
+
+int mm_predict_peak_fits(const mm_spec *sp, mm_peak_only *out, uint64_t usable, mm_error *err)
+{
+    return predict_peak(sp, out, 0, usable, err);
 }
 
 void mm_prediction_free(mm_prediction *p)

@@ -22,5 +22,9 @@ typedef struct mm_peak_only {
     uint64_t peak;       /* peak_bytes (0 with lower_only: no allocator replay) */
 } mm_peak_only;
 int mm_predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, mm_error *err);
+/* The same with the allocator replay ended early once the peak is known to
+ * exceed `usable`: then out->peak is UINT64_MAX, else exactly peak_bytes.
+ * For searches that need only whether it fits. */
+int mm_predict_peak_fits(const mm_spec *sp, mm_peak_only *out, uint64_t usable, mm_error *err);
 
 #endif

@@ -80,7 +80,8 @@ static int ivec_insert_at(mm_allocator *a, ivec *v, size_t at, int32_t x)
         v->v = p;
         v->cap = cap;
     }
-    memmove(&v->v[at + 1], &v->v[at], (v->n - at) * sizeof *v->v);
+    if (at < v->n) /* not a push (the free-slot stack, gathered lists) */
+        memmove(&v->v[at + 1], &v->v[at], (v->n - at) * sizeof *v->v);
     v->v[at] = x;
     v->n++;
     return 0;
@@ -262,6 +263,8 @@ static uint64_t get_allocation_size(uint64_t size)
 
 /* ---- merging and releasing -------------------------------------------------------------- */
 
+static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src);
+
 /* try_merge_blocks: fold free neighbour `src` into `dst`; the bytes subsumed */
 static uint64_t try_merge(mm_allocator *a, int32_t dst, int32_t src, pool *p)
 {
@@ -274,6 +277,13 @@ static uint64_t try_merge(mm_allocator *a, int32_t dst, int32_t src, pool *p)
         pool_erase(a, p, src);
     else
         unmapped_erase(a, p, src);
+    return merge_into(a, dst, src);
+}
+
+/* try_merge_blocks once src is out of its pool */
+static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src)
+{
+    blk *d = &a->b[dst], *s = &a->b[src];
     if (d->prev == src) { /* [src dst] */
         d->ptr = s->ptr;
         d->prev = s->prev;
@@ -403,8 +413,9 @@ static uint64_t expandable_size(const mm_allocator *a, int32_t i)
     return b->size + (b->next >= 0 && !a->b[b->next].mapped ? a->b[b->next].size : 0);
 }
 
-/* get_free_block: best fit (smallest size, then lowest address) */
-static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size)
+/* get_free_block: best fit (smallest size, then lowest address); left in the
+ * pool at *pos (take_block takes it out, or moves it when it splits) */
+static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size, size_t *pos)
 {
     const mm_alloc_conf *c = &a->conf;
     if (a->conf.memory_fraction > 0 && c->gc_threshold > 0)
@@ -428,7 +439,7 @@ static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size)
         return -1; /* no oversized block for a small request */
     if (size >= c->max_split_size && a->b[i].size >= mm_sat_add(size, c->max_non_split_rounding))
         return -1; /* an oversized block only within the rounding limit */
-    ivec_erase_at(&p->blocks, at);
+    *pos = at;
     return i;
 }
 
@@ -636,14 +647,33 @@ static int should_split(const mm_allocator *a, const blk *b, uint64_t size)
     return size < a->conf.max_split_size && rem > kSmallSize;
 }
 
-/* alloc_found_block */
-static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, uint64_t req)
+/* a cached block at `at` that keeps its place in the pool's order as the
+ * remainder of a split (its key only decreases: the new place is at or
+ * before `at`); the same as erasing it and inserting it again */
+static void pool_reinsert_smaller(mm_allocator *a, pool *p, size_t at)
+{
+    int32_t i = p->blocks.v[at];
+    ivec head = {.v = p->blocks.v, .n = at};
+    size_t q = lower_bound_size(a, &head, a->b[i].size, a->b[i].ptr);
+    if (q < at)
+        memmove(&p->blocks.v[q + 1], &p->blocks.v[q], (at - q) * sizeof *p->blocks.v);
+    p->blocks.v[q] = i;
+    a->b[i].gc_base = p->gc_calls;
+}
+
+/* alloc_found_block; i in the pool at `at` (NO_POS: not in it) */
+#define NO_POS ((size_t)-1)
+static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, uint64_t req,
+                          size_t at)
 {
     int was_split = is_split(&a->b[i]);
     if (should_split(a, &a->b[i], size)) {
         int32_t n = blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
-        if (n < 0)
+        if (n < 0) {
+            if (at != NO_POS)
+                ivec_erase_at(&p->blocks, at);
             return -1;
+        }
         blk *rem = &a->b[i];
         a->b[n].prev = rem->prev;
         if (rem->prev >= 0)
@@ -652,7 +682,10 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
         rem->prev = n;
         rem->ptr += size;
         rem->size -= size;
-        pool_insert(a, p, i);
+        if (at != NO_POS)
+            pool_reinsert_smaller(a, p, at);
+        else
+            pool_insert(a, p, i);
         if (rem->seg < 0) {
             if (was_split)
                 stat_sub(&a->st.inactive_split, size);
@@ -660,8 +693,11 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
                 stat_add(&a->st.inactive_split, NULL, rem->size);
         }
         i = n;
-    } else if (was_split && a->b[i].seg < 0) {
-        stat_sub(&a->st.inactive_split, a->b[i].size);
+    } else {
+        if (at != NO_POS)
+            ivec_erase_at(&p->blocks, at);
+        if (was_split && a->b[i].seg < 0)
+            stat_sub(&a->st.inactive_split, a->b[i].size);
     }
     a->b[i].allocated = 1;
     a->b[i].req = req;
@@ -676,8 +712,10 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
     uint64_t size = mm_alloc_round_size(&a->conf, req);
     pool *p = &a->pools[size <= kSmallSize ? 0 : 1];
     uint64_t alloc_size = get_allocation_size(size);
-    int32_t i = get_free_block(a, p, size);
+    size_t at = NO_POS;
+    int32_t i = get_free_block(a, p, size, &at);
     if (i < 0) {
+        at = NO_POS;
         if (a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0)
             garbage_collect(a);
         i = alloc_block(a, p, size, alloc_size, 0);
@@ -694,8 +732,39 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
         a->st.num_ooms++;
         return MM_ALLOC_OOM;
     }
-    i = take_block(a, p, i, size, req);
+    i = take_block(a, p, i, size, req, at);
     return a->nomem || i < 0 ? MM_ALLOC_NOMEM : i;
+}
+
+/* try_merge for a freed block: a mapped neighbour's entry in the pool is not
+ * erased but left as *hole (its key stays sorted: a deleted block keeps its
+ * size and address) for the merged block to fill; an earlier hole is erased
+ * first.  The same pool as try_merge's erase and a later pool_insert. */
+static uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p, size_t *hole)
+{
+    if (src < 0 || a->b[src].allocated || a->b[dst].mapped != a->b[src].mapped ||
+        !a->b[src].mapped)
+        return try_merge(a, dst, src, p);
+    if (*hole != NO_POS) {
+        ivec_erase_at(&p->blocks, *hole);
+        *hole = NO_POS;
+    }
+    size_t at = lower_bound_size(a, &p->blocks, a->b[src].size, a->b[src].ptr);
+    if (at < p->blocks.n && p->blocks.v[at] == src)
+        *hole = at;
+    return merge_into(a, dst, src);
+}
+
+/* pool_insert of i after erasing the hole (a key below i's): i's place lies
+ * after the hole, and the entries between move down one */
+static void pool_fill_hole(mm_allocator *a, pool *p, int32_t i, size_t hole)
+{
+    ivec tail = {.v = p->blocks.v + hole + 1, .n = p->blocks.n - hole - 1};
+    size_t q = hole + lower_bound_size(a, &tail, a->b[i].size, a->b[i].ptr);
+    if (q > hole)
+        memmove(&p->blocks.v[hole], &p->blocks.v[hole + 1], (q - hole) * sizeof *p->blocks.v);
+    p->blocks.v[q] = i;
+    a->b[i].gc_base = p->gc_calls;
 }
 
 /* free + free_block: back to the pool, merged with free neighbours */
@@ -709,9 +778,13 @@ void mm_allocator_release(mm_allocator *a, int64_t h)
     stat_sub(&a->st.allocated, a->b[i].size);
     stat_sub(&a->st.requested, a->b[i].req);
     int xs = a->b[i].seg >= 0;
-    uint64_t merged = try_merge(a, i, a->b[i].prev, p);
-    merged += try_merge(a, i, a->b[i].next, p);
-    pool_insert(a, p, i);
+    size_t hole = NO_POS;
+    uint64_t merged = merge_freed(a, i, a->b[i].prev, p, &hole);
+    merged += merge_freed(a, i, a->b[i].next, p, &hole);
+    if (hole != NO_POS)
+        pool_fill_hole(a, p, i, hole);
+    else
+        pool_insert(a, p, i);
     if (!xs) {
         stat_sub(&a->st.inactive_split, merged);
         if (is_split(&a->b[i]))

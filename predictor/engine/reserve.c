@@ -26,6 +26,7 @@ typedef struct replay {
     int in_setup;        /* laying out the model states, before step 1 */
     int capped;          /* a capacity: an OOM ends the replay (without one, only the
                             invented address space can run out, and the replay goes on) */
+    uint64_t stop_above; /* end the steps once their reserved peak exceeds it */
     reserve_result *out;
 } replay;
 
@@ -178,6 +179,20 @@ static void step(replay *r, int first, int per_param)
         model_states(r, F_OPT, per_param);
 }
 
+static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
+                      uint64_t capacity, uint64_t device_total);
+
+/* reserve_replay_until's watch, called before a segment is counted: once the
+ * steps' reserved bytes pass the bound, so has their peak (checked here, on
+ * the rare segment events, and not on every request) */
+static void watch_segment(void *ctx, int got, uint64_t bytes)
+{
+    replay *r = ctx;
+    if (got && !r->in_setup &&
+        mm_sat_add(mm_allocator_stats(r->a)->reserved, bytes) > r->stop_above)
+        r->failed = r->out->stopped = 1;
+}
+
 int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                    int pairs, reserve_result *out)
 {
@@ -187,7 +202,25 @@ int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_
 int reserve_replay_cap(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                        int pairs, uint64_t capacity, uint64_t device_total, reserve_result *out)
 {
-    replay r = {.s = s, .pairs = pairs, .out = out, .in_setup = 1, .capped = capacity != 0};
+    replay r = {.s = s, .pairs = pairs, .out = out, .in_setup = 1, .capped = capacity != 0,
+                .stop_above = UINT64_MAX};
+    return replay_run(&r, n, conf, per_param_states, capacity, device_total);
+}
+
+int reserve_replay_until(const sim *s, uint64_t n, const mm_alloc_conf *conf,
+                         int per_param_states, int pairs, uint64_t stop_above,
+                         reserve_result *out)
+{
+    replay r = {.s = s, .pairs = pairs, .out = out, .in_setup = 1, .stop_above = stop_above};
+    return replay_run(&r, n, conf, per_param_states, 0, 0);
+}
+
+static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
+                      uint64_t capacity, uint64_t device_total)
+{
+    replay r = *rp;
+    const sim *s = r.s;
+    reserve_result *out = r.out;
     sim_ev *copy;
     memset(out, 0, sizeof *out);
     if (log_at(&r, n ? n : 1, &copy))
@@ -200,6 +233,8 @@ int reserve_replay_cap(const sim *s, uint64_t n, const mm_alloc_conf *conf, int 
         free(copy);
         return -1;
     }
+    if (r.stop_above != UINT64_MAX)
+        mm_allocator_on_segment(r.a, watch_segment, &r);
     for (size_t i = 0; i <= s->nt; i++)
         r.h[i] = -1;
     model_states(&r, F_PARAM, 1);
@@ -218,7 +253,7 @@ int reserve_replay_cap(const sim *s, uint64_t n, const mm_alloc_conf *conf, int 
     out->allocated_peak = st->allocated_peak;
     out->retries = st->num_alloc_retries;
     out->retries_step = st->num_alloc_retries - before;
-    int rc = r.failed && !out->oom ? -1 : 0;
+    int rc = r.failed && !out->oom && !out->stopped ? -1 : 0;
     mm_allocator_free(r.a);
     free(r.h);
     free(copy);

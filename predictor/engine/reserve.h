@@ -20,6 +20,7 @@ typedef struct reserve_result {
     uint64_t oom_allocated;   /* live blocks then (memory_allocated) */
     uint64_t oom_reserved;    /* segments then, after the cache was freed */
     uint64_t oom_largest_free;/* the largest free block the cache still held */
+    int stopped;              /* reserve_replay_until: the reserved peak passed its bound */
 } reserve_result;
 
 /* `s` ran one step with log = 1, at any data-parallel degree N >= 2 (or at
@@ -44,5 +45,12 @@ int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_
  * host ran out of memory. */
 int reserve_replay_cap(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                        int pairs, uint64_t capacity, uint64_t device_total, reserve_result *out);
+/* reserve_replay, ended as soon as the steps' reserved peak exceeds
+ * `stop_above` (out->stopped; the peak only grows, so the whole replay's
+ * would exceed it too): for a search that needs only "above or not".
+ * Without a stop (UINT64_MAX) the same as reserve_replay. */
+int reserve_replay_until(const sim *s, uint64_t n, const mm_alloc_conf *conf,
+                         int per_param_states, int pairs, uint64_t stop_above,
+                         reserve_result *out);
 
 #endif

@@ -180,6 +180,11 @@ START_TEST(shortcuts_change_nothing)
             ck_assert_int_eq(mm_predict_peak(s, &q, 1, &e), 0);
             ck_assert_uint_eq(q.peak, 0);
             ck_assert_uint_le(q.lower, a.peak_bytes);
+            /* the replay that may stop early: the peak when it fits, else "above" */
+            ck_assert_int_eq(mm_predict_peak_fits(s, &q, a.peak_bytes, &e), 0);
+            ck_assert_uint_eq(q.peak, a.peak_bytes);
+            ck_assert_int_eq(mm_predict_peak_fits(s, &q, a.peak_bytes - 1, &e), 0);
+            ck_assert_uint_eq(q.peak, UINT64_MAX);
             free(ja);
             free(jb);
             mm_prediction_free(&a);

@@ -337,7 +337,12 @@ def check(run):
     names = presets()
     run.ok(set(names) == set(FACTS), f"contrib/models presets {sorted(set(names) ^ set(FACTS))} "
            "have no facts in tests/presets/presets.py (or the facts name a missing preset)")
-    tmp = tempfile.mkdtemp(prefix="mmguard-presets.")
+    with tempfile.TemporaryDirectory(prefix="mmguard-presets.") as tmp:
+        check_with_tmp(run, tmp, names, cat)
+
+
+def check_with_tmp(run, tmp, names, cat):
+    """every check that writes files, in the temporary directory tmp (removed after)"""
     for name in names:
         path = f"{MODELS}/{name}"
         d, err = predict(path)

@@ -36,16 +36,15 @@ static void print_remedy(const mm_spec *s, const mm_verdict *v, uint64_t gpu)
 {
     char a[32], b[32];
     mm_verdict x;
-    int live_fits = v->allocated_peak <= v->capacity;
-    if (!live_fits) {
-        fmtb(v->allocated_peak, a);
-        fmtb(v->capacity, b);
+    fmtb(v->allocated_peak, a);
+    fmtb(v->capacity, b);
+    if (v->allocated_peak > v->capacity) {
         printf("  live tensors alone need %s, more than the %s the card leaves the allocator: "
                "a smaller micro-batch, checkpointing or more GPUs (mmguard fit)\n", a, b);
         return;
     }
-    printf("  fragmentation decides, not live tensors: they need %s of the allocator's %s\n",
-           (fmtb(v->allocated_peak, a), a), (fmtb(v->capacity, b), b));
+    printf("  fragmentation decides, not live tensors: they need %s of the allocator's %s\n", a,
+           b);
     if (strstr(mm_spec_alloc_conf(s), "expandable_segments:True") ||
         with_expandable(s, gpu, v->usable_bytes, &x))
         return;

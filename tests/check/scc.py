@@ -1,7 +1,23 @@
-"""scc.py - the strongly connected components of a directed graph (Tarjan), for the
-no-circle checks of tests/check/test_structure.sh (the plugin) and test_layers.sh
-(the predictor): a component of more than one file is a circle."""
+"""scc.py - what the no-circle checks of tests/check/test_structure.sh (the plugin)
+and test_layers.sh (the predictor) share: the globals an object file uses and
+defines (nm), and the strongly connected components of a directed graph (Tarjan):
+a component of more than one file is a circle."""
+import subprocess
 import sys
+
+
+def object_symbols(path):
+    """(used, defined): the undefined globals of an object file and those it defines
+    (text, data, bss, read-only, weak object)"""
+    out = subprocess.run(["nm", path], capture_output=True, text=True, check=True).stdout
+    used, defined = set(), set()
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 2 and f[0] == "U":
+            used.add(f[1])
+        elif len(f) == 3 and f[1] in "TDBRV":
+            defined.add(f[2])
+    return used, defined
 
 
 def components(edges):

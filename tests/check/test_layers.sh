@@ -17,7 +17,7 @@ objdir=${1:-build/obj}
 srcdir=${2:-predictor}
 doc=${3:-$(dirname "$0")/../../docs/architecture.md}
 python3 - "$objdir" "$srcdir" "$doc" "$(dirname "$0")" <<'PY'
-import glob, os, re, subprocess, sys
+import glob, os, re, sys
 sys.path.insert(0, sys.argv[4])
 import scc
 objdir, srcdir, doc = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -53,14 +53,9 @@ for l in layers:
             missing.append("no object %s for %s" % (o, c))
             continue
         layer_of[name] = l
-        used[name] = set()
-        out = subprocess.run(["nm", o], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            f = line.split()
-            if len(f) == 2 and f[0] == "U":
-                used[name].add(f[1])
-            elif len(f) == 3 and f[1] in "TDBRV":
-                defined[f[2]] = name
+        used[name], defs = scc.object_symbols(o)
+        for d in defs:
+            defined[d] = name
 check("every source has its object in %s/<layer>/ (%d objects)" % (objdir, len(used)), missing)
 edges = {a: {} for a in used}
 for a in used:

@@ -6,7 +6,7 @@
 # tested or changed one at a time.  Prints "N passed, N failed".
 objdir=${1:-build/plugin}
 python3 - "$objdir" "$(dirname "$0")" <<'PY'
-import glob, os, subprocess, sys
+import glob, os, sys
 sys.path.insert(0, sys.argv[2])
 import scc
 objs = sorted(glob.glob(os.path.join(sys.argv[1], "*.o")))
@@ -15,14 +15,9 @@ if not objs:
 defined, used = {}, {}
 for o in objs:
     name = os.path.basename(o)[:-2]
-    out = subprocess.run(["nm", o], capture_output=True, text=True, check=True).stdout
-    used[name] = set()
-    for line in out.splitlines():
-        f = line.split()
-        if len(f) == 2 and f[0] == "U":
-            used[name].add(f[1])
-        elif len(f) == 3 and f[1] in "TDBR":
-            defined[f[2]] = name
+    used[name], defs = scc.object_symbols(o)
+    for d in defs:
+        defined[d] = name
 edges = {a: sorted({defined[s] for s in used[a] if s in defined and defined[s] != a}) for a in used}
 sccs = scc.components(edges)  # tests/check/scc.py
 cycles = [c for c in sccs if len(c) > 1]

@@ -31,11 +31,13 @@ ROWS = [
     ("llama", "full", "bf16", False, 2, "fsdp1", U1, 4, True),
     ("llama", "full", "bf16", GC, 2, "fsdp1", U0, 1, False),
     ("llama", "full", "bf16", GC, 2, "fsdp1", U0, 4, False),
+    ("llama", "full", "fp32", False, 2, "fsdp1", U1MP, 1, False),
     ("llama", "full", "fp32", False, 2, "fsdp1", U1MP, 2, False),
     ("llama", "lora", "bf16", GC, 4, "fsdp1", U1, 4, False),
     ("llama", "lora", "bf16", GC, 4, "fsdp1", U1, 4, True),
     ("llava", "finetune", "bf16", False, 2, "fsdp1", U1, 1, False),
     ("llava", "finetune", "bf16", False, 2, "fsdp1", U1, 4, False),
+    ("llava", "lora", "bf16", GC, 2, "fsdp1", U1, 1, False),
     ("llava", "lora", "bf16", GC, 2, "fsdp1", U1, 4, True),
     # FSDP2: reshard_after_forward both ways, the unsharded .grad (upcast to reduce_dtype
     # with a MixedPrecisionPolicy) under set_requires_gradient_sync(False)
@@ -44,6 +46,7 @@ ROWS = [
     ("llama", "full", "bf16", False, 2, "fsdp2", R1, 4, True),
     ("llama", "full", "bf16", GC, 2, "fsdp2", R0, 1, False),
     ("llama", "full", "bf16", GC, 2, "fsdp2", R0, 4, False),
+    ("llama", "full", "fp32", False, 2, "fsdp2", R1MP, 1, False),
     ("llama", "full", "fp32", False, 2, "fsdp2", R1MP, 2, False),
     ("llama", "lora", "bf16", GC, 4, "fsdp2", R1, 4, False),
     ("llama", "lora", "bf16", GC, 4, "fsdp2", R1, 4, True),
@@ -55,6 +58,46 @@ ROWS = [
     ("llama", "full", "bf16", False, 2, "ddp", DDP, 4, False),
     ("llama", "lora", "bf16", GC, 2, "ddp", DDPV, 4, False),
 ]
+
+
+def fsdp2_accumulate_cuda():
+    """FSDP2 under set_requires_gradient_sync(False) with a MixedPrecisionPolicy whose
+    reduce_dtype differs from param_dtype accumulates each new 16-bit gradient into
+    the fp32 unsharded_accumulated_grad in place (torch _fully_shard/_fsdp_param.py
+    accumulate_unsharded_grad_if_needed: `unsharded_accumulated_grad +=
+    unsharded_param.grad`).  On the CPU that mixed-dtype add_ first copies the
+    16-bit operand into an fp32 temporary (aten/src/ATen/TensorIterator.cpp
+    compute_types: "Creates temporaries for CPU operations", only `if (common_device
+    == kCPU)`); the CUDA kernel casts while it loads (no temporary).  The add runs
+    uncounted when the dtypes differ, as emul.py's emulations do; the gradient it
+    frees is counted as always.  Returns whether it was installed."""
+    import memhook
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+    cls = _fsdp_param.FSDPParam
+    if getattr(cls, "_truth_accumulate_cuda", False):
+        return True
+    orig = cls.accumulate_unsharded_grad_if_needed
+
+    def accumulate(self):
+        acc = self.unsharded_accumulated_grad
+        grad = self.unsharded_param.grad if acc is not None else None
+        if grad is None or grad.dtype == acc.dtype:
+            return orig(self)
+        with memhook.uncounted():
+            return orig(self)
+    cls.accumulate_unsharded_grad_if_needed = accumulate
+    cls._truth_accumulate_cuda = True
+    return True
+
+
+def install(setup, want=None):
+    """the emulations accumulation needs beyond emul.ALL, recorded in the row's emulations;
+    want: TRUTH_EMULATIONS (unset: all; else a comma list or "none")"""
+    if want is not None and "fsdp2_accumulate_cuda" not in want.split(","):
+        return []
+    if int(setup.get("grad_accum", 1)) > 1 and setup["parallel"] == "fsdp2":
+        return ["fsdp2_accumulate_cuda"] if fsdp2_accumulate_cuda() else []
+    return []
 
 
 def accum_configs():

@@ -313,6 +313,9 @@ def run_rank(setup, rank=0, world=1, trace=False):
     want = os.environ.get("TRUTH_EMULATIONS")
     want = emul.ALL if want is None else [w for w in want.split(",") if w in emul.ALL]
     emus = emul.install(want)
+    if int(setup.get("grad_accum", 1)) > 1:
+        import accum                      # only rows with gradient accumulation (tests/truth/accum.py)
+        emus = emus + accum.install(setup, os.environ.get("TRUTH_EMULATIONS"))
     import transformers
     from transformers import Trainer, TrainingArguments
     transformers.logging.set_verbosity_error()

@@ -60,6 +60,9 @@ ROWS = [
 ]
 
 
+_ORIG = {}
+
+
 def fsdp2_accumulate_cuda():
     """FSDP2 under set_requires_gradient_sync(False) with a MixedPrecisionPolicy whose
     reduce_dtype differs from param_dtype accumulates each new 16-bit gradient into
@@ -76,7 +79,7 @@ def fsdp2_accumulate_cuda():
     cls = _fsdp_param.FSDPParam
     if getattr(cls, "_truth_accumulate_cuda", False):
         return True
-    orig = cls.accumulate_unsharded_grad_if_needed
+    orig = _ORIG.setdefault("accumulate", cls.accumulate_unsharded_grad_if_needed)
 
     def accumulate(self):
         acc = self.unsharded_accumulated_grad

@@ -484,7 +484,10 @@ def run_rank(setup, rank=0, world=1, trace=False):
         accelerator.no_sync(model) unless gradient_accumulation_kwargs.sync_each_batch;
         accelerate accelerator.py:1166-1180 no_sync: FSDP2 set_requires_gradient_sync(False)
         (True again after), else the wrapper's own no_sync (FSDP1 / DDP).  The truth wraps
-        FSDP itself (no accelerate FSDP plugin), so the same calls are made here."""
+        FSDP itself (no accelerate FSDP plugin), so the same calls are made here.  Neither
+        accelerate 1.15 nor the Trainer calls set_is_last_backward or set_reshard_after_backward:
+        every micro-batch's post-backward reshards and its final callback is the last backward's
+        (torch _fully_shard/_fsdp_state.py is_last_backward, default True)."""
         if ga == 1 or sync_each or i == ga - 1 or world == 1:
             return contextlib.nullcontext()
         if par == "fsdp2":

@@ -220,12 +220,11 @@ void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
         ddp_buckets(ps, c);
     if (zero == 3)
         zero3_buffers(ps, c);
-    uint64_t gb = fsdp ? ps->store : c->dt;
+    uint64_t gb = fsdp ? ps->store : c->dt, ga = fsdp ? fsdp_accum_grad_elems(ps) : ps->P_grad;
     if (t->grad_accum > 1 && fsdp && !sp->fsdp.sync_each_micro_batch && ps->P_grad && !offl_opt)
-        ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, no_sync_bytes(ps)),
-                                  F_GRAD, 0);
+        ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ga, no_sync_bytes(ps)), F_GRAD, 0);
     else if (t->grad_accum > 1 && (zero == 2 || fsdp) && ps->P_grad && !offl_opt)
-        ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, gb), F_GRAD, 1);
+        ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ga, gb), F_GRAD, 1);
     ps->step_mark = (int32_t)s->nt;
 }
 
@@ -263,13 +262,6 @@ void par_backward_begin(par_state *ps, lctx *c)
 void par_backward_end(par_state *ps, lctx *c)
 {
     c->s->on_wgrad = NULL;
-    /* the last micro-batch's post-backward reduce-scatters the accumulated unsharded
-     * gradients and frees them (FSDP2: unsharded_accumulated_grad = None); held
-     * here until the whole backward is done, a bound on the unit-by-unit frees */
-    if (par_is_fsdp(ps) && ps->partition >= 0 && !c->s->t[ps->partition].sharded) {
-        sim_drop(c->s, ps->partition);
-        ps->partition = -1;
-    }
     if (par_is_fsdp(ps))
         fsdp_backward_end(ps);
     else if (ps->kind == PAR_ZERO)

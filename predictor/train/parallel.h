@@ -99,6 +99,8 @@ void fsdp_forward_begin(par_state *ps);
 void fsdp_forward_end(par_state *ps);
 void fsdp_backward_begin(par_state *ps);
 void fsdp_backward_end(par_state *ps);
+/* elements of the gradients gradient accumulation keeps between micro-batches */
+uint64_t fsdp_accum_grad_elems(const par_state *ps);
 /* FSDP1: trainable elements in the busiest rank's chunks beyond P_tr / N */
 uint64_t fsdp1_state_excess(const par_state *ps);
 

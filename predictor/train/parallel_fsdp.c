@@ -208,6 +208,30 @@ uint64_t fsdp1_state_excess(const par_state *ps)
     return most > even ? most - even : 0;
 }
 
+/* The gradients accumulated between micro-batches, in elements (unsharded;
+ * sync_each_micro_batch keeps 1/N of them).  FSDP1's gradient is the flat
+ * parameter's: a unit with any trainable parameter has a gradient of its whole
+ * flat parameter, frozen elements included (the views' gradients assembled into
+ * one, _flat_param.py _use_unsharded_views / the split's backward), kept unsharded
+ * as flat_param.grad under no_sync (_runtime_utils.py _post_backward_hook
+ * :743-746) and as the flat shard _saved_grad_shard otherwise
+ * (_accumulate_sharded_grad :907-915, _flat_param.py prepare_gradient_for_backward
+ * :1640).  FSDP2 keeps one gradient per trainable parameter. */
+uint64_t fsdp_accum_grad_elems(const par_state *ps)
+{
+    sim *s = ps->c->s;
+    if (fsdp2(ps))
+        return ps->P_grad;
+    uint64_t n = ps->root_tr ? ps->root : 0;
+    for (uint32_t m = 0; m < ps->sp->n_modules && m < MM_MAX_MODULES; m++) {
+        uint64_t L = ps->sp->modules[m].num_hidden_layers + ps->sp->modules[m].num_global_layers;
+        for (uint64_t l = 0; l < L && l < MM_MAX_LAYERS; l++)
+            if (par_unit_trainable(ps, m, l))
+                n = sim_add(s, n, par_unit_params(ps, m, l));
+    }
+    return n;
+}
+
 /* Issue a unit's all-gather.  FSDP1 gathers straight into the padded flat
  * parameter (_flat_param.py unshard: _alloc_padded_unsharded_flat_param); with
  * MixedPrecision the shard is first cast into _mp_shard, freed after
@@ -534,6 +558,30 @@ void fsdp_backward_begin(par_state *ps)
     s->on_wgrad_ctx = ps;
 }
 
+/* The accumulated unsharded gradients of no_sync (parallel.c no_sync_bytes), held
+ * from the step's start as one buffer.  The last micro-batch's post-backward
+ * reduce-scatters and frees each unit's (FSDP1 _runtime_utils.py _reduce_grad
+ * :846-847 takes flat_param.grad and sets it to None; FSDP2 _fsdp_param_group.py
+ * post_backward :623-626 unsharded_accumulated_grad = None), so the buffer is a
+ * bound on those unit-by-unit frees, dropped at the end of the backward.  Where:
+ * FSDP1's peak is the end of the backward of a micro-batch under no_sync
+ * (_post_backward_hook :743-746 returns before any reduce): the root's flat
+ * gradient, assembled from its views (the cat of the split's backward), is added
+ * into its accumulated .grad while every unit's accumulated gradient is alive and
+ * no sharded gradient exists yet; held through the root's reduce here, the bound
+ * exceeds that by the units' sharded gradients (1/N).  FSDP2 accumulates in place
+ * into the unsharded .grad (AccumulateGrad; post_backward :607-612 reshards and
+ * returns): no micro-batch under no_sync exceeds the last one, where the root's
+ * reduce-scatter input is a copy of its accumulated gradients: dropped before. */
+static void drop_no_sync_grads(par_state *ps)
+{
+    sim *s = ps->c->s;
+    if (ps->partition >= 0 && !s->t[ps->partition].sharded) {
+        sim_drop(s, ps->partition);
+        ps->partition = -1;
+    }
+}
+
 /* the root's post-backward (the final callback); every unit still gathered
  * is resharded (FSDP2 _root_post_backward_final_callback) */
 void fsdp_backward_end(par_state *ps)
@@ -541,7 +589,10 @@ void fsdp_backward_end(par_state *ps)
     sim *s = ps->c->s;
     s->on_wgrad = NULL;
     sim_label(s, "fsdp reduce-scatter", ps->r_grads);
+    if (fsdp2(ps))
+        drop_no_sync_grads(ps);
     reduce_unit(ps, ps->root, ps->root_tr, ps->root_w, ps->step_mark, &ps->root_p);
+    drop_no_sync_grads(ps);
     drop(s, &ps->rs_held);
     drop(s, &ps->pf_f);
     drop(s, &ps->pf_p);

@@ -36,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PHASES = ("forward", "backward", "optimizer")
 GOAL = {"mape": 0.01, "max_under": 0.02, "phase_right": 0.95}
+SECTIONS = ("families", "parallel", "features")
 
 # the truth runner's "language-linear": PEFT on every q/k/v/o/gate/up/down Linear
 # of the language model (a regex there, PEFT's all-linear for text-only models)
@@ -79,6 +80,8 @@ def checkpointing(gc):
 def parallel_sections(setup, spec):
     par, po, tr = setup["parallel"], setup.get("parallel_options") or {}, spec["training"]
     tr["data_parallel"] = setup["world_size"]
+    if setup.get("grad_accum"):     # tests/truth/accum.py rows: micro-batches per optimizer step
+        tr["gradient_accumulation_steps"] = setup["grad_accum"]
     if par == "ddp":
         spec["ddp"] = {"gradient_as_bucket_view": bool(po.get("gradient_as_bucket_view")),
                        "bucket_cap_mb": po.get("bucket_cap_mb", 25)}
@@ -100,6 +103,8 @@ def parallel_sections(setup, spec):
         if po.get("mixed_precision") == "bf16":
             f["param_dtype"] = "bf16"
             f["reduce_dtype"] = "bf16" if par == "fsdp1" else "fp32"
+        if "sync_each_micro_batch" in setup:
+            f["sync_each_micro_batch"] = bool(setup["sync_each_micro_batch"])
         spec["fsdp"] = f
 
 
@@ -209,19 +214,30 @@ def meets(g):
             and g["max_under"] <= GOAL["max_under"] and g["phase_right"] >= GOAL["phase_right"])
 
 
+def features(setup):
+    """feature groups a row belongs to (beside its family and parallel mode)"""
+    out = []
+    if setup.get("grad_accum", 1) > 1:
+        out.append(("fsdp" if setup["parallel"].startswith("fsdp") else setup["parallel"]) + "+accumulation")
+    return out
+
+
 def summarize(results):
-    fams, pars = {}, {}
+    fams, pars, feats = {}, {}, {}
     for r in results:
         fams.setdefault(r["row"]["family"], []).append(r)
         pars.setdefault(r["row"]["setup"]["parallel"], []).append(r)
+        for f in features(r["row"]["setup"]):
+            feats.setdefault(f, []).append(r)
     v = results[0]["row"]["versions"] if results else {}
     out = {"source": {k: v.get(k) for k in ("torch", "transformers", "peft", "accelerate",
                                               "deepspeed")},
            "rows": len(results),
            "families": {k: group_stats(fams[k]) for k in sorted(fams)},
            "parallel": {k: group_stats(pars[k]) for k in sorted(pars)},
+           "features": {k: group_stats(feats[k]) for k in sorted(feats)},
            "all": group_stats(results)}
-    for sec in ("families", "parallel"):
+    for sec in SECTIONS:
         for g in out[sec].values():
             g["meets_goal"] = meets(g)
     return out
@@ -265,7 +281,7 @@ def check(summary, baseline_path):
         base = json.load(f)
     fails = []
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for sec in ("families", "parallel"):
+    for sec in SECTIONS:
         for k in base.get(sec, {}):
             g = summary[sec].get(k)
             if g is None or g["meets_goal"]:
@@ -307,7 +323,7 @@ def write_baseline(summary, path):
     out = {"_comment": "groups of tests/accuracy/accuracy.py that do not meet the goal yet: each with "
                        "the reason, a committed trace (truth.py run --trace) of the row it names, and "
                        "the numbers it may not get worse than"}
-    for sec in ("families", "parallel"):
+    for sec in SECTIONS:
         out[sec] = {}
         for k, g in sorted(summary[sec].items()):
             if g["meets_goal"]:
@@ -363,6 +379,8 @@ def main():
             ", ".join("%s %s" % kv for kv in summary["source"].items() if kv[1]), len(results)))
         table("family", summary["families"])
         table("parallel", summary["parallel"])
+        if summary["features"]:
+            table("feature", summary["features"])
         table("all", {"all": summary["all"]})
         if a.worst:
             worst(results, a.worst)

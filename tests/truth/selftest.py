@@ -416,6 +416,52 @@ def adamw_steps_moved_to_host():
     assert int(opt.state[ps[0]]["step"]) == 2
 
 
+# ------------------------------------------------------------------ FSDP2 accumulation
+@test
+def fsdp2_accumulate_adds_without_a_cpu_temporary():
+    """accum.py fsdp2_accumulate_cuda: under set_requires_gradient_sync(False) with a bf16/fp32
+    MixedPrecisionPolicy the bf16 gradient is added into the fp32 accumulated one; the CPU add_
+    makes an fp32 temporary (TensorIterator, CPU only) that the emulation leaves uncounted: the
+    backward's peak is exactly one fp32 copy of the weight lower, the sum the same."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+    import accum
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    emul.install_nccl_collectives()
+    m = torch.nn.Linear(256, 256, bias=False)
+    fully_shard(m, mesh=init_device_mesh("cpu", (1,)),
+                mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    m.set_requires_gradient_sync(False)
+    x = torch.randn(4, 256)
+    m(x).sum().backward()
+    fp = m._get_fsdp_state()._fsdp_param_group.fsdp_params[0]
+    one = fp.unsharded_accumulated_grad.clone()
+    assert one.dtype == torch.float32
+    cls = type(fp)
+    peaks = []
+
+    def probe(fn):                      # the counted peak inside the accumulation call
+        def run(self):
+            base = M.live()
+            M.reset_peak()
+            fn(self)
+            peaks.append(M.reset_peak() - base)
+        return run
+    for patched in (True, False):
+        if patched:
+            assert accum.fsdp2_accumulate_cuda()
+        else:
+            cls._truth_accumulate_cuda = False
+        fn = cls.accumulate_unsharded_grad_if_needed if patched else accum._ORIG["accumulate"]
+        cls.accumulate_unsharded_grad_if_needed = probe(fn)
+        m(x).sum().backward()
+        cls.accumulate_unsharded_grad_if_needed = fn
+    assert peaks == [0, 256 * 256 * 4], peaks
+    close(fp.unsharded_accumulated_grad, 3 * one, 1e-5)
+
+
 # ------------------------------------------------------------------ end to end
 def _row(setup, trace=False):
     args = [sys.executable, os.path.join(HERE, "truth.py"), "run", json.dumps(setup)]

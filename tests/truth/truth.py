@@ -285,11 +285,12 @@ class Meter:
         self.phase = "forward"
 
     def switch(self, to):
-        self.peaks[self.phase] = self.m.reset_peak()
+        # a phase seen again (the next micro-batch's forward) keeps its highest peak
+        self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), self.m.reset_peak())
         self.phase = to
 
     def stop(self):
-        self.peaks[self.phase] = self.m.reset_peak()
+        self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), self.m.reset_peak())
         self.end_bytes = self.m.live()
         # gloo's collective scratch, not counted (memhook categories GLOO_CALL / GLOO_THREAD):
         # bytes allocated over the step, and the step's peak had it been counted
@@ -312,6 +313,9 @@ def run_rank(setup, rank=0, world=1, trace=False):
     want = os.environ.get("TRUTH_EMULATIONS")
     want = emul.ALL if want is None else [w for w in want.split(",") if w in emul.ALL]
     emus = emul.install(want)
+    if int(setup.get("grad_accum", 1)) > 1:
+        import accum                      # only rows with gradient accumulation (tests/truth/accum.py)
+        emus = emus + accum.install(setup, os.environ.get("TRUTH_EMULATIONS"))
     import transformers
     from transformers import Trainer, TrainingArguments
     transformers.logging.set_verbosity_error()
@@ -345,13 +349,15 @@ def run_rank(setup, rank=0, world=1, trace=False):
 
     par = setup["parallel"]
     popt = setup.get("parallel_options") or {}
+    ga = int(setup.get("grad_accum", 1))                 # micro-batches per optimizer step
+    sync_each = bool(setup.get("sync_each_micro_batch", False))
     tmp = tempfile.mkdtemp(prefix="truth-")
     args = TrainingArguments(output_dir=tmp, use_cpu=True, optim=setup["optimizer"], report_to=[],
                              max_grad_norm=setup["max_grad_norm"], learning_rate=1e-5, weight_decay=0.0,
                              per_device_train_batch_size=setup["micro_batch_size"],
                              bf16=(prec == "amp_bf16"), ddp_backend="gloo" if world > 1 else None,
                              save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                             gradient_checkpointing=False)
+                             gradient_checkpointing=False, gradient_accumulation_steps=ga)
 
     # the device copy of the batch a GPU job holds (device_batch_copy): accelerate's
     # DataLoaderShard sends each batch to the device (data_loader.py __iter__,
@@ -359,9 +365,12 @@ def run_rank(setup, rank=0, world=1, trace=False):
     # step in `batch_samples` until after optimizer.step(); the copies are kept here
     # and released after the step
     device_batch = []
+    on_device = set()           # ids of the copies made up front (grad_accum > 1): already "on the device"
 
     class TruthTrainer(Trainer):
         def _prepare_input(self, data):
+            if isinstance(data, torch.Tensor) and id(data) in on_device:
+                return data
             if isinstance(data, torch.Tensor) and "device_batch_copy" in emus:
                 c = data.clone()
                 device_batch.append(c)
@@ -369,7 +378,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
             return super()._prepare_input(data)
 
     trainer = TruthTrainer(model=model, args=args)
-    trainer.current_gradient_accumulation_steps = 1
+    trainer.current_gradient_accumulation_steps = ga
     wrapped = model
     if par == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -449,7 +458,50 @@ def run_rank(setup, rank=0, world=1, trace=False):
         else:
             trainer._clip_grad_norm(wrapped)
 
-    num_items = trainer._get_num_items_in_batch([batch], torch.device("cpu"))
+    num_items = trainer._get_num_items_in_batch([batch] * ga, torch.device("cpu"))
+
+    def micro_batches():
+        """transformers trainer.py:1809 get_batch_samples fetches the step's micro-batches
+        before the first forward; accelerate's DataLoaderShard has sent each to the device
+        (data_loader.py __iter__, send_to_device): with grad_accum > 1 all their device
+        copies exist from the step's start (one micro-batch keeps the lazy copy above)"""
+        if ga == 1:
+            return [batch]
+        out = []
+        for _ in range(ga):
+            mb = {}
+            for k_, v in batch.items():
+                if isinstance(v, torch.Tensor) and "device_batch_copy" in emus:
+                    v = v.clone()
+                    device_batch.append(v)
+                    on_device.add(id(v))
+                mb[k_] = v
+            out.append(mb)
+        return out
+
+    def sync_context(i):
+        """transformers trainer.py:1831-1840: every micro-batch but the last runs under
+        accelerator.no_sync(model) unless gradient_accumulation_kwargs.sync_each_batch;
+        accelerate accelerator.py:1166-1180 no_sync: FSDP2 set_requires_gradient_sync(False)
+        (True again after), else the wrapper's own no_sync (FSDP1 / DDP).  The truth wraps
+        FSDP itself (no accelerate FSDP plugin), so the same calls are made here.  Neither
+        accelerate 1.15 nor the Trainer calls set_is_last_backward or set_reshard_after_backward:
+        every micro-batch's post-backward reshards and its final callback is the last backward's
+        (torch _fully_shard/_fsdp_state.py is_last_backward, default True)."""
+        if ga == 1 or sync_each or i == ga - 1 or world == 1:
+            return contextlib.nullcontext()
+        if par == "fsdp2":
+            @contextlib.contextmanager
+            def fsdp2_no_sync():
+                model.set_requires_gradient_sync(False)
+                try:
+                    yield
+                finally:
+                    model.set_requires_gradient_sync(True)
+            return fsdp2_no_sync()
+        if par in ("fsdp1", "ddp"):
+            return wrapped.no_sync()
+        raise ValueError("grad_accum > 1 is not set up for %s" % par)
     tracer = None
     result = None
     for step in range(2):
@@ -464,7 +516,14 @@ def run_rank(setup, rank=0, world=1, trace=False):
                 trace_box.append(tracer)
                 tracer.__enter__()
             meter.start()
-        loss = trainer.training_step(wrapped, batch, num_items)
+        for i, mb in enumerate(micro_batches()):
+            if i and measure:
+                meter.switch("forward")
+                if tracer:
+                    tracer.set_phase("forward")
+            with sync_context(i):
+                loss = trainer.training_step(wrapped, mb, num_items)
+        mb = None
         if measure:
             meter.switch("optimizer")
             if tracer:
@@ -479,6 +538,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
         lossv = float(loss)
         del loss
         device_batch.clear()
+        on_device.clear()
         if measure:
             meter.stop()
             if tracer:
@@ -580,10 +640,13 @@ def run_setup(setup, trace=False):
 SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_checkpointing", "micro_batch_size",
               "seq_len", "images_per_sample", "image_size", "optimizer", "max_grad_norm", "parallel", "world_size",
               "parallel_options")
+# only in setups that set them (tests/truth/accum.py): the older rows stay byte-identical
+ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch")
 
 
 def public_setup(s):
     d = {k: s.get(k) for k in SETUP_KEYS}
+    d.update({k: s[k] for k in ACCUM_KEYS if k in s})
     d["recipe"] = RECIPE[s["family"]]
     d["seed"] = s["seed"]
     return d
@@ -613,7 +676,7 @@ def visual_upper_bound(fam, img):
 
 
 def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=None, model=None, lora=None,
-               seed=0):
+               seed=0, accum=None):
     import families
     mm = families.FAMILIES[fam]["multimodal"]
     if not mm:
@@ -663,8 +726,13 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
         s["lora"] = dict(s["lora"], lora_dropout=0.0)
     if mode == "lora" and par == "fsdp1":
         s["lora"] = dict(s["lora"], autocast_adapter_dtype=False)
+    ga = ""
+    if accum is not None:   # (grad_accum, sync_each_micro_batch); None: the keys stay out (older ids unchanged)
+        s["grad_accum"], s["sync_each_micro_batch"] = int(accum[0]), bool(accum[1])
+        ga = "ga%d%s-" % (accum[0], "sync" if accum[1] else "")
     key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 != "hf_class"}, sort_keys=True)
-    s["id"] = "%s-%s-%s-%s-%s-%s-%s" % (fam, par, world, mode, prec, attn, hashlib.sha1(key.encode()).hexdigest()[:10])
+    s["id"] = "%s-%s-%s-%s-%s-%s-%s%s" % (fam, par, world, mode, prec, attn, ga,
+                                         hashlib.sha1(key.encode()).hexdigest()[:10])
     return s
 
 
@@ -763,6 +831,7 @@ def config_list(count=None):
                             ("qwen2", 8, 512, "bf16")):
         add(make_setup(fam, "full", prec, "sdpa", False, B, S, 0, None, "adamw_torch", "single", 1, seed=7))
     rng.shuffle(out)                    # interleave families and parallel modes (resumable runs)
+    list(map(add, __import__("accum").accum_configs()))     # FSDP / DDP + gradient accumulation (accum.py)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

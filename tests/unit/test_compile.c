@@ -74,12 +74,50 @@ START_TEST(torch_compile_refused_where_no_bound_is_shown)
 }
 END_TEST
 
+/* granularity selective_op: torchtitan's op policy keeps, per checkpointed layer, the
+ * outputs of the 1st, 3rd, 5th, 7th aten.mm (q_proj, v_proj, gate_proj, down_proj of a
+ * Llama layer without biases) and of the flash kernel (out, fp32 logsumexp) from the
+ * forward to the layer's re-run: the forward peak grows by exactly that over whole-layer
+ * checkpointing and stays below no checkpointing */
+START_TEST(selective_op_keeps_what_the_policy_saves)
+{
+    mm_prediction none = predict(""),
+                  full = predict("  gradient_checkpointing: {enabled: true, use_reentrant: false}\n"),
+                  sel = predict("  gradient_checkpointing: {enabled: true, use_reentrant: false, "
+                                "granularity: selective_op}\n");
+    uint64_t T = 2 * 512, h = 512, kv = 4 * 64, I = 1376, B = 2, H = 8, S = 512, L = 4;
+    uint64_t per_layer = T * h * 2 + T * kv * 2 + T * I * 2 + T * h * 2 /* q, v, gate, down */
+                         + T * h * 2 + B * H * S * 4;                 /* flash out, lse */
+    uint64_t f_full = full.phase_peak[MM_PHASE_FORWARD], f_sel = sel.phase_peak[MM_PHASE_FORWARD];
+    ck_assert_msg(f_sel - f_full == L * per_layer, "forward peak grew by %llu, expected %llu",
+                  (unsigned long long)(f_sel - f_full), (unsigned long long)(L * per_layer));
+    ck_assert(sel.allocated_peak_bytes > full.allocated_peak_bytes);
+    ck_assert(sel.allocated_peak_bytes < none.allocated_peak_bytes);
+    mm_prediction_free(&none);
+    mm_prediction_free(&full);
+    mm_prediction_free(&sel);
+}
+END_TEST
+
+/* create_selective_checkpoint_contexts needs a non-reentrant checkpoint */
+START_TEST(selective_op_refused_with_reentrant_checkpoints)
+{
+    mm_error e;
+    mm_spec *s = spec_with("  gradient_checkpointing: {enabled: true, use_reentrant: true, "
+                           "granularity: selective_op}\n", &e);
+    ck_assert(s == NULL);
+    ck_assert_msg(strstr(e.msg, "granularity") && strstr(e.msg, "use_reentrant: false"), "%s", e.msg);
+}
+END_TEST
+
 Suite *compile_suite(void)
 {
     Suite *s = suite_create("compile");
     TCase *tc = tcase_create("compile");
     tcase_add_test(tc, torch_compile_is_judged_by_the_eager_bound);
     tcase_add_test(tc, torch_compile_refused_where_no_bound_is_shown);
+    tcase_add_test(tc, selective_op_keeps_what_the_policy_saves);
+    tcase_add_test(tc, selective_op_refused_with_reentrant_checkpoints);
     suite_add_tcase(s, tc);
     return s;
 }

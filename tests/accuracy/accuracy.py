@@ -73,6 +73,8 @@ def checkpointing(gc):
     out = {"enabled": True, "use_reentrant": bool(gc.get("use_reentrant", True))}
     if gc.get("every_n_layers", 1) != 1:
         out["every_n_layers"] = gc["every_n_layers"]
+    if gc.get("selective") == "op":      # torchtitan's op-level policy (tests/truth/feat_compile.py)
+        out["granularity"] = "selective_op"
     return out
 
 
@@ -135,6 +137,8 @@ def make_spec(row, d):
           "max_grad_norm": s["max_grad_norm"],
           "gradient_checkpointing": checkpointing(s["gradient_checkpointing"])}
     tr.update(precision_keys(s["precision"], s["parallel"]))
+    if s.get("torch_compile"):
+        tr["torch_compile"] = True
     if s.get("images_per_sample"):
         tr["images_per_sample"] = s["images_per_sample"]
         tr["image_size"] = list(s["image_size"])
@@ -209,12 +213,42 @@ def meets(g):
             and g["max_under"] <= GOAL["max_under"] and g["phase_right"] >= GOAL["phase_right"])
 
 
+def is_bound(r):
+    """rows the predictor judges by a bound, not a model (torch.compile: the eager prediction)"""
+    return bool(r["row"]["setup"].get("torch_compile"))
+
+
+def bound_stats(items):
+    """a bound's group: never under on the rows the predictor accepts (the bound holds; rows it
+    refuses, with the reason, are where the data shows no safe bound); its worst margin and the
+    predictor's own statement of it (the prediction's "bound")"""
+    g = group_stats(items)
+    ok = [r for r in items if "err" in r]
+    g["kind"] = "bound"
+    g["min_margin"] = min(r["err"] for r in ok) if ok else None
+    g["stated"] = sorted({r["pred"].get("bound", "") for r in ok})
+    g["meets_goal"] = bool(ok) and g["min_margin"] >= 0
+    return g
+
+
+def bound_claim_fails(name, g):
+    """the predictor's sentence states the row count and the worst margin (bound.c): both
+    must be today's, so that data which breaks or moves the bound fails the check"""
+    want = ("(%d rows, worst margin %+.1f %%)" % (g["describable"], 100 * g["min_margin"])
+            if g["min_margin"] is not None else None)
+    if not want or len(g["stated"]) != 1 or want not in g["stated"][0]:
+        return ["%s: the predictor states %s, the data says %s" % (name, g["stated"], want)]
+    return []
+
+
 def summarize(results):
+    v = results[0]["row"]["versions"] if results else {}
+    bounds = [r for r in results if is_bound(r)]
+    results = [r for r in results if not is_bound(r)]
     fams, pars = {}, {}
     for r in results:
         fams.setdefault(r["row"]["family"], []).append(r)
         pars.setdefault(r["row"]["setup"]["parallel"], []).append(r)
-    v = results[0]["row"]["versions"] if results else {}
     out = {"source": {k: v.get(k) for k in ("torch", "transformers", "peft", "accelerate",
                                               "deepspeed")},
            "rows": len(results),
@@ -224,6 +258,13 @@ def summarize(results):
     for sec in ("families", "parallel"):
         for g in out[sec].values():
             g["meets_goal"] = meets(g)
+    out["features"] = {}
+    if bounds:
+        out["features"]["torch.compile"] = bound_stats(bounds)
+    sac = [r for r in results if (r["row"]["setup"].get("gradient_checkpointing") or {}).get("selective") == "op"]
+    if sac:                             # torchtitan's op-level policy: modelled, judged by the goal
+        out["features"]["selective AC"] = group_stats(sac)
+        out["features"]["selective AC"]["meets_goal"] = meets(out["features"]["selective AC"])
     return out
 
 
@@ -265,6 +306,13 @@ def check(summary, baseline_path):
         base = json.load(f)
     fails = []
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for k, g in summary.get("features", {}).items():
+        if g.get("kind") == "bound":       # a bound is never excused: it holds or the key is refused
+            if not g["meets_goal"]:
+                fails.append("feature %s: the bound does not hold (worst margin %s)" % (k, pct(g["min_margin"])))
+            fails += bound_claim_fails("feature " + k, g)
+        elif not g["meets_goal"]:
+            fails.append("feature %s misses the goal (MAPE %s, worst under %s)" % (k, pct(g["mape"]), pct(g["max_under"])))
     for sec in ("families", "parallel"):
         for k in base.get(sec, {}):
             g = summary[sec].get(k)
@@ -363,6 +411,12 @@ def main():
             ", ".join("%s %s" % kv for kv in summary["source"].items() if kv[1]), len(results)))
         table("family", summary["families"])
         table("parallel", summary["parallel"])
+        if summary["features"]:
+            table("feature", summary["features"])
+            for k, g in summary["features"].items():
+                if g.get("kind") == "bound":
+                    print("%s is judged by a bound (never under): worst margin %s; the predictor says %s\n"
+                          % (k, pct(g["min_margin"]), "; ".join(g["stated"])))
         table("all", {"all": summary["all"]})
         if a.worst:
             worst(results, a.worst)

@@ -157,10 +157,14 @@ printf -- '--ddp_bucket_cap_mb 50\n' > "$T/ddp.txt"
 expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --deepspeed "$L/zero2.json" --args @"$T/ddp.txt"
 has "ignored ddp_bucket_cap_mb: DeepSpeed wraps the model, not DDP"
 hasnt "bucket_cap_mb: 50"
-expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile True"
+# torch.compile: a text decoder is judged by the eager bound; a model with a vision tower is refused
+printf '{"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 32000, "hidden_act": "silu", "tie_word_embeddings": false}\n' > "$T/config.json"
+expect 0 "$M" import --hf "$T/config.json" --args "--torch_compile True --per_device_train_batch_size 2"
 key torch_compile true
-expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile_backend inductor"
+expect 0 "$M" import --hf "$T/config.json" --args "--torch_compile_backend inductor --per_device_train_batch_size 2"
 key torch_compile true
+expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile True"
+has "torch.compile of a model with a vision tower is refused"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile_mode reduce-overhead"
 has "--args:1:1: torch_compile_mode: 'reduce-overhead' is not measured"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile True --torch_compile_backend aot_eager"

@@ -28,6 +28,14 @@ ROWS = [
     ("llava", "finetune", "bf16", "sdpa", False, 1, 128, {"hidden": 128, "layers": 2}),
     ("llava", "lora", "bf16", "sdpa", GC, 1, 128, {"hidden": 128, "layers": 2}),
     ("llava", "full", "fp32", "eager", False, 1, 128, {"hidden": 128, "layers": 2}),
+    # HF bf16=True (autocast on fp32 weights), every second layer checkpointed, MoE decoders
+    ("llama", "full", "amp_bf16", "sdpa", False, 2, 128, {"hidden": 128, "layers": 2, "vocab": 4096}),
+    ("llama", "lora", "amp_bf16", "sdpa", GC, 2, 128, {"hidden": 128, "layers": 2, "vocab": 4096}),
+    ("qwen2", "full", "amp_bf16", "sdpa", GC, 1, 256, {"hidden": 128, "layers": 2}),
+    ("llama", "full", "bf16", "sdpa", dict(GC, every_n_layers=2), 2, 256,
+     {"hidden": 128, "layers": 4, "vocab": 4096}),
+    ("mixtral", "full", "bf16", "sdpa", False, 2, 128, {"hidden": 128, "layers": 2}),
+    ("qwen3_moe", "lora", "bf16", "sdpa", GC, 2, 128, {"hidden": 128, "layers": 2}),
 ]
 
 
@@ -129,6 +137,10 @@ SAC_ROWS = [
     ("qwen2", "full", "bf16", "sdpa", 2, 256, {"hidden": 256, "layers": 3}),
     ("qwen2", "lora", "bf16", "sdpa", 1, 384, {"hidden": 256, "layers": 3}),
     ("llama", "full", "bf16", "sdpa", 4, 512, {"hidden": 512, "layers": 2, "vocab": 8192}),
+    ("llama", "lora", "amp_bf16", "sdpa", 2, 256, {"hidden": 256, "layers": 3, "vocab": 8192}),
+    ("mixtral", "full", "bf16", "sdpa", 2, 256, {"hidden": 128, "layers": 3}),
+    ("llava", "finetune", "bf16", "sdpa", 2, 256, {"hidden": 256, "layers": 3}),
+    ("qwen2", "full", "fp32", "sdpa", 2, 256, {"hidden": 256, "layers": 3}),
 ]
 
 
@@ -136,11 +148,12 @@ def sac_setups():
     import truth
     out = []
     for fam, mode, prec, attn, B, S, model in SAC_ROWS:
+        k, img = (1, (112, 112)) if fam == "llava" else (0, None)
         lora = None
         if mode == "lora":
             lora = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "language-linear",
                     "on": "language"}
-        s = truth.make_setup(fam, mode, prec, attn, dict(SAC), B, S, 0, None, "adamw_torch", "single", 1,
+        s = truth.make_setup(fam, mode, prec, attn, dict(SAC), B, S, k, img, "adamw_torch", "single", 1,
                              model=model, lora=lora, seed=12)
         s["id"] = s["id"].replace("-%s-" % attn, "-%s-sacop-" % attn, 1)
         out.append(s)

@@ -123,8 +123,8 @@ MEANING = {
     "training.activation_offloading": "forward saves of >= 1 KiB wait on the host "
                                       "(torchtune / TRL activation offloading)",
     "training.torch_compile": "torch.compile(model), inductor, default mode: the eager prediction as a "
-                              "bound (the prediction says so); refused with a vision tower or more than "
-                              "one process (docs/oracle.md)",
+                              "bound (the prediction says so); refused with a vision tower, DDP, ZeRO or "
+                              "FSDP (docs/oracle.md)",
     "training.optimizer_in_backward": "the step runs per parameter inside backward "
                                       "(no full set of gradients)",
     "gradient_checkpointing.use_reentrant": "default: false with transformers >= 5, else true",

@@ -129,7 +129,7 @@ expect 0 "$M" predict "$T/compile.yaml";             has "a bound        torch.c
 expect 0 "$M" check "$T/compile.yaml" --gpu-mem 80GiB; has "judged by a bound: torch.compile"
 expect 0 "$M" check "$T/compile.yaml" --gpu-mem 80GiB --json
 if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["bound"].startswith("torch.compile: eager prediction")' "$T/out"; then ok; else bad "check --json bound"; fi
-expect 2 "$M" predict "$T/compile.yaml" --set training.data_parallel=2; has "training.torch_compile: torch.compile is judged"
+expect 2 "$M" predict "$T/compile.yaml" --set training.data_parallel=2; has "training.torch_compile: torch.compile with DDP is refused"
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -39,6 +39,34 @@ ROWS = [
 ]
 
 
+# DDP (2 ranks): accelerate's prepare_model wraps DistributedDataParallel, then compiles the
+# wrapper last; dynamo's DDPOptimizer splits the graph at bucket_cap_mb boundaries
+# (torch/_dynamo/backends/distributed.py), so a 1 MB bucket splits these small models
+DDP_ROWS = [
+    ("llama", "full", "bf16", "sdpa", False, 2, 128, {"hidden": 128, "layers": 2, "vocab": 4096}, 25),
+    ("llama", "full", "bf16", "sdpa", GC, 2, 128, {"hidden": 128, "layers": 2, "vocab": 4096}, 1),
+    ("qwen2", "lora", "bf16", "sdpa", GC, 2, 128, {"hidden": 128, "layers": 2}, 25),
+]
+
+
+def ddp_setups():
+    import truth
+    out = []
+    for fam, mode, prec, attn, gc_, B, S, model, cap in DDP_ROWS:
+        lora = None
+        if mode == "lora":
+            lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
+                    "on": "language"}
+        s = truth.make_setup(fam, mode, prec, attn, gc_, B, S, 0, None, "adamw_torch", "ddp", 2,
+                             popt={"bucket_cap_mb": cap, "gradient_as_bucket_view": False}, model=model,
+                             lora=lora, seed=13)
+        s["torch_compile"] = {"backend": "inductor", "mode": None}
+        key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
+        s["id"] = "%s-ddp-2-%s-%s-%s-compile-%s" % (fam, mode, prec, attn, hashlib.sha1(key.encode()).hexdigest()[:10])
+        out.append(s)
+    return out
+
+
 def setups():
     import truth
     out = []
@@ -162,4 +190,4 @@ def sac_setups():
 
 def all_setups():
     """the one generator truth.py config_list calls"""
-    return setups() + sac_setups()
+    return setups() + sac_setups() + ddp_setups()

@@ -161,9 +161,10 @@ int spec_decode_training(dctx *c, const mm_node *root, mm_spec *s)
         return -1;
     if ((v = mm_node_get(tr, "image_size")) && decode_image_size(c, v, t))
         return -1;
-    /* transformers >= 5 passes use_reentrant=False; 4.35 .. 4.x passed True */
+    /* transformers >= 5 passes use_reentrant=False; 4.35 .. 4.x passed True; a selective
+     * policy runs only without reentrancy (torchtitan's ptd_checkpoint_wrapper) */
     if (!reentrant_given)
-        t->ckpt.reentrant = s->framework.tf_major < 5;
+        t->ckpt.reentrant = s->framework.tf_major < 5 && t->ckpt.granularity != CKPT_SELECTIVE_OP;
     if (t->zero_stage >= 1 && t->precision != PREC_FP32)
         t->master_weights = MASTER_FP32; /* DeepSpeed always keeps fp32 master weights */
     if (t->master_weights == MASTER_FP32 && t->precision == PREC_FP32 &&

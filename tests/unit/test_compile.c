@@ -108,6 +108,14 @@ START_TEST(selective_op_refused_with_reentrant_checkpoints)
                            "granularity: selective_op}\n", &e);
     ck_assert(s == NULL);
     ck_assert_msg(strstr(e.msg, "granularity") && strstr(e.msg, "use_reentrant: false"), "%s", e.msg);
+    /* not given: non-reentrant even where transformers 4.x would default to reentrant */
+    const char *sel = "  gradient_checkpointing: {granularity: selective_op}\n";
+    char old[256];
+    snprintf(old, sizeof old, "%sframework: {transformers_version: \"4.46\"}\n", sel);
+    mm_prediction a = predict(sel), b = predict(old);
+    ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
 }
 END_TEST
 

@@ -122,11 +122,16 @@ MEANING = {
                                   "unsharded gradients alive in between (docs/parallel.md)",
     "training.activation_offloading": "forward saves of >= 1 KiB wait on the host "
                                       "(torchtune / TRL activation offloading)",
+    "training.torch_compile": "torch.compile(model), inductor, default mode: the eager prediction as a "
+                              "bound (the prediction says so); refused with a vision tower, DDP, ZeRO or "
+                              "FSDP (docs/oracle.md)",
     "training.optimizer_in_backward": "the step runs per parameter inside backward "
                                       "(no full set of gradients)",
     "gradient_checkpointing.use_reentrant": "default: false with transformers >= 5, else true",
     "gradient_checkpointing.every_n_layers": "checkpoint one layer in N",
-    "gradient_checkpointing.granularity": "full layer, or only its attention / MLP",
+    "gradient_checkpointing.granularity": "full layer; selective_op: torchtitan's op policy (every "
+                                          "other mm output and the SDPA kernel's outputs kept, the rest "
+                                          "recomputed; needs use_reentrant false); attention / mlp: refused",
     "gradient_checkpointing.offload": "checkpointed inputs kept on the host",
     "deepspeed.reduce_bucket_size": "elements; 0 = auto = decoder hidden^2",
     "deepspeed.stage3_prefetch_bucket_size": "0 = auto (0.9 hidden^2)",

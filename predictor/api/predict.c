@@ -257,6 +257,8 @@ int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned
     }
     if (!rc) {
         device_figures(sp, &r, out);
+        const char *bound = mm_spec_bound(sp);
+        snprintf(out->bound, sizeof out->bound, "%s", bound ? bound : "");
         set_factor(&out->factors, s.snap_fact);
         out->factors.overhead = out->peak_bytes - out->allocated_peak_bytes;
         if (fill_modules(sp, &s, out)) {
@@ -441,6 +443,8 @@ char *mm_prediction_json(const mm_prediction *p, int pretty)
     json_object_object_add(o, "paged_bytes", j_u64(p->paged_bytes));
     json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
     json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));
+    if (p->bound[0]) /* the peak is a bound, not a model (bound.c) */
+        json_object_object_add(o, "bound", json_object_new_string(p->bound));
     json_object *pp = json_object_new_object();
     for (int i = 0; i < MM_PHASE_COUNT; i++)
         json_object_object_add(pp, mm_phase_name((mm_phase)i), j_u64(p->phase_peak[i]));

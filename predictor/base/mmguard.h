@@ -51,6 +51,9 @@ uint32_t mm_spec_data_parallel(const mm_spec *spec);
 uint32_t mm_spec_micro_batch(const mm_spec *spec);
 int mm_spec_zero_stage(const mm_spec *spec);
 int mm_spec_checkpointing(const mm_spec *spec);
+/* NULL when the prediction models the job; else the sentence that says the
+ * prediction is an upper bound and what shows it (training.torch_compile) */
+const char *mm_spec_bound(const mm_spec *spec);
 
 typedef enum {
     MM_PHASE_FORWARD = 0,
@@ -162,6 +165,7 @@ typedef struct mm_prediction {
      * its size, ViT tiles, patches over all tiles, tokens in the language model */
     uint32_t image_height, image_width;
     uint64_t image_tiles, image_patches, image_tokens;
+    char bound[192];                /* "" or mm_spec_bound(): the peak is a bound, not a model */
 } mm_prediction;
 
 /* Predict; 0 ok, -1 error (err filled, e.g. arithmetic overflow). */

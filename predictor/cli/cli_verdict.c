@@ -93,10 +93,13 @@ static void print_text(const mm_spec *s, const mm_verdict *v, const char *margin
     }
     if (v->kind != MM_VERDICT_FITS)
         print_remedy(s, v, v->gpu_bytes);
+    if (mm_spec_bound(s))
+        printf("  judged by a bound: %s\n", mm_spec_bound(s));
 }
 
-static void print_json(const mm_verdict *v)
+static void print_json(const mm_spec *s, const mm_verdict *v)
 {
+    const char *bound = mm_spec_bound(s);
     printf("{\"verdict\": \"%s\", \"fits\": %s, \"gpus\": %u, \"gpu_bytes\": %" PRIu64
            ", \"usable_bytes\": %" PRIu64 ", \"allocator_capacity\": %" PRIu64
            ", \"outside_allocator_bytes\": %" PRIu64 ", \"allocated_peak_bytes\": %" PRIu64
@@ -115,6 +118,8 @@ static void print_json(const mm_verdict *v)
                ", \"largest_free_block\": %" PRIu64 "}",
                v->oom_event, v->oom_request, v->oom_allocated, v->oom_reserved,
                v->oom_largest_free);
+    if (bound)
+        printf(", \"bound\": \"%s\"", bound);
     printf("}\n");
 }
 
@@ -127,7 +132,7 @@ int mm_cli_check(mm_spec *s, uint64_t gpu, uint64_t usable, const char *margin, 
         return 2;
     }
     if (json)
-        print_json(&v);
+        print_json(s, &v);
     else
         print_text(s, &v, margin);
     return v.kind == MM_VERDICT_OOM ? 1 : 0;

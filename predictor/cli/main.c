@@ -260,6 +260,8 @@ static void print_prediction(const mm_spec *s, const mm_prediction *p, int layer
            mm_spec_checkpointing(s) ? "on" : "off");
     printf("  peak per GPU   %s  (allocated %s + %s outside live tensors)\n", pk, al, ov);
     printf("  peak at        %s\n", p->peak_event);
+    if (p->bound[0])
+        printf("  a bound        %s\n", p->bound);
     printf("  phase peaks    forward %s | backward %s | optimizer %s (allocated)\n", f, b, o);
     printf("  parameters     %.3f B total, %.3f B trainable\n\n",
            (double)p->parameters_count / 1e9, (double)p->trainable_count / 1e9);

@@ -39,7 +39,8 @@ static const imp_rule top_rules[] = {
     {"sequence_parallel_size", 'd', "1|sequence parallelism is not modelled"},
     {"pipeline", 'r', "pipeline parallelism is not modelled"},
     {"tensor_parallel", 'r', "tensor parallelism (AutoTP) is not modelled"},
-    {"compile", 'r', "DeepSpeed's torch.compile is not modelled"},
+    {"compile", 'r', "DeepSpeed's engine.compile (deepcompile) runs under ZeRO, where no truth "
+                     "row shows the eager prediction to bound a compiled step"},
     {"data_types", 'r', "data_types.grad_accum_dtype changes the gradient buffers: not modelled"},
     {"elasticity", 'r', "elastic batch sizes are not modelled: give the batch"},
     {"autotuning", 'r', "autotuning picks the batch and ZeRO settings at run time"},

@@ -90,7 +90,9 @@ int32_t op_linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t 
     if (c->amp && esz(c, x) != c->dt) /* autocast: the input cast to bf16 */
         xc = op_new(c, r, op_mul(c, rows, in), c->dt);
     uint64_t oe = c->amp || quant ? c->dt : c->wdt;
-    int32_t y = op_new(c, r, op_mul(c, rows, out), oe);
+    /* at::linear: a 3-D input with a bias is one addmm, without one a matmul's aten.mm */
+    int32_t y = bias || quant ? op_new(c, r, op_mul(c, rows, out), oe)
+                              : op_mm_new(c, r, op_mul(c, rows, out), oe);
     sim_node *n = op_node(c, r, y, xc != x ? x : xc, -1, -1, tw);
     if (n) {
         if (tw)

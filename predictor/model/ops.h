@@ -23,6 +23,15 @@ void op_save(lctx *c, sim_node *n, int32_t id);
 void op_wgrad(lctx *c, sim_node *n, uint64_t elems);
 /* the same with a gradient of gdt bytes per element */
 void op_wgrad_e(lctx *c, sim_node *n, uint64_t elems, uint64_t gdt);
+/* selective checkpointing (torchtitan op policy): an output the policy saves
+ * (MUST_SAVE) - kept from the layer's forward to its re-run, which takes it
+ * back instead of computing it again; op_mm_new: an aten.mm output, saved
+ * unless it is the layer's 2nd, 4th, ... mm */
+int32_t op_sac_new(lctx *c, uint32_t r, uint64_t elems, uint64_t bytes_per);
+int32_t op_mm_new(lctx *c, uint32_t r, uint64_t elems, uint64_t bytes_per);
+/* a selectively checkpointed layer's forward starts / ends; its re-run starts / ends */
+void op_sac_begin(lctx *c, uint64_t layer, int recompute);
+void op_sac_end(lctx *c);
 /* hold id until the forward ends */
 void op_hold_forward(lctx *c, int32_t id);
 /* autocast's cast of an fp32 weight to the compute dtype (-1 when none) */

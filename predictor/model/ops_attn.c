@@ -145,8 +145,9 @@ static int32_t fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
         uint64_t skv = o->Skv ? o->Skv : o->S, bq = B / (o->chunks ? o->chunks : 1);
         bias = op_new(c, r, op_mul3(c, bq, o->S, round_up(skv, 16)), dt);
     }
-    int32_t out = op_new(c, r, qe, dt);
-    int32_t l = op_new(c, r, lse, F32);
+    /* the kernel's outputs: selective checkpointing saves them (op_sac_new) */
+    int32_t out = op_sac_new(c, r, qe, dt);
+    int32_t l = op_sac_new(c, r, lse, F32);
     sim_node *n = op_node(c, r, out, q, k, v, 0);
     op_save(c, n, q);
     op_save(c, n, k);

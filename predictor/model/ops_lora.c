@@ -54,7 +54,7 @@ static int32_t adapter_linear(lctx *c, uint32_t ra, int32_t x, uint64_t rows, ui
         xa = op_new(c, ra, op_mul(c, rows, in), c->dt);
     int32_t w = op_weight_cast(c, ra, op_mul(c, in, out), live);
     uint64_t oe = c->amp ? c->dt : ae;
-    int32_t y = op_new(c, ra, op_mul(c, rows, out), oe);
+    int32_t y = op_mm_new(c, ra, op_mul(c, rows, out), oe); /* nn.Linear, no bias: aten.mm */
     sim_node *n = op_node(c, ra, y, x, -1, -1, live);
     op_save(c, n, xa);
     if (op_rg(c, x))

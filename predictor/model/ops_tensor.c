@@ -224,3 +224,77 @@ int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable)
         op_hold_forward(c, w);
     return w;
 }
+
+/* ---- selective activation checkpointing (op policy) ------------------------------- */
+
+/* torchtitan (TOML configs, e.g. @ 9810191bb^) torchtitan/distributed/activation_checkpoint.py
+ * _apply_op_sac: the policy returns MUST_SAVE for the ops of _op_sac_save_list
+ * (models/llama3/infra/parallelize.py l.36-51: aten.mm, the SDPA flash /
+ * efficient / cuDNN kernels, reduce_scatter, max, ...) except every second
+ * aten.mm (l.110-117: the count is bumped first, even counts recompute), and
+ * PREFER_RECOMPUTE for the rest.  torch.utils.checkpoint's
+ * _CachingTorchDispatchMode keeps a MUST_SAVE output from the forward; in the
+ * re-run _CachedTorchDispatchMode pops it instead of running the op. */
+static int sac_push(sac_cache *q, int32_t id)
+{
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 256;
+        int32_t *p = realloc(q->ids, cap * sizeof *p);
+        if (!p)
+            return -1;
+        q->ids = p;
+        q->cap = cap;
+    }
+    q->ids[q->n++] = id;
+    return 0;
+}
+
+void op_sac_begin(lctx *c, uint64_t layer, int recompute)
+{
+    sac_cache *q = c->sac;
+    c->sac_mm = 0;
+    if (!q || layer >= MM_MAX_LAYERS)
+        return;
+    size_t k = (size_t)c->mi * MM_MAX_LAYERS + layer;
+    if (recompute) {
+        c->sac_rec = q->at[k] != 0;
+        c->sac_pos = q->at[k] ? q->at[k] - 1 : 0;
+        return;
+    }
+    q->at[k] = (uint32_t)q->n + 1;
+    c->sac_fwd = 1;
+}
+
+/* the forward's run ends with -1; a re-run lets go of what it did not take back
+ * (a non-reentrant re-run stops at the last tensor autograd saved) */
+void op_sac_end(lctx *c)
+{
+    sac_cache *q = c->sac;
+    if (c->sac_fwd && q && sac_push(q, -1))
+        c->s->oom = 1;
+    for (; c->sac_rec && q && c->sac_pos < q->n && q->ids[c->sac_pos] != -1; c->sac_pos++)
+        op_drop(c, q->ids[c->sac_pos]);
+    c->sac_fwd = c->sac_rec = 0;
+}
+
+int32_t op_sac_new(lctx *c, uint32_t r, uint64_t elems, uint64_t bytes_per)
+{
+    sac_cache *q = c->sac;
+    if (c->sac_rec && q && c->sac_pos < q->n && q->ids[c->sac_pos] != -1)
+        op_drop(c, q->ids[c->sac_pos++]); /* the cached output comes back: this one */
+    int32_t id = op_new(c, r, elems, bytes_per);
+    if (c->sac_fwd && q && id >= 0) {
+        op_hold(c, id);
+        if (sac_push(q, id))
+            c->s->oom = 1;
+    }
+    return id;
+}
+
+int32_t op_mm_new(lctx *c, uint32_t r, uint64_t elems, uint64_t bytes_per)
+{
+    if (!c->sac_fwd && !c->sac_rec)
+        return op_new(c, r, elems, bytes_per);
+    c->sac_mm++;
+    return c->sac_mm % 2 ? op_sac_new(c, r, elems, bytes_per) : op_new(c, r, elems, bytes_per);
+}

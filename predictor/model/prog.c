@@ -74,7 +74,10 @@ int32_t prog_recompute(sim *s, const sim_node *ck, void *ctx)
             c->s->t[x].rg = 1;
         c->s->ckpt_extra = x;
     }
+    if (c->spec->training.ckpt.granularity == CKPT_SELECTIVE_OP)
+        op_sac_begin(c, ck->ckpt_layer, 1); /* the forward's saved outputs come back */
     int32_t y = block_layer(c, x, ck->ckpt_layer);
+    op_sac_end(c);
     outer.amp_cache = c->amp_cache; /* the list may have grown (realloc) */
     outer.n_amp = c->n_amp;
     outer.cap_amp = c->cap_amp;

@@ -12,6 +12,16 @@
 
 #define MAX_TAPS 16
 
+/* op-level selective checkpointing (torchtitan's "op" policy): the outputs
+ * its policy saves in a checkpointed layer's forward, per (module, layer) in
+ * forward order, each run ended by -1; the layer's re-run takes them back in
+ * the same order (ops_tensor.c op_sac_new) */
+typedef struct sac_cache {
+    int32_t *ids;
+    size_t n, cap;
+    uint32_t *at;        /* MM_MAX_MODULES x MM_MAX_LAYERS: first entry + 1, 0 = none */
+} sac_cache;
+
 typedef struct lctx {
     sim *s;
     const mm_spec *spec;
@@ -57,6 +67,11 @@ typedef struct lctx {
                             autocast region ends (the end of the forward) */
     size_t n_amp, cap_amp;
     int32_t *scratch;    /* MM_MAX_LAYERS + 2 entries */
+    sac_cache *sac;      /* granularity selective_op: the policy's saved outputs */
+    int sac_fwd;         /* running a selectively checkpointed layer's forward */
+    int sac_rec;         /* re-running one: the saved outputs are taken back */
+    size_t sac_pos;      /* the re-run's next saved output */
+    uint64_t sac_mm;     /* aten.mm calls so far in this layer (forward or re-run) */
 } lctx;
 
 /* block.c: one transformer layer of the current module; returns its output */

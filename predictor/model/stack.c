@@ -124,7 +124,10 @@ static int32_t run_layer(lctx *c, int32_t x, uint64_t l)
         return block_layer(c, x, l);
     const ckpt_spec *k = &c->spec->training.ckpt;
     c->grad = 0; /* the saved tensors are not kept (holders, or no_grad) */
+    if (k->granularity == CKPT_SELECTIVE_OP) /* what the op policy saves is kept */
+        op_sac_begin(c, l, 0);
     int32_t y = block_layer(c, x, l);
+    op_sac_end(c);
     c->grad = 1;
     int needs = c->m->trainable || c->m->lora.enabled || op_rg(c, x);
     sim_node *n = op_node(c, op_row(c, "layers.checkpoint", "checkpoint"), y, x, -1, -1, needs);

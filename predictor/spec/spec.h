@@ -35,7 +35,7 @@ typedef enum {
 } optimizer_kind;
 typedef enum { IMPL_FOREACH = 0, IMPL_FUSED, IMPL_FOR_LOOP } optimizer_impl;
 typedef enum { LOSS_STANDARD = 0, LOSS_CHUNKED, LOSS_FUSED_LINEAR } loss_kind;
-typedef enum { CKPT_FULL = 0, CKPT_ATTENTION, CKPT_MLP } ckpt_granularity;
+typedef enum { CKPT_FULL = 0, CKPT_ATTENTION, CKPT_MLP, CKPT_SELECTIVE_OP } ckpt_granularity;
 typedef enum { PAR_DDP = 0, PAR_ZERO, PAR_FSDP1, PAR_FSDP2 } parallel_kind;
 typedef enum { QUANT_NONE = 0, QUANT_NF4, QUANT_FP4, QUANT_INT8 } quant_kind;
 
@@ -185,6 +185,8 @@ typedef struct training_spec {
     double max_grad_norm;         /* 0 = no clipping */
     int activation_offload;       /* every saved activation to host (torchtune-style) */
     int optimizer_in_backward;    /* step fused into backward (per-parameter hooks) */
+    int torch_compile;            /* torch.compile(model) (inductor, default mode): judged by
+                                     the eager prediction as a bound (mm_spec_bound) */
 } training_spec;
 
 typedef struct framework_spec {

@@ -15,7 +15,7 @@ static const char *const opt_names[] = {"adamw", "adam", "sgd", "sgd_momentum", 
                                         "adafactor", "paged_adamw_8bit", "paged_adamw", NULL};
 static const char *const impl_names[] = {"foreach", "fused", "for_loop", NULL};
 static const char *const loss_names[] = {"standard", "chunked", "fused_linear", NULL};
-static const char *const gran_names[] = {"full", "attention", "mlp", NULL};
+static const char *const gran_names[] = {"full", "attention", "mlp", "selective_op", NULL};
 
 #define TR(f) offsetof(training_spec, f)
 static const keydesc training_keys[] = {
@@ -42,6 +42,7 @@ static const keydesc training_keys[] = {
     {"max_grad_norm", K_FLOAT, TR(max_grad_norm), 0, 1e12, NULL, 0, 0, 0},
     {"activation_offloading", K_BOOL, TR(activation_offload), 0, 1, NULL, 0, 0, 0},
     {"optimizer_in_backward", K_BOOL, TR(optimizer_in_backward), 0, 1, NULL, 0, 0, 0},
+    {"torch_compile", K_BOOL, TR(torch_compile), 0, 1, NULL, 0, 0, 0},
 };
 #undef TR
 
@@ -77,7 +78,13 @@ static int decode_ckpt(dctx *c, const mm_node *v, mm_spec *s, int *reentrant_giv
         /* the step checkpoints whole layers; attention- or MLP-only checkpointing keeps
          * the other half's activations, more than a whole-layer prediction would say */
         const mm_node *g = mm_node_get(v, "granularity");
-        if (g && k->granularity != 0)
+        /* selective_op: torchtitan's op-level policy (model/ops_tensor.c op_sac_new) through
+         * create_selective_checkpoint_contexts, which only non-reentrant checkpoints take */
+        if (g && k->granularity == CKPT_SELECTIVE_OP && k->reentrant && *reentrant_given)
+            return key_fail(c, g, "training.gradient_checkpointing.granularity",
+                            "selective_op needs use_reentrant: false (torch.utils.checkpoint "
+                            "takes a context_fn only without reentrancy)");
+        if (g && k->granularity != 0 && k->granularity != CKPT_SELECTIVE_OP)
             return key_fail(c, g, "training.gradient_checkpointing.granularity",
                             "'%s' is not modelled yet (only whole layers are checkpointed): it "
                             "saves the rest of the layer's activations, so a whole-layer "
@@ -154,9 +161,10 @@ int spec_decode_training(dctx *c, const mm_node *root, mm_spec *s)
         return -1;
     if ((v = mm_node_get(tr, "image_size")) && decode_image_size(c, v, t))
         return -1;
-    /* transformers >= 5 passes use_reentrant=False; 4.35 .. 4.x passed True */
+    /* transformers >= 5 passes use_reentrant=False; 4.35 .. 4.x passed True; a selective
+     * policy runs only without reentrancy (torchtitan's ptd_checkpoint_wrapper) */
     if (!reentrant_given)
-        t->ckpt.reentrant = s->framework.tf_major < 5;
+        t->ckpt.reentrant = s->framework.tf_major < 5 && t->ckpt.granularity != CKPT_SELECTIVE_OP;
     if (t->zero_stage >= 1 && t->precision != PREC_FP32)
         t->master_weights = MASTER_FP32; /* DeepSpeed always keeps fp32 master weights */
     if (t->master_weights == MASTER_FP32 && t->precision == PREC_FP32 &&

@@ -137,6 +137,11 @@ static int finish(sim *s, const mm_spec *sp, int32_t *scratch, lctx *c, mm_error
 {
     free(scratch);
     free(c->amp_cache);
+    if (c->sac) {
+        free(c->sac->ids);
+        free(c->sac->at);
+        free(c->sac);
+    }
     if (s->oom) {
         mm_err(err, "out of memory");
         return -1;
@@ -157,7 +162,14 @@ int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
     int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
     lctx c;
     ctx_init(&c, sp, s, scratch, cfg);
-    if (!scratch || rows_pass(&c, s, cfg)) {
+    if (sp->training.ckpt.enabled && sp->training.ckpt.granularity == CKPT_SELECTIVE_OP) {
+        c.sac = calloc(1, sizeof *c.sac);
+        if (c.sac && !(c.sac->at = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *c.sac->at)))
+            s->oom = 1;
+        if (!c.sac)
+            s->oom = 1;
+    }
+    if (!scratch || s->oom || rows_pass(&c, s, cfg)) {
         s->oom = 1;
         return finish(s, sp, scratch, &c, err);
     }

@@ -117,5 +117,19 @@ want=a["trainable_count"]*2*3//4
 sys.exit(0 if d==want else "no_sync adds %d, want %d" % (d, want))' "$T/ga-true.json" "$T/ga-false.json"
 then ok; else bad "FSDP no_sync accumulation"; fi
 
+# training.torch_compile: judged by the eager prediction as a bound; predict and check say so
+cat >"$T/compile.yaml" <<'YAML'
+name: tiny-compiled
+modules:
+  - {name: language_model, type: decoder, family: llama, hidden_size: 1024, num_hidden_layers: 4,
+     num_attention_heads: 8, num_key_value_heads: 4, intermediate_size: 2816, vocab_size: 32000}
+training: {micro_batch_size: 2, seq_len: 1024, precision: bf16, torch_compile: true}
+YAML
+expect 0 "$M" predict "$T/compile.yaml";             has "a bound        torch.compile: eager prediction, an upper bound"
+expect 0 "$M" check "$T/compile.yaml" --gpu-mem 80GiB; has "judged by a bound: torch.compile"
+expect 0 "$M" check "$T/compile.yaml" --gpu-mem 80GiB --json
+if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["bound"].startswith("torch.compile: eager prediction")' "$T/out"; then ok; else bad "check --json bound"; fi
+expect 2 "$M" predict "$T/compile.yaml" --set training.data_parallel=2; has "training.torch_compile: torch.compile with DDP is refused"
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

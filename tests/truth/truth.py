@@ -299,6 +299,14 @@ class Meter:
                      "calls": dict(sorted(self.m.collective_calls(False).items()))}
 
 
+def compile_args(setup):
+    """TrainingArguments' torch_compile keys of a compiled row (tests/truth/feat_compile.py)"""
+    tc = setup.get("torch_compile")
+    if not tc:
+        return {}
+    return {"torch_compile": True, "torch_compile_backend": tc.get("backend"), "torch_compile_mode": tc.get("mode")}
+
+
 def run_rank(setup, rank=0, world=1, trace=False):
     """Build, train two steps, measure the second.  Returns this rank's dict."""
     t0 = time.time()
@@ -312,6 +320,9 @@ def run_rank(setup, rank=0, world=1, trace=False):
     # TRUTH_EMULATIONS=a,b,... (or "none") narrows the emulations, for investigation only
     want = os.environ.get("TRUTH_EMULATIONS")
     want = emul.ALL if want is None else [w for w in want.split(",") if w in emul.ALL]
+    if setup.get("torch_compile"):
+        import feat_compile                  # dynamo traces Python: the Python-level hooks would split the graph
+        want = [w for w in want if w not in feat_compile.NOT_TRACEABLE]
     emus = emul.install(want)
     if int(setup.get("grad_accum", 1)) > 1:
         import accum                      # only rows with gradient accumulation (tests/truth/accum.py)
@@ -338,7 +349,11 @@ def run_rank(setup, rank=0, world=1, trace=False):
         model = apply_lora(model, fam, setup)
     gcfg = setup["gradient_checkpointing"]
     if gcfg:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": gcfg["use_reentrant"]},
+        kw = {"use_reentrant": gcfg["use_reentrant"]}
+        if gcfg.get("selective") == "op":       # torchtitan's op-level policy (feat_compile.py)
+            import feat_compile
+            kw["context_fn"] = feat_compile.op_sac_context
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw,
                                             every_n_layers=gcfg.get("every_n_layers", 1))
     model.train()
     # counted before any wrapper shards the parameters (FSDP1 use_orig_params views, ZeRO-3 partitions)
@@ -357,7 +372,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
                              per_device_train_batch_size=setup["micro_batch_size"],
                              bf16=(prec == "amp_bf16"), ddp_backend="gloo" if world > 1 else None,
                              save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                             gradient_checkpointing=False, gradient_accumulation_steps=ga)
+                             gradient_checkpointing=False, gradient_accumulation_steps=ga,
+                             **compile_args(setup))
 
     # the device copy of the batch a GPU job holds (device_batch_copy): accelerate's
     # DataLoaderShard sends each batch to the device (data_loader.py __iter__,
@@ -408,7 +424,9 @@ def run_rank(setup, rank=0, world=1, trace=False):
             if isinstance(m, classes):
                 fully_shard(m, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
-    if prec == "amp_bf16":
+    if prec == "amp_bf16" or setup.get("torch_compile"):
+        # torch_compile: accelerate's prepare_model compiles last, torch.compile(model, backend=, mode=)
+        # from the Trainer's TorchDynamoPlugin (accelerator.py l.2068-2073, trainer.py l.765-769)
         wrapped = trainer.accelerator.prepare_model(wrapped, device_placement=False)
     trainer.model_wrapped = wrapped
     trainer.model = model if par != "fsdp1" else wrapped
@@ -552,6 +570,9 @@ def run_rank(setup, rank=0, world=1, trace=False):
          "seconds": round(time.time() - t0, 2)}
     if world > 1:
         r["gloo_scratch"] = meter.gloo
+    if setup.get("torch_compile"):
+        import feat_compile
+        r["compile"] = feat_compile.compile_stats()
     result = {"rank": r, "tokens": tokens, "config": json.loads(base.config.to_json_string(use_diff=False)),
               "preprocessor": None, "emulations": emus}
     if spec.get("processor"):
@@ -639,7 +660,7 @@ def run_setup(setup, trace=False):
 
 SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_checkpointing", "micro_batch_size",
               "seq_len", "images_per_sample", "image_size", "optimizer", "max_grad_norm", "parallel", "world_size",
-              "parallel_options")
+              "parallel_options", "torch_compile")
 # only in setups that set them (tests/truth/accum.py): the older rows stay byte-identical
 ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch")
 
@@ -832,6 +853,7 @@ def config_list(count=None):
         add(make_setup(fam, "full", prec, "sdpa", False, B, S, 0, None, "adamw_torch", "single", 1, seed=7))
     rng.shuffle(out)                    # interleave families and parallel modes (resumable runs)
     list(map(add, __import__("accum").accum_configs()))     # FSDP / DDP + gradient accumulation (accum.py)
+    import feat_compile; [add(s) for s in feat_compile.all_setups()]  # torch.compile, op-level SAC (issue 23)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

@@ -22,5 +22,6 @@ Suite *fit_suite(void);
 Suite *engine_suite(void);
 Suite *features_suite(void);
 Suite *outcome_suite(void);
+Suite *compile_suite(void);
 
 #endif

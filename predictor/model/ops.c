@@ -75,7 +75,7 @@ static uint64_t quant_bytes(lctx *c, uint64_t in, uint64_t out)
  * a frozen LLM behind a trained connector, a LoRA base layer) keeps its input too. */
 int op_linear_keeps_input(const lctx *c, int tw, int32_t x)
 {
-    return tw || (c->zero == 3 && op_rg(c, x));
+    return tw || (c->deepspeed && c->zero == 3 && op_rg(c, x));
 }
 
 /* y = x W^T (+ b).  AddmmBackward keeps x when W needs a gradient and W (a

@@ -27,6 +27,13 @@ static int32_t merge_images(lctx *c, int32_t emb, int32_t feat)
     op_drop(c, mask);
     if (c->input_grads && !op_rg(c, emb) && !c->counting)
         c->s->t[x].rg = 1;
+    /* a frozen embedding's output that enable_input_require_grads made require
+     * grad (output.requires_grad_(True), modeling_utils.py make_inputs_require_grads)
+     * is a leaf: its AccumulateGrad node keeps the tensor (torch/csrc/autograd/
+     * functions/accumulate_grad.h: `Variable variable`), and masked_scatter's
+     * node keeps that node, until the backward passes it */
+    if (n && c->input_grads && !op_trainable(c) && !(c->m->lora.enabled && c->m->lora.save_embed))
+        op_save(c, n, emb);
     op_drop(c, emb);
     op_drop(c, feat);
     return x;

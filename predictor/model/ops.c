@@ -63,6 +63,21 @@ static uint64_t quant_bytes(lctx *c, uint64_t in, uint64_t out)
 }
 
 
+/* Does the Linear keep its input x for backward?  aten's AddmmBackward / MmBackward
+ * keeps x only when W needs a gradient.  Under ZeRO-3, DeepSpeed's Init(module=)
+ * (runtime/zero/parameter_offload.py:270 _convert_to_zero_parameters) replaces
+ * torch.nn.functional.linear with zero3_linear_wrap when memory_efficient_linear
+ * (default true, zero/config.py:346; partition_parameters.py:1090-1091 and
+ * :412-419), whose LinearFunctionForZeroStage3.setup_context calls
+ * ctx.save_for_backward(input, weight, bias) whenever autograd records it
+ * (zero/linear.py:100-105): any input or weight requiring grad.  So a frozen
+ * weight whose input requires grad (a frozen tower under enable_input_require_grads,
+ * a frozen LLM behind a trained connector, a LoRA base layer) keeps its input too. */
+int op_linear_keeps_input(const lctx *c, int tw, int32_t x)
+{
+    return tw || (c->deepspeed && c->zero == 3 && op_rg(c, x));
+}
+
 /* y = x W^T (+ b).  AddmmBackward keeps x when W needs a gradient and W (a
  * parameter) when x needs one; under autocast the bf16 casts of W and of an
  * fp32 x are what it keeps.  Backward: dx (rows x in), dW (out x in, .grad),
@@ -97,6 +112,8 @@ int32_t op_linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t 
     if (n) {
         if (tw)
             op_save(c, n, xc);
+        else if (op_linear_keeps_input(c, tw, x) && !quant)
+            op_save(c, n, x); /* ZeRO-3's linear: the input as passed */
         if (op_rg(c, x) && !quant)
             op_save(c, n, wcast);
         if (tw)

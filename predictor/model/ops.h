@@ -41,6 +41,8 @@ uint64_t op_mul(lctx *c, uint64_t a, uint64_t b);
 uint64_t op_mul3(lctx *c, uint64_t a, uint64_t b, uint64_t cc);
 
 /* y = x W^T (+ b), PEFT LoRA around it when the module targets lora_bit */
+/* a Linear keeps its input: its weight trains, or ZeRO-3's linear and x requires grad */
+int op_linear_keeps_input(const lctx *c, int tw, int32_t x);
 int32_t op_linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t in, uint64_t out,
                   int bias, uint32_t lora_bit);
 /* ops_lora.c: PEFT's LoRA around a linear's output y; returns the result */

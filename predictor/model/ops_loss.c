@@ -74,6 +74,8 @@ static int32_t lm_head(lctx *c, uint32_t rh, int32_t z, uint64_t rows, uint64_t 
         if (tw) {
             op_save(c, n, zc);
             op_wgrad(c, n, op_mul(c, V, h));
+        } else if (op_linear_keeps_input(c, tw, z)) {
+            op_save(c, n, z); /* ZeRO-3's linear (ops.c op_linear_keeps_input) */
         }
         if (op_rg(c, z))
             op_save(c, n, wcast);

@@ -214,13 +214,17 @@ void op_hold_forward(lctx *c, int32_t id)
 }
 
 /* autocast's cast of a weight: trainable fp32 leaves are cached until the
- * autocast region ends (autocast_mode.cpp cached_cast: requires_grad leaf) */
+ * autocast region ends (autocast_mode.cpp cached_cast: requires_grad leaf).
+ * The test is the parameter's requires_grad, not whether its layer's output
+ * reaches the loss: a tower layer past the selected feature layer (run, its
+ * output dropped) still leaves its weights' casts in the cache. */
 int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable)
 {
     if (!c->amp || c->wdt == c->dt)
         return -1;
     int32_t w = op_new(c, r, np, c->dt);
-    if (w >= 0 && trainable && !c->recompute)
+    int leaf_rg = (c->m->trainable || c->force_tw) && !c->force_frozen && !c->unused;
+    if (w >= 0 && (trainable || (c->dead && leaf_rg)) && !c->recompute)
         op_hold_forward(c, w);
     return w;
 }

@@ -12,15 +12,23 @@
 
 /* ---- bookkeeping ------------------------------------------------------------------ */
 
-/* trainable here: the module is, and this layer's output reaches the loss */
+/* trainable here: the module is, and this layer's output reaches the loss.
+ * In the simulated step also a frozen weight the train layer says needs a
+ * gradient (frozen_rg: FSDP1 use_orig_params, parallel_fsdp.c); the counting
+ * pass keeps it frozen (no optimizer state). */
 int op_trainable(const lctx *c)
 {
-    return (c->m->trainable || c->force_tw) && !c->force_frozen && !c->dead && !c->unused;
+    if (c->dead || c->unused)
+        return 0;
+    if ((c->m->trainable || c->force_tw) && !c->force_frozen)
+        return 1;
+    return !c->counting && c->frozen_rg && c->frozen_rg(c, c->cur_row);
 }
 
 uint32_t op_row(lctx *c, const char *name, const char *kind)
 {
-    return sim_row_get(c->s, c->mi, name, kind);
+    c->cur_row = sim_row_get(c->s, c->mi, name, kind);
+    return c->cur_row;
 }
 
 /* register parameters of a row (counting pass): rows of the repeated layers
@@ -224,7 +232,11 @@ int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable)
         return -1;
     int32_t w = op_new(c, r, np, c->dt);
     int leaf_rg = (c->m->trainable || c->force_tw) && !c->force_frozen && !c->unused;
-    if (w >= 0 && (trainable || (c->dead && leaf_rg)) && !c->recompute)
+    /* autocast_mode.cpp cached_cast caches only `arg.is_leaf() && !arg.is_view()`:
+     * a frozen weight that needs a gradient through frozen_rg is a view of FSDP1's
+     * flat parameter, never cached (FSDP1's trainable weights are views too: left
+     * as they were, unmeasured) */
+    if (w >= 0 && (trainable || (c->dead && leaf_rg)) && !c->recompute && !(c->frozen_rg && !c->m->trainable))
         op_hold_forward(c, w);
     return w;
 }

@@ -38,7 +38,9 @@ int32_t prog_forward(lctx *c)
             c->unused = !images;
             if (!images && !c->counting)
                 continue;
-            c->ckpt = c->ckpt && (module_needs_grad(m) || tower_input_grads(c));
+            /* frozen_rg: a flat parameter's view may make the tower's input need a
+             * gradient (FSDP1); with none, a checkpoint of a frozen layer records nothing */
+            c->ckpt = c->ckpt && (module_needs_grad(m) || tower_input_grads(c) || c->frozen_rg);
             feat = m->kind == MOD_VISION ? vision_module(c) : connector_module(c, feat);
             continue;
         }

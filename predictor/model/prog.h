@@ -46,6 +46,11 @@ typedef struct lctx {
     int gated;           /* Mllama global encoder: tanh gates on both branches */
     int force_tw;        /* a modules_to_save copy: trainable in a frozen module */
     int force_frozen;    /* frozen in a trainable module (DeepStack mergers) */
+    uint32_t cur_row;    /* the row of the last op_row (UINT32_MAX at a module's entry) */
+    /* the train layer's answer for a frozen weight whose parameter is a view of a
+     * flat parameter that requires grad (FSDP1 use_orig_params), NULL: none */
+    int (*frozen_rg)(const struct lctx *c, uint32_t row);
+    void *frozen_rg_ctx;
     attn_kind attn;
     uint64_t dt;         /* activation dtype bytes */
     uint64_t wdt;        /* weight dtype bytes (fp32 under autocast) */

@@ -23,6 +23,7 @@ void prog_enter_module(lctx *c, uint32_t mi)
     const training_spec *t = &sp->training;
     c->mi = mi;
     c->m = &sp->modules[mi];
+    c->cur_row = UINT32_MAX; /* no row yet: the module's first rows (its embeddings) */
     c->attn = c->m->attention == ATT_INHERIT ? t->attention : c->m->attention;
     c->chunks = c->win_chunks = 0;
     const module_spec *v = mm_spec_module(sp, MOD_VISION);

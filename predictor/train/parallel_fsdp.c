@@ -232,6 +232,65 @@ uint64_t fsdp_accum_grad_elems(const par_state *ps)
     return n;
 }
 
+/* ---- FSDP1 use_orig_params: frozen weights in a flat parameter that trains ------- */
+
+/* the unit outside the layers of module m's entry rows (vision.c embeddings()
+ * asks before its first row: CLIP / SigLIP embeddings are their own unit) */
+static uint64_t entry_unit(const par_state *ps, uint32_t m)
+{
+    const module_spec *ms = &ps->sp->modules[m];
+    const family_def *f = ms->kind == MOD_VISION ? family_at(ms->kind, ms->family) : NULL;
+    return f && (!strcmp(f->name, "clip") || !strcmp(f->name, "siglip")) ? U_EMB : U_ROOT;
+}
+
+/* does unit u outside the layers (U_ROOT: the root of every module; U_EMB,
+ * U_HEAD: module m's) hold a trainable parameter */
+static int outer_trains(const par_state *ps, uint32_t m, uint64_t u)
+{
+    const sim *s = ps->c->s;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        if (!R->trainable)
+            continue;
+        if (in_layers(R)) { /* Idefics3: the layers but their self_attn are the root's */
+            if (u == U_ROOT && par_attention_only(ps, R->module) &&
+                strncmp(R->name, "layers.self_attn.", 17))
+                return 1;
+            continue;
+        }
+        if (own_unit(ps, R) == u && (u == U_ROOT || R->module == m))
+            return 1;
+    }
+    return 0;
+}
+
+/* op_trainable's question for a frozen weight of row `row` (UINT32_MAX: the
+ * module's entry).  FSDP1 flattens a unit's parameters into one FlatParameter
+ * that requires grad when any of them does (_flat_param.py
+ * _validate_tensors_to_flatten :832, mixed requires_grad only with
+ * use_orig_params :817-825).  In forward each module gets a plain-tensor view
+ * of the unsharded flat parameter (_use_unsharded_views as_params=False
+ * :1994-2007, views of torch.split :1925), which requires grad like it: a
+ * frozen weight there gets a weight gradient, its inputs are saved for it, and
+ * its outputs require grad (a frozen tower behind a pre-norm or patch
+ * embedding in the root records a graph).  The views' gradients wait for
+ * SplitWithSizesBackward, which cats them (zeros for the missing) into the
+ * flat gradient when the unit's last one arrives (reduce_unit: the cat, then
+ * they go).  A unit that does not train keeps a flat parameter without grad
+ * and views without it. */
+static int fsdp1_frozen_rg(const lctx *c, uint32_t row)
+{
+    const par_state *ps = c->frozen_rg_ctx;
+    const sim *s = c->s;
+    const sim_row *R = row < s->nrows && s->rows[row].module == c->mi ? &s->rows[row] : NULL;
+    int layer = c->per_layer && c->layer < MM_MAX_LAYERS && (!R || in_layers(R));
+    if (layer && (!R || !par_attention_only(ps, c->mi) || !strncmp(R->name, "layers.self_attn.", 17)))
+        return par_unit_trainable(ps, c->mi, c->layer) != 0;
+    if (layer)
+        return outer_trains(ps, c->mi, U_ROOT);
+    return outer_trains(ps, c->mi, R ? own_unit(ps, R) : entry_unit(ps, c->mi));
+}
+
 /* Issue a unit's all-gather.  FSDP1 gathers straight into the padded flat
  * parameter (_flat_param.py unshard: _alloc_padded_unsharded_flat_param); with
  * MixedPrecision the shard is first cast into _mp_shard, freed after
@@ -522,7 +581,8 @@ void fsdp_setup(par_state *ps, lctx *c)
     ps->pf_k = ps->fwd_k = 0;
     ps->w_esz = ps->root_w = 0;
     wide_setup(ps);
-    (void)c;
+    c->frozen_rg = !fsdp2(ps) && f->use_orig_params ? fsdp1_frozen_rg : NULL;
+    c->frozen_rg_ctx = ps;
 }
 
 void fsdp_forward_begin(par_state *ps)

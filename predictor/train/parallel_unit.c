@@ -17,7 +17,7 @@ int par_is_fsdp(const par_state *ps)
 
 /* Idefics3 / SmolVLM wrap only the vision attention (_no_split_modules =
  * Idefics3VisionAttention): the rest of those layers is in the root */
-static int attention_only(const par_state *ps, uint32_t module)
+int par_attention_only(const par_state *ps, uint32_t module)
 {
     const module_spec *m = &ps->sp->modules[module];
     const family_def *f = m->kind == MOD_VISION ? family_at(m->kind, m->family) : NULL;
@@ -41,7 +41,7 @@ uint64_t par_unit_params(const par_state *ps, uint32_t module, uint64_t layer)
     const sim *s = ps->c->s;
     if (module >= MM_MAX_MODULES || layer >= MM_MAX_LAYERS || !s->layer_p)
         return 0;
-    if (attention_only(ps, module))
+    if (par_attention_only(ps, module))
         return attention_params(ps, module, 0);
     return s->layer_p[(size_t)module * MM_MAX_LAYERS + layer];
 }
@@ -51,7 +51,7 @@ uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer
     const sim *s = ps->c->s;
     if (module >= MM_MAX_MODULES || layer >= MM_MAX_LAYERS || !s->layer_tp)
         return 0;
-    if (attention_only(ps, module))
+    if (par_attention_only(ps, module))
         return attention_params(ps, module, 1);
     return s->layer_tp[(size_t)module * MM_MAX_LAYERS + layer];
 }

@@ -855,6 +855,7 @@ def config_list(count=None):
     list(map(add, __import__("accum").accum_configs()))     # FSDP / DDP + gradient accumulation (accum.py)
     import feat_compile; [add(s) for s in feat_compile.all_setups()]  # torch.compile, op-level SAC (issue 23)
     list(map(add, __import__("grid2").wide_grid()))     # parallel mode x what trains x checkpointing (issue 22)
+    list(map(add, __import__("fsdp1_frozen").configs()))   # FSDP1: frozen weights in a unit that trains
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

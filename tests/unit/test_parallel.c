@@ -457,11 +457,52 @@ START_TEST(fsdp1_uneven_chunks_hold_uneven_states)
 }
 END_TEST
 
+/* FSDP1 flattens a unit into one FlatParameter that requires grad when any
+ * of its parameters does (_flat_param.py _validate_tensors_to_flatten :832;
+ * mixed requires_grad only with use_orig_params :817-825), and the forward's
+ * views of it require grad like it (_use_unsharded_views as_params=False):
+ * with LoRA on every linear the frozen q_proj base gets a weight gradient
+ * (H x H in bf16 per layer), alive until the unit's post-backward; the spec without
+ * use_orig_params (which FSDP1 itself would refuse for mixed requires_grad)
+ * keeps the predictor's frozen base without one. */
+START_TEST(fsdp1_frozen_weights_in_a_training_unit_get_gradients)
+{
+    const char *fs[] = {"fsdp: {version: 1, use_orig_params: true}\n",
+                        "fsdp: {version: 1, use_orig_params: false}\n"};
+    uint64_t b[2];
+    for (int i = 0; i < 2; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf,
+                 "name: par\nmodules:\n"
+                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
+                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
+                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+                 H, L, I, V, fs[i]);
+        mm_error e;
+        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+        ck_assert_msg(sp != NULL, "%s", e.msg);
+        sim s;
+        run(sp, &s, 2);
+        b[i] = 0; /* the weight gradients allocated for the q_proj rows */
+        for (size_t k = 0; k < s.nev; k++)
+            if (!s.ev[k].is_free && s.ev[k].cls == F_GRAD && s.ev[k].row < s.nrows &&
+                !strcmp(s.rows[s.ev[k].row].name, "layers.self_attn.q_proj"))
+                b[i] += s.ev[k].bytes;
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+    ck_assert_uint_eq(b[1], 0);
+    ck_assert_uint_eq(b[0], L * H * H * 2);
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
     TCase *tc = tcase_create("strategies");
     tcase_add_test(tc, ddp_buckets_hold_every_trainable_gradient);
+    tcase_add_test(tc, fsdp1_frozen_weights_in_a_training_unit_get_gradients);
     tcase_add_test(tc, ddp_bucket_view_saves_one_gradient_copy);
     tcase_add_test(tc, fsdp_units_are_gathered_as_the_library_does);
     tcase_add_test(tc, fsdp_shards_the_model_dtype);

@@ -124,6 +124,10 @@ int imp_args_buffer(imp_job *j, const char *buf, size_t len, const char *name, m
 int imp_llamafactory(imp_job *j, const char *path, mm_error *err);
 int imp_llamafactory_buffer(imp_job *j, const char *buf, size_t len, const char *name,
                             mm_error *err);
+/* a torchtitan TOML job config (import_titan_rules.c, import_titan.c) */
+int imp_torchtitan(imp_job *j, const char *path, mm_error *err);
+int imp_torchtitan_buffer(imp_job *j, const char *buf, size_t len, const char *name,
+                          mm_error *err);
 /* after every input: what none of them said, stated as assumptions */
 void imp_job_finish(imp_job *j);
 /* remove a key from a section (a later input decides it) */

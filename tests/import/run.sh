@@ -332,9 +332,75 @@ printf '{"model_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "per_device_t
 expect 0 "$M" import --catalog contrib/models --trainer "$T/fsdp-ga2.json"
 key sync_each_micro_batch true
 
+# ---- torchtitan: its published Llama 3 train_configs (TOML) ----------------------------------
+TT=$S/torchtitan
+expect 0 "$M" import --catalog contrib/models --torchtitan "$TT/llama3_8b.toml" -o "$T/tt8b.yaml"
+expect 0 cat "$T/tt8b.yaml"
+key micro_batch_size 1;  key seq_len 8192;  key precision bf16;  key optimizer adamw
+key optimizer_impl fused;  key version 2;  key reshard_after_forward true
+key model_dtype fp32;  key param_dtype bf16;  key reduce_dtype fp32;  key hidden_size 4096
+key intermediate_size 14336;  key vocab_size 128256;  key trainable true;  key attention sdpa
+key gradient_checkpointing '\{enabled: true, use_reentrant: false, granularity: selective_op\}'
+has "llama-3.1-8b-full.yaml"
+has "ignored optimizer.lr: the learning rate"
+has "ignored compile.enable: false is torchtitan's default"
+hasnt "  data_parallel:"
+# the 8B's prediction runs, and equals the same job written with the catalog's modules
+expect 0 "$M" predict "$T/tt8b.yaml" --set training.data_parallel=8
+has "peak per GPU"
+# debugmodel: the flavor table (dim 256, 6 layers, 16 heads, FFN 8*256/3 -> 682 -> 768)
+expect 0 "$M" import --torchtitan "$TT/debug_model.toml"
+key hidden_size 256;  key num_hidden_layers 6;  key num_attention_heads 16
+key num_key_value_heads 16;  key intermediate_size 768;  key vocab_size 2048
+key micro_batch_size 8;  key seq_len 2048
+key gradient_checkpointing '\{enabled: true, use_reentrant: false, every_n_layers: 2\}'
+has "ignored parallelism.pipeline_parallel_schedule: pipeline parallelism only"
+# 70B: 8-way tensor parallelism is refused with its line; with it switched off (an edited
+# copy, labelled in SOURCES.md) it imports: FFN 1.3 x 8*8192/3 rounded up to 4096 = 28672
+expect 2 "$M" import --torchtitan "$TT/llama3_70b.toml"
+has "llama3_70b.toml:41:1: parallelism.tensor_parallel_degree: 8: tensor parallelism (DTensor) is not modelled"
+expect 0 "$M" import --torchtitan "$TT/llama3_70b.edited-tp1.toml" -o "$T/tt70.yaml"
+expect 0 cat "$T/tt70.yaml"
+key hidden_size 8192;  key num_hidden_layers 80;  key intermediate_size 28672
+key gradient_checkpointing '\{enabled: true, use_reentrant: false\}'
+expect 0 "$M" predict "$T/tt70.yaml" --set training.data_parallel=64
+# errors name file:line:col and the key; each reason
+tt() { printf "$1" > "$T/t.toml"; expect 2 "$M" import --torchtitan "$T/t.toml"; has "$2"; }
+tt '[model]\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\n' \
+    "t.toml:4:1: parallelism.pipeline_parallel_degree: 2: pipeline parallelism is not modelled"
+tt '[model]\nflavor = "debugmodel"\n[parallelism]\ndata_parallel_replicate_degree = 2\n' \
+    "t.toml:4:1: parallelism.data_parallel_replicate_degree: 2: HSDP"
+tt '[model]\nflavor = "debugmodel"\n[parallelism]\ncontext_parallel_degree = 4\n' \
+    "t.toml:4:1: parallelism.context_parallel_degree: 4: context parallelism is not modelled"
+tt '[model]\nflavor = "debugmodel"\n[compile]\nenable = true\n' \
+    "t.toml:4:1: compile.enable: only false (torchtitan's default) is modelled"
+tt '[model]\nflavor = "debugmodel"\nconverters = ["float8"]\n' \
+    "t.toml:3:1: model.converters: model converters (float8, MX) are not modelled"
+tt '[model]\nflavor = "8B_flex"\n' "t.toml:2:1: model.flavor: '8B_flex' is not mapped"
+tt '[model]\nname = "qwen3"\n' "t.toml:2:1: model.name: 'qwen3': only torchtitan's llama3"
+tt '[activation_checkpoint]\nmode = "memory_budget"\n' "t.toml:2:1: activation_checkpoint.mode: 'memory_budget'"
+tt '[activation_checkpoint]\nselective_ac_option = "x"\n' "t.toml:2:1: activation_checkpoint.selective_ac_option: 'x'"
+tt '[optimizer]\nname = "Lion"\n' "t.toml:2:1: optimizer.name: 'Lion'"
+tt '[training]\nlocal_batch_size = 2\nno_such_key = 1\n' "t.toml:3:1: training.no_such_key: unknown torchtitan key"
+tt '[nonsense]\nx = 1\n' "t.toml:1:2: nonsense: unknown torchtitan key"
+tt '[training]\nseq_len = 1\nseq_len = 2\n' "t.toml:3:1: seq_len: defined twice"
+tt '[training]\n[training]\n' "t.toml:2:1: table [training] defined twice"
+tt '[training]\nseq_len = "x\n' "t.toml:2:13: unterminated string"
+tt '[training]\nseq_len = 0x10\n' "t.toml:2:11: hexadecimal, octal and binary integers are not read"
+tt '[training]\nseq_len = {a = 1}\n' "t.toml:2:11: inline tables are not read"
+tt '[training]\nseq_len = 2048 x\n' "t.toml:2:16: expected the end of the line"
+tt 'seq_len = 2048\n' "t.toml:1:1: seq_len: a value outside any table"
+tt '[training]\nlocal_batch_size = 0\n' "t.toml:2:1: training.local_batch_size: 0 is out of range"
+tt '[training]\nmixed_precision_param = "float16"\n' "t.toml:2:1: training.mixed_precision_param: expected bfloat16 or float32"
+# dotted keys, arrays over lines, comments and literal strings: TOML the configs may use
+printf '[model]\nflavor = '"'"'debugmodel'"'"'  # c\nconverters = [\n  # none\n]\n[training]\nlocal_batch_size = 1_6\n[parallelism]\ndata_parallel_shard_degree = 4\n[activation_checkpoint]\nmode = "none"\n[optimizer]\nimplementation = "foreach"\n' > "$T/ok.toml"
+expect 0 "$M" import --torchtitan "$T/ok.toml"
+key micro_batch_size 16;  key data_parallel 4;  key gradient_checkpointing false
+key optimizer_impl foreach
+
 # ---- usage -----------------------------------------------------------------------------------
 expect 2 "$M" import --trainer a.json --args "--bf16"
-has "give one of --trainer, --args, --llamafactory"
+has "give one of --trainer, --args, --llamafactory, --torchtitan"
 expect 2 "$M" import
 has "give a model"
 expect 2 "$M" import --args "--bf16 True"

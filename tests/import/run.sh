@@ -398,9 +398,68 @@ expect 0 "$M" import --torchtitan "$T/ok.toml"
 key micro_batch_size 16;  key data_parallel 4;  key gradient_checkpointing false
 key optimizer_impl foreach
 
+# ---- ms-swift: its published Qwen-VL example scripts (`swift sft` flags) ---------------------
+SW=$S/ms-swift
+expect 0 "$M" import --catalog "$CAT" --swift "$SW/ocr.sh" -o "$T/sw-ocr.yaml"
+expect 0 cat "$T/sw-ocr.yaml"
+key micro_batch_size 1;  key gradient_accumulation_steps 16;  key seq_len 4096;  key precision bf16
+key attention sdpa;  key num_hidden_layers 28
+key image_processor '\{kind: dynamic, min_pixels: 3136, max_pixels: 1003520\}'
+key gradient_checkpointing '\{enabled: true, use_reentrant: true\}'
+key lora '\{r: 8, alpha: 32, dropout: 0.05, target_modules: all-linear\}'
+has "trainable: false                             # freeze_vit (ms-swift default true)"
+has "ignored dataset: data loading and templating, on the host"
+has "ignored learning_rate: "
+has "ignored CUDA_VISIBLE_DEVICES: the GPU count is the job's"
+hasnt "image_size:"
+expect 0 "$M" predict "$T/sw-ocr.yaml"
+has "peak per GPU"
+# Qwen2-VL grounding: the other catalog entry, max_length 2048
+expect 0 "$M" import --catalog "$CAT" --swift "$SW/grounding.sh"
+key seq_len 2048;  key num_hidden_layers 28
+# lora_llm: LoRA on the LLM, ViT and aligner in full; --deepspeed zero2 is ms-swift's built-in
+# file, which must be given (the published swift/config/zero2.json)
+expect 2 "$M" import --catalog "$CAT" --swift "$SW/lora_llm_full_vit_sft.sh"
+has "lora_llm_full_vit_sft.sh:31:5: deepspeed zero2 (ms-swift's built-in swift/config/zero2.json): zero2: cannot open"
+expect 0 "$M" import --catalog "$CAT" --swift "$SW/lora_llm_full_vit_sft.sh" --deepspeed "$SW/zero2.json" -o "$T/sw-llm.yaml"
+expect 0 cat "$T/sw-llm.yaml"
+key zero_stage 2;  key micro_batch_size 1;  key gradient_accumulation_steps 4;  key seq_len 8192
+key lora '\{r: 16, alpha: 32, dropout: 0.05, target_modules: all-linear\}'
+key trainable true
+has "ignored vit_lr: a learning rate"
+expect 0 "$M" predict "$T/sw-llm.yaml" --set training.data_parallel=4
+# padding_free and video are refused with the reason (vit_gradient_checkpointing.sh has both)
+expect 2 "$M" import --catalog "$CAT" --swift "$SW/vit_gradient_checkpointing.sh" --deepspeed "$SW/zero3.json"
+has "vit_gradient_checkpointing.sh:36:5: padding_free: padding-free VLM batches are not modelled yet"
+sw() { printf "$1" > "$T/s.sh"; expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"; has "$2"; }
+Q='swift sft --model Qwen/Qwen2.5-VL-7B-Instruct'
+sw "$Q \\\\\n  --use_liger_kernel true\n" "s.sh:2:3: use_liger_kernel: transformers applies all of Liger's kernels"
+sw "$Q --vit_gradient_checkpointing false\n" "s.sh:1:47: vit_gradient_checkpointing: differs from gradient_checkpointing"
+sw "FPS_MAX_FRAMES=12 $Q\n" "s.sh:1:1: FPS_MAX_FRAMES: video samples are not mapped"
+sw "$Q --no_such_flag 1\n" "s.sh:1:47: no_such_flag: unknown trainer key"
+sw "$Q --tuner_type adalora\n" "s.sh:1:47: tuner_type: 'adalora': lora, full and lora_llm are modelled"
+sw "$Q --use_dora true\n" "s.sh:1:47: use_dora: only false"
+sw "$Q --freeze_aligner false\n" "s.sh:1:47: freeze_aligner: false with LoRA"
+sw "$Q --max_length 1 --max_length 2\n" "s.sh:1:62: max_length: given twice"
+sw "swift rlhf --model x\n" "s.sh:1:7: swift rlhf: only \`swift sft\` is read"
+sw "python train.py\n" "s.sh:1:1: 'python': expected NAME=VALUE or \`swift sft\`"
+sw "swift sft --dataset 'a\n" "unterminated quote"
+sw "swift sft --lora_rank 8\n" "s.sh:1:1: --model: required"
+sw "MAX_PIXELS=10 $Q --max_pixels 20\n" "max_pixels: also set by MAX_PIXELS"
+# full: the towers per the freeze flags, named LoRA flags listed as ignored; flags given as
+# --key=value and lists of values
+printf 'MAX_PIXELS=50176 swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --tuner_type=full --freeze_vit false --lora_rank 4 --attn_impl flash_attn --packing true --max_length 4096\n' > "$T/full.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/full.sh"
+key attention flash;  key packing true
+has "ignored lora_rank: LoRA only (tuner_type full)"
+has "trainable: true                              # freeze_vit (ms-swift default true)"
+printf 'MAX_PIXELS=1003520 swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --target_modules q_proj v_proj\n' > "$T/tm.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/tm.sh"
+key lora '\{r: 8, alpha: 32, dropout: 0.05, target_modules: \[q_proj, v_proj\]\}'
+
 # ---- usage -----------------------------------------------------------------------------------
 expect 2 "$M" import --trainer a.json --args "--bf16"
-has "give one of --trainer, --args, --llamafactory, --torchtitan"
+has "give one of --trainer, --args, --llamafactory, --torchtitan, --swift"
 expect 2 "$M" import
 has "give a model"
 expect 2 "$M" import --args "--bf16 True"

@@ -95,7 +95,7 @@ static int flush(swift_cmd *c, pending *p, const char *name, mm_error *err)
         mm_node_free(v);
         v = one;
     }
-    mm_node *map = imp_swift_owns(p->key) ? c->swift : c->trainer;
+    mm_node *map = c->owns(p->key) ? c->swift : c->trainer;
     int rc = put(map, p->key, v, p->line, p->col, name, err);
     p->key[0] = '\0';
     return rc;
@@ -181,9 +181,11 @@ fail:
     return -1;
 }
 
-int imp_swift_split(swift_cmd *c, const char *buf, size_t len, const char *name, mm_error *err)
+int imp_swift_split(swift_cmd *c, const char *buf, size_t len, const char *name,
+                    swift_owns_fn owns, mm_error *err)
 {
     memset(c, 0, sizeof *c);
+    c->owns = owns;
     c->swift = mm_node_new(MM_NODE_MAP, 1, 1);
     c->trainer = mm_node_new(MM_NODE_MAP, 1, 1);
     c->env = mm_node_new(MM_NODE_MAP, 1, 1);

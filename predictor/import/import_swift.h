@@ -6,14 +6,17 @@
 
 #include "import_rd.h"
 
+/* 1: ms-swift's own flag (import_swift_rules.c reads it), 0: a TrainingArguments one */
+typedef int (*swift_owns_fn)(const char *key);
+
 typedef struct swift_cmd {
     mm_node *swift, *trainer, *env; /* maps: ms-swift's flags, TrainingArguments, NAME=VALUE */
     int line, col;                  /* the `swift` word */
+    swift_owns_fn owns;
 } swift_cmd;
 
-/* ms-swift's own flag (read by import_swift_rules.c), not a TrainingArguments one */
-int imp_swift_owns(const char *key);
-int imp_swift_split(swift_cmd *c, const char *buf, size_t len, const char *name, mm_error *err);
+int imp_swift_split(swift_cmd *c, const char *buf, size_t len, const char *name,
+                    swift_owns_fn owns, mm_error *err);
 void imp_swift_cmd_free(swift_cmd *c);
 
 #endif

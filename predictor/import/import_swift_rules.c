@@ -55,7 +55,7 @@ static const imp_rule swift_rules[] = {
     {"loss_scale", 'i', "which tokens count in the loss: the same tensors"},
 };
 
-int imp_swift_owns(const char *key)
+static int swift_owns(const char *key)
 {
     for (size_t i = 0; mapped[i]; i++)
         if (!strcmp(mapped[i], key))
@@ -378,7 +378,7 @@ static int swift_trainer_defaults(imp_job *j, const swift_cmd *c, const char *na
 int imp_swift_buffer(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err)
 {
     swift_cmd c;
-    if (imp_swift_split(&c, buf, len, name, err))
+    if (imp_swift_split(&c, buf, len, name, swift_owns, err))
         return -1;
     imp_source(j->s, name, buf, len);
     hfc hs, ht, he;

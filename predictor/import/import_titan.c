@@ -169,7 +169,7 @@ int imp_titan_parallel(imp_job *j, hfc *h)
         int64_t d;
         if (hf_i64(h, one[i], 1, &d))
             return -1;
-        if (d != 1 && !(i == 5 && d == -1))
+        if (d != 1)
             return hf_fail(h, one[i], "%lld: %s", (long long)d, why[i]);
     }
     if (hf_i64(h, "data_parallel_shard_degree", -1, &shard) ||

@@ -20,7 +20,7 @@
 FUZZ_CC       ?= clang
 FUZZ_SECONDS  ?= 60
 FUZZ_CHECK_SECONDS ?= 10
-FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record import_ds import_trainer import_args import_lf memreq outcome report
+FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record import_ds import_trainer import_args import_lf import_titan import_swift memreq outcome report
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_CFLAGS    = $(CSTD) -O1 -g $(WARN) $(FUZZ_SAN) $(PKG_CFLAGS) $(PRED_INC) -Ispank_plugin $(CFLAGS)
 FUZZ_DIR      := $(BUILD)/fuzz

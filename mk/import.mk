@@ -28,4 +28,4 @@ install-import:
 	install -m 0644 contrib/models/catalog.txt $(DESTDIR)$(PREFIX)/share/mmguard/models/catalog.txt
 
 # the import harnesses (FUZZ_HARNESSES in mk/fuzz.mk) share tests/fuzz/fuzz_import.h
-$(addprefix $(FUZZ_DIR)/fuzz_,import_ds import_trainer import_args import_lf): tests/fuzz/fuzz_import.h
+$(addprefix $(FUZZ_DIR)/fuzz_,import_ds import_trainer import_args import_lf import_titan import_swift): tests/fuzz/fuzz_import.h

@@ -16,7 +16,9 @@ static void usage(FILE *f)
 {
     fputs("usage: mmguard import [--hf DIR|config.json|HF-ID] [--deepspeed ds_config.json]\n"
           "                      [--trainer FILE | --args \"--flag value ...\"|@FILE |\n"
-          "                       --llamafactory train.yaml] [--catalog DIR] [--name NAME]\n"
+          "                       --llamafactory train.yaml | --torchtitan train.toml |\n"
+          "                       --swift sft.sh]\n"
+          "                      [--catalog DIR] [--name NAME]\n"
           "                      [--set SECTION.KEY=VALUE]... [--allow-unknown] [-o SPEC.yaml]\n"
           "  Write an mmguard spec from the files of a training job.  Every value says\n"
           "  where it came from; what was assumed and every input key ignored (and why)\n"
@@ -29,6 +31,8 @@ static void usage(FILE *f)
           "  --args          the same as command-line flags (LLaVA's finetune.sh);\n"
           "                  @FILE reads them from FILE\n"
           "  --llamafactory  a LLaMA-Factory training YAML\n"
+          "  --torchtitan    a torchtitan job config (TOML: the model flavor, FSDP2, AC)\n"
+          "  --swift         a shell script running `swift sft` (ms-swift's flags, MAX_PIXELS)\n"
           "  --catalog DIR   where HF ids are looked up (DIR/catalog.txt: \"ID FILE\" lines);\n"
           "                  default $MMGUARD_CATALOG, the installed catalog, contrib/models\n"
           "  --set           override a value of the written spec: a module by name\n"
@@ -65,7 +69,7 @@ static int apply_set(imp_spec *s, const char *kv)
 }
 
 typedef struct opts {
-    const char *hf, *ds, *trainer, *args, *lf, *catalog, *out, *name, *sets[64];
+    const char *hf, *ds, *trainer, *args, *lf, *titan, *swift, *catalog, *out, *name, *sets[64];
     int nsets, allow;
 } opts;
 
@@ -75,7 +79,8 @@ static int parse(int argc, char **argv, opts *o)
     memset(o, 0, sizeof *o);
     struct { const char *flag; const char **dst; } v[] = {
         {"--hf", &o->hf}, {"--deepspeed", &o->ds}, {"--trainer", &o->trainer}, {"--args", &o->args},
-        {"--llamafactory", &o->lf}, {"--catalog", &o->catalog}, {"-o", &o->out}, {"--name", &o->name}};
+        {"--llamafactory", &o->lf}, {"--torchtitan", &o->titan},
+        {"--swift", &o->swift}, {"--catalog", &o->catalog}, {"-o", &o->out}, {"--name", &o->name}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         size_t k, nv = sizeof v / sizeof v[0];
@@ -98,11 +103,12 @@ static int parse(int argc, char **argv, opts *o)
         }
         *v[k].dst = argv[++i];
     }
-    if (!!o->trainer + !!o->args + !!o->lf > 1) {
-        fprintf(stderr, "mmguard import: give one of --trainer, --args, --llamafactory\n");
+    if (!!o->trainer + !!o->args + !!o->lf + !!o->titan + !!o->swift > 1) {
+        fprintf(stderr, "mmguard import: give one of --trainer, --args, --llamafactory, "
+                        "--torchtitan, --swift\n");
         return -1;
     }
-    if (!o->hf && !o->trainer && !o->args && !o->lf) {
+    if (!o->hf && !o->trainer && !o->args && !o->lf && !o->titan && !o->swift) {
         fprintf(stderr, "mmguard import: give a model (--hf) or a trainer file naming one\n");
         return usage(stderr), -1;
     }
@@ -139,7 +145,8 @@ static int read_inputs(imp_job *j, const opts *o, mm_error *e)
     if (o->hf && imp_model(j, o->hf, "--hf", e))
         return -1;
     if ((o->trainer && imp_trainer(j, o->trainer, e)) || (o->args && imp_args(j, o->args, e)) ||
-        (o->lf && imp_llamafactory(j, o->lf, e)))
+        (o->lf && imp_llamafactory(j, o->lf, e)) || (o->titan && imp_torchtitan(j, o->titan, e)) ||
+        (o->swift && imp_swift(j, o->swift, e)))
         return -1;
     if (!j->have_model) {
         mm_err(e, "no model: give --hf, or model_name_or_path in %s", j->trainer_file);

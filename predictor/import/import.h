@@ -78,6 +78,7 @@ typedef struct imp_job {
     int sft;                   /* TRL SFTConfig defaults apply */
     int lf;                    /* LLaMA-Factory */
     int llava;                 /* LLaVA's train.py arguments */
+    int swift;                 /* an ms-swift `swift sft` command (import_swift*.c) */
     uint64_t micro_batch, grad_accum;   /* TrainingArguments (defaults 8, 1) */
     double max_grad_norm;               /* default 1.0 */
     int bf16, fp16;
@@ -124,6 +125,13 @@ int imp_args_buffer(imp_job *j, const char *buf, size_t len, const char *name, m
 int imp_llamafactory(imp_job *j, const char *path, mm_error *err);
 int imp_llamafactory_buffer(imp_job *j, const char *buf, size_t len, const char *name,
                             mm_error *err);
+/* a torchtitan TOML job config (import_titan_rules.c, import_titan.c) */
+int imp_torchtitan(imp_job *j, const char *path, mm_error *err);
+int imp_torchtitan_buffer(imp_job *j, const char *buf, size_t len, const char *name,
+                          mm_error *err);
+/* an ms-swift `swift sft` command line in a shell script (import_swift*.c) */
+int imp_swift(imp_job *j, const char *path, mm_error *err);
+int imp_swift_buffer(imp_job *j, const char *buf, size_t len, const char *name, mm_error *err);
 /* after every input: what none of them said, stated as assumptions */
 void imp_job_finish(imp_job *j);
 /* remove a key from a section (a later input decides it) */

@@ -16,10 +16,7 @@ typedef struct word {
     int line, col;
 } word;
 
-typedef struct lexer {
-    const char *p, *end;
-    int line, col;
-} lexer;
+typedef imp_lexer lexer;
 
 static void adv(lexer *x)
 {
@@ -32,8 +29,9 @@ static void adv(lexer *x)
     x->p++;
 }
 
-/* one shell word into out (n bytes); 0 at the end, -1 unterminated quote */
-static int next_word(lexer *x, char *out, size_t n, int *line, int *col)
+/* one shell word into out (n bytes); 0 at the end, -1 unterminated quote
+ * (also the ms-swift reader's, import_swift.c) */
+int imp_lex_word(imp_lexer *x, char *out, size_t n, int *line, int *col)
 {
     for (;;) {
         while (x->p < x->end && isspace((unsigned char)*x->p))
@@ -105,7 +103,7 @@ static mm_node *flags_map(imp_job *j, const char *buf, size_t len, const char *n
     mm_node *map = mm_node_new(MM_NODE_MAP, 1, 1);
     char w[4096], key[128] = "";
     int line = 0, col = 0, kl = 0, kc = 0, rc, launcher = 0, count = 0;
-    while (map && (rc = next_word(&x, w, sizeof w, &line, &col)) != 0) {
+    while (map && (rc = imp_lex_word(&x, w, sizeof w, &line, &col)) != 0) {
         if (rc < 0 || ++count > 4096) {
             mm_err_at(err, name, line, col, rc < 0 ? "unterminated quote" : "too many words");
             goto fail;

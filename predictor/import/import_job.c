@@ -25,7 +25,7 @@ static void weight_dtype(imp_job *j)
     } else if (j->lf && !j->pure_bf16) {
         imp_note(j->s, "assumed 16-bit LoRA adapters: LLaMA-Factory upcasts them to fp32 (their "
                        "weights, gradients and Adam states are 2 x as large as the spec counts)");
-    } else if (j->trainer && !j->lf) {
+    } else if (j->trainer && !j->lf && !j->swift) {
         imp_note(j->s, "assumed the model is loaded in %s (torch_dtype, as LLaVA and TRL "
                        "scripts do); a model loaded in fp32 trains under autocast with fp32 "
                        "weights: set training.master_weights fp32", prec);
@@ -55,5 +55,5 @@ void imp_job_finish(imp_job *j)
     imp_ddp_finish(j);
     weight_dtype(j);
     llava(j);
-    imp_training_defaults(j->s, !j->lf);
+    imp_training_defaults(j->s, !j->lf && !j->swift); /* both bound images by max_pixels */
 }

@@ -61,6 +61,15 @@ void imp_resolve_path(const char *file, const char *path, char *out, size_t n);
 /* the module of a type when the model has one (never creates it) */
 imp_section *imp_find_module(imp_spec *s, const char *type);
 
+/* shell words as a shell splits them (quotes, backslash-newline, # comments),
+ * each with its line and column (import_args.c) */
+typedef struct imp_lexer {
+    const char *p, *end;
+    int line, col;
+} imp_lexer;
+/* the next word into out (n bytes): 1, 0 at the end, -1 on an unterminated quote */
+int imp_lex_word(imp_lexer *x, char *out, size_t n, int *line, int *col);
+
 /* zero_optimization of a DeepSpeed config (import_ds_zero.c); hidden: the
  * model's width for "auto" (0: none imported) */
 int imp_ds_zero(imp_job *j, hfc *z, uint64_t hidden);

@@ -332,9 +332,134 @@ printf '{"model_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "per_device_t
 expect 0 "$M" import --catalog contrib/models --trainer "$T/fsdp-ga2.json"
 key sync_each_micro_batch true
 
+# ---- torchtitan: its published Llama 3 train_configs (TOML) ----------------------------------
+TT=$S/torchtitan
+expect 0 "$M" import --catalog contrib/models --torchtitan "$TT/llama3_8b.toml" -o "$T/tt8b.yaml"
+expect 0 cat "$T/tt8b.yaml"
+key micro_batch_size 1;  key seq_len 8192;  key precision bf16;  key optimizer adamw
+key optimizer_impl fused;  key version 2;  key reshard_after_forward true
+key model_dtype fp32;  key param_dtype bf16;  key reduce_dtype fp32;  key hidden_size 4096
+key intermediate_size 14336;  key vocab_size 128256;  key trainable true;  key attention sdpa
+key gradient_checkpointing '\{enabled: true, use_reentrant: false, granularity: selective_op\}'
+has "llama-3.1-8b-full.yaml"
+has "ignored optimizer.lr: the learning rate"
+has "ignored compile.enable: false is torchtitan's default"
+hasnt "  data_parallel:"
+# the 8B's prediction runs, and equals the same job written with the catalog's modules
+expect 0 "$M" predict "$T/tt8b.yaml" --set training.data_parallel=8
+has "peak per GPU"
+# debugmodel: the flavor table (dim 256, 6 layers, 16 heads, FFN 8*256/3 -> 682 -> 768)
+expect 0 "$M" import --torchtitan "$TT/debug_model.toml"
+key hidden_size 256;  key num_hidden_layers 6;  key num_attention_heads 16
+key num_key_value_heads 16;  key intermediate_size 768;  key vocab_size 2048
+key micro_batch_size 8;  key seq_len 2048
+key gradient_checkpointing '\{enabled: true, use_reentrant: false, every_n_layers: 2\}'
+has "ignored parallelism.pipeline_parallel_schedule: pipeline parallelism only"
+# 70B: 8-way tensor parallelism is refused with its line; with it switched off (an edited
+# copy, labelled in SOURCES.md) it imports: FFN 1.3 x 8*8192/3 rounded up to 4096 = 28672
+expect 2 "$M" import --torchtitan "$TT/llama3_70b.toml"
+has "llama3_70b.toml:41:1: parallelism.tensor_parallel_degree: 8: tensor parallelism (DTensor) is not modelled"
+expect 0 "$M" import --torchtitan "$TT/llama3_70b.edited-tp1.toml" -o "$T/tt70.yaml"
+expect 0 cat "$T/tt70.yaml"
+key hidden_size 8192;  key num_hidden_layers 80;  key intermediate_size 28672
+key gradient_checkpointing '\{enabled: true, use_reentrant: false\}'
+expect 0 "$M" predict "$T/tt70.yaml" --set training.data_parallel=64
+# errors name file:line:col and the key; each reason
+tt() { printf "$1" > "$T/t.toml"; expect 2 "$M" import --torchtitan "$T/t.toml"; has "$2"; }
+tt '[model]\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\n' \
+    "t.toml:4:1: parallelism.pipeline_parallel_degree: 2: pipeline parallelism is not modelled"
+tt '[model]\nflavor = "debugmodel"\n[parallelism]\ndata_parallel_replicate_degree = 2\n' \
+    "t.toml:4:1: parallelism.data_parallel_replicate_degree: 2: HSDP"
+tt '[model]\nflavor = "debugmodel"\n[parallelism]\ncontext_parallel_degree = 4\n' \
+    "t.toml:4:1: parallelism.context_parallel_degree: 4: context parallelism is not modelled"
+tt '[model]\nflavor = "debugmodel"\n[compile]\nenable = true\n' \
+    "t.toml:4:1: compile.enable: only false (torchtitan's default) is modelled"
+tt '[model]\nflavor = "debugmodel"\nconverters = ["float8"]\n' \
+    "t.toml:3:1: model.converters: model converters (float8, MX) are not modelled"
+tt '[model]\nflavor = "8B_flex"\n' "t.toml:2:1: model.flavor: '8B_flex' is not mapped"
+tt '[model]\nname = "qwen3"\n' "t.toml:2:1: model.name: 'qwen3': only torchtitan's llama3"
+tt '[activation_checkpoint]\nmode = "memory_budget"\n' "t.toml:2:1: activation_checkpoint.mode: 'memory_budget'"
+tt '[activation_checkpoint]\nselective_ac_option = "x"\n' "t.toml:2:1: activation_checkpoint.selective_ac_option: 'x'"
+tt '[optimizer]\nname = "Lion"\n' "t.toml:2:1: optimizer.name: 'Lion'"
+tt '[training]\nlocal_batch_size = 2\nno_such_key = 1\n' "t.toml:3:1: training.no_such_key: unknown torchtitan key"
+tt '[nonsense]\nx = 1\n' "t.toml:1:2: nonsense: unknown torchtitan key"
+tt '[training]\nseq_len = 1\nseq_len = 2\n' "t.toml:3:1: seq_len: defined twice"
+tt '[training]\n[training]\n' "t.toml:2:1: table [training] defined twice"
+tt '[training]\nseq_len = "x\n' "t.toml:2:13: unterminated string"
+tt '[training]\nseq_len = 0x10\n' "t.toml:2:11: hexadecimal, octal and binary integers are not read"
+tt '[training]\nseq_len = {a = 1}\n' "t.toml:2:11: inline tables are not read"
+tt '[training]\nseq_len = 2048 x\n' "t.toml:2:16: expected the end of the line"
+tt 'seq_len = 2048\n' "t.toml:1:1: seq_len: a value outside any table"
+tt '[training]\nlocal_batch_size = 0\n' "t.toml:2:1: training.local_batch_size: 0 is out of range"
+tt '[training]\nmixed_precision_param = "float16"\n' "t.toml:2:1: training.mixed_precision_param: expected bfloat16 or float32"
+# dotted keys, arrays over lines, comments and literal strings: TOML the configs may use
+printf '[model]\nflavor = '"'"'debugmodel'"'"'  # c\nconverters = [\n  # none\n]\n[training]\nlocal_batch_size = 1_6\n[parallelism]\ndata_parallel_shard_degree = 4\n[activation_checkpoint]\nmode = "none"\n[optimizer]\nimplementation = "foreach"\n' > "$T/ok.toml"
+expect 0 "$M" import --torchtitan "$T/ok.toml"
+key micro_batch_size 16;  key data_parallel 4;  key gradient_checkpointing false
+key optimizer_impl foreach
+
+# ---- ms-swift: its published Qwen-VL example scripts (`swift sft` flags) ---------------------
+SW=$S/ms-swift
+expect 0 "$M" import --catalog "$CAT" --swift "$SW/ocr.sh" -o "$T/sw-ocr.yaml"
+expect 0 cat "$T/sw-ocr.yaml"
+key micro_batch_size 1;  key gradient_accumulation_steps 16;  key seq_len 4096;  key precision bf16
+key attention sdpa;  key num_hidden_layers 28
+key image_processor '\{kind: dynamic, min_pixels: 3136, max_pixels: 1003520\}'
+key gradient_checkpointing '\{enabled: true, use_reentrant: true\}'
+key lora '\{r: 8, alpha: 32, dropout: 0.05, target_modules: all-linear\}'
+has "trainable: false                             # freeze_vit (ms-swift default true)"
+has "ignored dataset: data loading and templating, on the host"
+has "ignored learning_rate: "
+has "ignored CUDA_VISIBLE_DEVICES: the GPU count is the job's"
+hasnt "image_size:"
+expect 0 "$M" predict "$T/sw-ocr.yaml"
+has "peak per GPU"
+# Qwen2-VL grounding: the other catalog entry, max_length 2048
+expect 0 "$M" import --catalog "$CAT" --swift "$SW/grounding.sh"
+key seq_len 2048;  key num_hidden_layers 28
+# lora_llm: LoRA on the LLM, ViT and aligner in full; --deepspeed zero2 is ms-swift's built-in
+# file, which must be given (the published swift/config/zero2.json)
+expect 2 "$M" import --catalog "$CAT" --swift "$SW/lora_llm_full_vit_sft.sh"
+has "lora_llm_full_vit_sft.sh:31:5: deepspeed zero2 (ms-swift's built-in swift/config/zero2.json): zero2: cannot open"
+expect 0 "$M" import --catalog "$CAT" --swift "$SW/lora_llm_full_vit_sft.sh" --deepspeed "$SW/zero2.json" -o "$T/sw-llm.yaml"
+expect 0 cat "$T/sw-llm.yaml"
+key zero_stage 2;  key micro_batch_size 1;  key gradient_accumulation_steps 4;  key seq_len 8192
+key lora '\{r: 16, alpha: 32, dropout: 0.05, target_modules: all-linear\}'
+key trainable true
+has "ignored vit_lr: a learning rate"
+expect 0 "$M" predict "$T/sw-llm.yaml" --set training.data_parallel=4
+# padding_free and video are refused with the reason (vit_gradient_checkpointing.sh has both)
+expect 2 "$M" import --catalog "$CAT" --swift "$SW/vit_gradient_checkpointing.sh" --deepspeed "$SW/zero3.json"
+has "vit_gradient_checkpointing.sh:36:5: padding_free: padding-free VLM batches are not modelled yet"
+sw() { printf "$1" > "$T/s.sh"; expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"; has "$2"; }
+Q='swift sft --model Qwen/Qwen2.5-VL-7B-Instruct'
+sw "$Q \\\\\n  --use_liger_kernel true\n" "s.sh:2:3: use_liger_kernel: transformers applies all of Liger's kernels"
+sw "$Q --vit_gradient_checkpointing false\n" "s.sh:1:47: vit_gradient_checkpointing: differs from gradient_checkpointing"
+sw "FPS_MAX_FRAMES=12 $Q\n" "s.sh:1:1: FPS_MAX_FRAMES: video samples are not mapped"
+sw "$Q --no_such_flag 1\n" "s.sh:1:47: no_such_flag: unknown trainer key"
+sw "$Q --tuner_type adalora\n" "s.sh:1:47: tuner_type: 'adalora': lora, full and lora_llm are modelled"
+sw "$Q --use_dora true\n" "s.sh:1:47: use_dora: only false"
+sw "$Q --freeze_aligner false\n" "s.sh:1:47: freeze_aligner: false with LoRA"
+sw "$Q --max_length 1 --max_length 2\n" "s.sh:1:62: max_length: given twice"
+sw "swift rlhf --model x\n" "s.sh:1:7: swift rlhf: only \`swift sft\` is read"
+sw "python train.py\n" "s.sh:1:1: 'python': expected NAME=VALUE or \`swift sft\`"
+sw "swift sft --dataset 'a\n" "unterminated quote"
+sw "swift sft --lora_rank 8\n" "s.sh:1:1: --model: required"
+sw "MAX_PIXELS=10 $Q --max_pixels 20\n" "max_pixels: also set by MAX_PIXELS"
+# full: the towers per the freeze flags, named LoRA flags listed as ignored; flags given as
+# --key=value and lists of values
+printf 'MAX_PIXELS=50176 swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --tuner_type=full --freeze_vit false --lora_rank 4 --attn_impl flash_attn --packing true --max_length 4096\n' > "$T/full.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/full.sh"
+key attention flash;  key packing true
+has "ignored lora_rank: LoRA only (tuner_type full)"
+has "trainable: true                              # freeze_vit (ms-swift default true)"
+printf 'MAX_PIXELS=1003520 swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --target_modules q_proj v_proj\n' > "$T/tm.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/tm.sh"
+key lora '\{r: 8, alpha: 32, dropout: 0.05, target_modules: \[q_proj, v_proj\]\}'
+
 # ---- usage -----------------------------------------------------------------------------------
 expect 2 "$M" import --trainer a.json --args "--bf16"
-has "give one of --trainer, --args, --llamafactory"
+has "give one of --trainer, --args, --llamafactory, --torchtitan, --swift"
 expect 2 "$M" import
 has "give a model"
 expect 2 "$M" import --args "--bf16 True"

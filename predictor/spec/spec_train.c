@@ -122,12 +122,29 @@ static int decode_framework(dctx *c, const mm_node *root, mm_spec *s)
     f->torch_major = 2;
     f->torch_minor = 11;
     f->ds_major = 0;
-    f->ds_minor = 16;
-    f->ds_patch = 0;
-    const mm_node *fw = mm_node_get(root, "framework");
-    return fw ? key_decode_map(c, fw, framework_keys, sizeof framework_keys / sizeof framework_keys[0],
-                               f, "framework", 0, NULL, NULL)
-              : 0;
+    f->ds_minor = 19;
+    f->ds_patch = 8;
+    const mm_node *fw = mm_node_get(root, "framework"), *v;
+    if (!fw)
+        return 0;
+    if (key_decode_map(c, fw, framework_keys, sizeof framework_keys / sizeof framework_keys[0], f,
+                       "framework", 0, NULL, NULL))
+        return -1;
+    /* The model follows the sources it cites: torch 2.11-2.13 (its caching allocator,
+     * autograd, the foreach optimizers, FSDP) and DeepSpeed 0.19.x (the ZeRO layouts of
+     * stage_1_and_2.py / stage3.py).  Another version is refused rather than read as
+     * if it were one of these. */
+    if ((v = mm_node_get(fw, "torch_version")) &&
+        (f->torch_major != 2 || f->torch_minor < 11 || f->torch_minor > 13))
+        return key_fail(c, v, "framework.torch_version",
+                        "torch %d.%d is not modelled: the prediction follows torch 2.11-2.13 "
+                        "(leave the key out)", f->torch_major, f->torch_minor);
+    if ((v = mm_node_get(fw, "deepspeed_version")) && (f->ds_major != 0 || f->ds_minor != 19))
+        return key_fail(c, v, "framework.deepspeed_version",
+                        "DeepSpeed %d.%d.%d is not modelled: the ZeRO layouts follow DeepSpeed "
+                        "0.19.x (leave the key out)", f->ds_major,
+                        f->ds_minor, f->ds_patch);
+    return 0;
 }
 
 static void training_defaults(training_spec *t, const mm_spec *s)
@@ -264,6 +281,19 @@ static int decode_deepspeed(dctx *c, const mm_node *root, mm_spec *s)
     const mm_node *v;
     if (d->offload_param && s->training.zero_stage != 3 && (v = mm_node_get(ds, "offload_param")))
         return key_fail(c, v, "deepspeed.offload_param", "parameter offload needs zero_stage 3");
+    /* DeepSpeed 0.19.8 stage_1_and_2.py:389-391 asserts allgather_bucket_size %
+     * nccl_start_alignment_factor (2) == 0.  Past that check the size allocates
+     * nothing: the step's all-gather of the updated partitions goes through
+     * all_gather_dp_groups, which uses all_gather_into_tensor into the flat bit16
+     * groups in place whenever torch has it (runtime/utils.py:1019-1022,
+     * comm/torch.py:244-246: every torch 2.x); the bucketed loop below that line is
+     * dead code on the torch versions modelled.  Stage 3 never reads the key. */
+    if ((v = mm_node_get(ds, "allgather_bucket_size")) && s->training.zero_stage != 3 &&
+        d->allgather_bucket_size % 2)
+        return key_fail(c, v, "deepspeed.allgather_bucket_size",
+                        "%llu is odd: DeepSpeed asserts it is a multiple of 2 "
+                        "(stage_1_and_2.py:389, nccl_start_alignment_factor)",
+                        (unsigned long long)d->allgather_bucket_size);
     if (d->offload_optimizer && s->training.zero_stage == 0 &&
         (v = mm_node_get(ds, "offload_optimizer")))
         return key_fail(c, v, "deepspeed.offload_optimizer", "optimizer offload needs ZeRO "
@@ -286,7 +316,7 @@ static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
      * (the truth's bf16 rows shard a bf16 model, its fp32 rows an fp32 one) */
     const training_spec *t = &s->training;
     in.f.model_dtype = t->master_weights == MASTER_FP32 ? PREC_FP32 : t->precision;
-    in.f.param_dtype = in.f.reduce_dtype = in.f.buffer_dtype = in.f.model_dtype;
+    in.f.param_dtype = in.f.reduce_dtype = in.f.model_dtype;
     size_t n = sizeof fsdp_keys / sizeof fsdp_keys[0];
     unsigned char seen[sizeof fsdp_keys / sizeof fsdp_keys[0]] = {0};
     if (key_decode_map(c, fs, fsdp_keys, n, &in, "fsdp", 0, NULL, seen) ||
@@ -312,8 +342,29 @@ static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
         in.f.param_dtype = in.f.model_dtype;
     if (!mm_node_get(fs, "reduce_dtype"))
         in.f.reduce_dtype = in.f.param_dtype;
-    if (!mm_node_get(fs, "buffer_dtype"))
-        in.f.buffer_dtype = in.f.param_dtype;
+    if ((v = mm_node_get(fs, "buffer_dtype")))
+        /* FSDP1 MixedPrecision.buffer_dtype casts the registered buffers at lazy init
+         * (_runtime_utils.py _cast_buffers_to_dtype_and_device).  The buffers of the
+         * modelled families are RoPE's inv_freq (head_dim/2 floats) and integer
+         * position ids: each one 512-byte block in any dtype, not counted, so no value
+         * could change the prediction; a key that cannot is refused. */
+        return key_fail(c, v, "fsdp.buffer_dtype",
+                        "buffer_dtype %s has no effect that is modelled: the prediction does not "
+                        "count buffers (RoPE inv_freq, position ids: one 512-byte block each, any "
+                        "dtype); leave the key out", fsdp_prec[in.f.buffer_dtype]);
+    if ((v = mm_node_get(fs, "limit_all_gathers")) && (in.f.version == 2 || !in.f.limit_all_gathers))
+        /* FSDP1 limit_all_gathers=True: the rate limiter (_runtime_utils.py _unshard,
+         * _limiter / _free_event_queue, at most 2 in-flight all-gathers) keeps the
+         * unsharded units to the current one and its prefetch, which is what the FSDP1
+         * model holds.  False lets the CPU issue all-gathers ahead of the GPU with no
+         * bound but the stream's progress: not modelled.  FSDP2 has no such option. */
+        return key_fail(c, v, "fsdp.limit_all_gathers",
+                        in.f.version == 2 ? "FSDP2 (fully_shard) has no limit_all_gathers: "
+                                            "leave the key out"
+                                          : "false is not modelled: without FSDP1's rate "
+                                            "limiter the CPU runs ahead and the unsharded "
+                                            "units alive at once depend on the GPU's speed "
+                                            "(no bound); only true (the default) is accepted");
     s->fsdp = in.f;
     s->fsdp.fp32_loaded = in.f.model_dtype == PREC_FP32;
     spec_derive(s); /* FSDP's MixedPrecision casts the parameters, no autocast */

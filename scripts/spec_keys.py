@@ -119,6 +119,10 @@ MEANING = {
                               "gradient, their stack and the clip coefficient before the step; "
                               "the Trainer of transformers >= 5 computes the norm even at 0; "
                               "DeepSpeed's in-engine clip: three 0-dim scales",
+    "training.loss_upcast": "standard loss: true (default) = transformers' logits.float() before "
+                            "cross_entropy; false = cross_entropy on the 16-bit logits (a custom "
+                            "loop's nn.CrossEntropyLoss); refused under autocast and for the "
+                            "chunked / fused losses",
     "framework.torch_version": "accepted for 2.11-2.13, the versions the model follows; others refused",
     "framework.deepspeed_version": "accepted for 0.19.x, the version the ZeRO layouts follow; others refused",
     "deepspeed.allgather_bucket_size": "elements; ZeRO-1/2 must be even (DeepSpeed asserts); "

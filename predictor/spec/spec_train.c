@@ -40,6 +40,7 @@ static const keydesc training_keys[] = {
     {"packing", K_BOOL, TR(packing), 0, 1, NULL, 0, 0, 0},
     {"use_cache", K_BOOL, TR(use_cache), 0, 1, NULL, 0, 0, 0},
     {"max_grad_norm", K_FLOAT, TR(max_grad_norm), 0, 1e12, NULL, 0, 0, 0},
+    {"loss_upcast", K_BOOL, TR(loss_upcast), 0, 1, NULL, 0, 0, 0},
     {"activation_offloading", K_BOOL, TR(activation_offload), 0, 1, NULL, 0, 0, 0},
     {"optimizer_in_backward", K_BOOL, TR(optimizer_in_backward), 0, 1, NULL, 0, 0, 0},
     {"torch_compile", K_BOOL, TR(torch_compile), 0, 1, NULL, 0, 0, 0},
@@ -155,6 +156,7 @@ static void training_defaults(training_spec *t, const mm_spec *s)
     t->grad_accum = 1;
     t->attention = ATT_SDPA;
     t->loss_chunks = 8;
+    t->loss_upcast = 1;
     t->ckpt.every_n_layers = 1;
 }
 
@@ -192,6 +194,17 @@ int spec_decode_training(dctx *c, const mm_node *root, mm_spec *s)
     spec_derive(s);
     if (t->loss != LOSS_CHUNKED && (v = mm_node_get(tr, "loss_chunks")))
         return key_fail(c, v, "training.loss_chunks", "only applies to loss: chunked");
+    const framework_spec *fw = &s->framework;
+    if (!t->loss_upcast && (v = mm_node_get(tr, "loss_upcast"))) {
+        /* torchtune's chunked loss upcasts each chunk, Liger's fused kernel works in fp32;
+         * before transformers 4.46 the model's forward itself returned logits.float() */
+        if (t->loss != LOSS_STANDARD)
+            return key_fail(c, v, "training.loss_upcast", "false only applies to loss: standard "
+                                                          "(the chunked and fused losses upcast inside)");
+        if (fw->tf_major < 4 || (fw->tf_major == 4 && fw->tf_minor < 46))
+            return key_fail(c, v, "training.loss_upcast", "false needs transformers >= 4.46: "
+                                                          "older models return fp32 logits");
+    }
     return 0;
 }
 
@@ -426,6 +439,14 @@ int spec_decode_sections(dctx *c, const mm_node *root, mm_spec *s)
     if (decode_deepspeed(c, root, s) || decode_fsdp(c, root, s) || decode_ddp(c, root, s) ||
         decode_device(c, root, s))
         return -1;
+    /* CUDA autocast runs log_softmax with dtype=float32 (ATen/autocast_mode.h
+     * AT_FORALL_FP32_SET_OPT_DTYPE): no fp32 copy of the logits but an fp32 output;
+     * CPU autocast does not, so the truth harness cannot measure the CUDA step */
+    const mm_node *tr = mm_node_get(root, "training"), *v;
+    if (!s->training.loss_upcast && s->training.autocast && tr && (v = mm_node_get(tr, "loss_upcast")))
+        return key_fail(c, v, "training.loss_upcast",
+                        "false under autocast is not modelled: CUDA autocast computes log_softmax "
+                        "in fp32 from the 16-bit logits, which the CPU truth harness cannot measure");
     return 0;
 }
 

@@ -140,6 +140,28 @@ START_TEST(fsdp_limit_all_gathers_and_buffer_dtype)
 }
 END_TEST
 
+/* loss_upcast false: cross_entropy on the bf16 logits: no fp32 copy of the logits
+ * (T x V x 4) and a 16-bit log_softmax output instead of an fp32 one; refused under
+ * autocast (not measurable on the CPU) and for the chunked / fused losses (they
+ * upcast inside) */
+START_TEST(loss_upcast_false_drops_the_fp32_logits)
+{
+    const uint64_t TV = 2ull * 512 * 32000;
+    mm_prediction a = predict(""), b = predict("  loss_upcast: false\n");
+    ck_assert_msg(a.allocated_peak_bytes >= b.allocated_peak_bytes + TV * 4 &&
+                      a.allocated_peak_bytes <= b.allocated_peak_bytes + TV * 8,
+                  "peak %llu -> %llu", (unsigned long long)a.allocated_peak_bytes,
+                  (unsigned long long)b.allocated_peak_bytes);
+    refused("  master_weights: fp32\n  loss_upcast: false\n", "training.loss_upcast",
+            "under autocast");
+    refused("  loss: chunked\n  loss_upcast: false\n", "training.loss_upcast", "loss: standard");
+    refused("  loss_upcast: false\nframework: {transformers_version: \"4.40\"}\n",
+            "training.loss_upcast", "4.46");
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+}
+END_TEST
+
 Suite *keys_suite(void)
 {
     Suite *s = suite_create("keys");
@@ -149,6 +171,7 @@ Suite *keys_suite(void)
     tcase_add_test(tc, allgather_bucket_size_checked_and_allocates_nothing);
     tcase_add_test(tc, pin_memory_rounds_the_pinned_host_buffers);
     tcase_add_test(tc, fsdp_limit_all_gathers_and_buffer_dtype);
+    tcase_add_test(tc, loss_upcast_false_drops_the_fp32_logits);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -439,14 +439,17 @@ int spec_decode_sections(dctx *c, const mm_node *root, mm_spec *s)
     if (decode_deepspeed(c, root, s) || decode_fsdp(c, root, s) || decode_ddp(c, root, s) ||
         decode_device(c, root, s))
         return -1;
-    /* CUDA autocast runs log_softmax with dtype=float32 (ATen/autocast_mode.h
-     * AT_FORALL_FP32_SET_OPT_DTYPE): no fp32 copy of the logits but an fp32 output;
-     * CPU autocast does not, so the truth harness cannot measure the CUDA step */
+    /* Under autocast, CUDA runs log_softmax with dtype=float32 (ATen/autocast_mode.h
+     * AT_FORALL_FP32_SET_OPT_DTYPE): an fp32 output, no fp32 copy of the logits.  The
+     * two truth steps measured with that policy (harness autocast_cuda, amp_bf16, not
+     * kept as rows) held 2 bytes x rows x V more in forward and less in backward than
+     * that model: not understood yet, so the case is refused rather than predicted
+     * wrong. */
     const mm_node *tr = mm_node_get(root, "training"), *v;
     if (!s->training.loss_upcast && s->training.autocast && tr && (v = mm_node_get(tr, "loss_upcast")))
         return key_fail(c, v, "training.loss_upcast",
-                        "false under autocast is not modelled: CUDA autocast computes log_softmax "
-                        "in fp32 from the 16-bit logits, which the CPU truth harness cannot measure");
+                        "false under autocast is not modelled: the measured steps (log_softmax "
+                        "in fp32 from the 16-bit logits) do not match a model yet");
     return 0;
 }
 

@@ -115,7 +115,25 @@ MEANING = {
     "training.packing": "samples packed into one sequence (flash-attention varlen)",
     "training.use_cache": "a training forward without checkpointing fills a KV cache "
                           "(transformers' default true); false drops it",
-    "training.max_grad_norm": "gradient clipping (0 = off)",
+    "training.max_grad_norm": "gradient clipping (0 = off): clip_grad_norm_'s 0-dim norm per "
+                              "gradient, their stack and the clip coefficient before the step; "
+                              "the Trainer of transformers >= 5 computes the norm even at 0; "
+                              "DeepSpeed's in-engine clip: three 0-dim scales",
+    "training.loss_upcast": "standard loss: true (default) = transformers' logits.float() before "
+                            "cross_entropy; false = cross_entropy on the 16-bit logits (a custom "
+                            "loop's nn.CrossEntropyLoss); refused under autocast and for the "
+                            "chunked / fused losses",
+    "framework.torch_version": "accepted for 2.11-2.13, the versions the model follows; others refused",
+    "framework.deepspeed_version": "accepted for 0.19.x, the version the ZeRO layouts follow; others refused",
+    "deepspeed.allgather_bucket_size": "elements; ZeRO-1/2 must be even (DeepSpeed asserts); "
+                                       "allocates nothing: the updated partitions are "
+                                       "all-gathered in place (all_gather_into_tensor)",
+    "deepspeed.pin_memory": "offload_optimizer buffers pinned: the host prediction rounds each "
+                            "pinned buffer up to a power of two (torch's CachingHostAllocator)",
+    "fsdp.limit_all_gathers": "FSDP1 only, true only (the rate limiter the model follows); "
+                              "false has no bound and is refused",
+    "fsdp.buffer_dtype": "refused: buffers are not counted (one 512-byte block each in any "
+                         "dtype), so no value could change the prediction",
     "fsdp.sync_each_micro_batch": "with gradient accumulation, reduce-scatter every micro-batch "
                                   "(torchtune, HF sync_each_batch); false: the HF "
                                   "Trainer / Accelerate way, no_sync until the last one, the "
@@ -160,15 +178,7 @@ MEANING = {
 # Keys the loader accepts that nothing past the loader reads (found by unread_keys()
 # below): each says so on the page.  --check fails when a key is unread and not
 # listed here (a new key accepted and ignored), or listed and read after all.
-UNREAD = {
-    "max_grad_norm": "torch's clip_grad_norm_ temporaries (one 0-dim fp32 norm per gradient)",
-    "torch_version": "the model follows torch 2.11-2.13 whatever this says",
-    "deepspeed_version": "the ZeRO layouts follow DeepSpeed 0.19.8 whatever this says",
-    "allgather_bucket_size": "no ZeRO-1/2 all-gather bucket is modelled",
-    "pin_memory": "offloaded host memory is counted the same pinned or not",
-    "limit_all_gathers": "FSDP1's rate limiter is not modelled",
-    "buffer_dtype": "buffers are counted in the module's dtype",
-}
+UNREAD = {}
 
 KINDS = {"V": "vision", "C": "connector", "D": "decoder"}
 ENUM_TYPES = []

@@ -44,9 +44,9 @@ static void llava(imp_job *j)
     imp_section *f = &j->s->framework;
     if (!f->n) {
         imp_set(f, "transformers_version", "assumed: the versions LLaVA-1.5 pins", "\"4.37.2\"");
-        imp_set(f, "torch_version", "assumed: the versions LLaVA-1.5 pins", "\"2.1.2\"");
-        if (j->zero_stage >= 1)
-            imp_set(f, "deepspeed_version", "assumed: the versions LLaVA-1.5 pins", "\"0.12.6\"");
+        /* LLaVA-1.5 pins torch 2.1.2 and DeepSpeed 0.12.6: versions the model does not
+         * follow (it follows torch 2.11-2.13, DeepSpeed 0.19.x), which the spec refuses;
+         * they are left out, the prediction is the modelled versions' */
     }
 }
 

@@ -179,7 +179,13 @@ static int fsdp_read(imp_job *j, hfc *h, const mm_node *c, int shard, int offloa
     imp_set(fs, "use_orig_params", "fsdp_config.use_orig_params (default true)", "%s",
             orig ? "true" : "false");
     imp_set(fs, "forward_prefetch", "fsdp_config.forward_prefetch", "%s", fwd ? "true" : "false");
-    imp_set(fs, "limit_all_gathers", "fsdp_config.limit_all_gathers", "%s", lim ? "true" : "false");
+    /* the spec accepts only FSDP1's default (the rate limiter on): false has no bound
+     * (spec_train.c decode_fsdp); FSDP2 has no limiter, accelerate ignores the key there */
+    if (ver == 1 && !lim)
+        return hf_fail(&f, "limit_all_gathers", "false is not modelled: without FSDP1's rate "
+                       "limiter the unsharded units alive at once depend on the GPU's speed");
+    if (ver == 1)
+        imp_set(fs, "limit_all_gathers", "fsdp_config.limit_all_gathers (default true)", "true");
     for (char *p = bp; *p; p++)
         *p = (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
     if (strcmp(bp, "BACKWARD_PRE") && strcmp(bp, "BACKWARD_POST") && strcmp(bp, "NO_PREFETCH"))

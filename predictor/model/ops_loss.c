@@ -39,13 +39,14 @@ int32_t op_embedding(lctx *c, const char *name, uint64_t T, uint64_t V, uint64_t
     return emb;
 }
 
-/* cross_entropy on fp32 logits: log_softmax (LogSoftmaxBackward keeps its fp32
- * output) + nll_loss (keeps it and the target).  Returns the loss. */
+/* cross_entropy: log_softmax (LogSoftmaxBackward keeps its output, in the logits'
+ * dtype: fp32 after the upcast, else 16-bit) + nll_loss (keeps it and the target).
+ * Returns the loss. */
 static int32_t cross_entropy(lctx *c, uint32_t rl, int32_t l32, uint64_t rows, uint64_t V,
                              int32_t target)
 {
     uint64_t TV = op_mul(c, rows, V);
-    int32_t lsm = op_new(c, rl, TV, F32);
+    int32_t lsm = op_new(c, rl, TV, esz_of(c, l32));
     sim_node *n = op_node(c, rl, lsm, l32, -1, -1, 0);
     op_save(c, n, lsm);
     int32_t loss = op_new(c, rl, 1, F32);
@@ -87,15 +88,19 @@ static int32_t lm_head(lctx *c, uint32_t rh, int32_t z, uint64_t rows, uint64_t 
 }
 
 /* transformers ForCausalLMLoss (>= 4.46): logits.float(), labels padded and
- * shifted (no logits copy).  Before 4.46 the model kept logits.float() in its
- * output and the loss made a shifted .contiguous() fp32 copy. */
+ * shifted (no logits copy; transformers 5.17 loss/loss_utils.py:59-70).  Before
+ * 4.46 the model kept logits.float() in its output and the loss made a shifted
+ * .contiguous() fp32 copy.  training.loss_upcast false: the same loss without
+ * :59, cross_entropy straight on the 16-bit logits (a custom loop's
+ * nn.CrossEntropyLoss on the model's output): log_softmax's output, kept for
+ * backward, and the gradients are 16-bit (refused under autocast: spec_train.c). */
 static int32_t standard_loss(lctx *c, int32_t logits, uint64_t rows, uint64_t V)
 {
     uint32_t rl = op_row(c, "loss", "cross_entropy");
     op_label(c, "loss", rl);
     uint64_t TV = op_mul(c, rows, V), B = c->B;
     int32_t l32 = logits;
-    if (esz_of(c, logits) != F32)
+    if (esz_of(c, logits) != F32 && c->spec->training.loss_upcast)
         l32 = op_plain(c, rl, logits, -1, TV, F32);
     else
         op_hold(c, logits);

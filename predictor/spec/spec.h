@@ -183,6 +183,9 @@ typedef struct training_spec {
     int use_cache;                /* the model's use_cache: without gradient checkpointing
                                      a training forward fills a KV cache (DynamicCache) */
     double max_grad_norm;         /* 0 = no clipping */
+    int loss_upcast;              /* the standard loss upcasts the logits to fp32 first
+                                     (transformers ForCausalLMLoss); 0: cross_entropy on
+                                     the 16-bit logits (a custom loop's nn.CrossEntropyLoss) */
     int activation_offload;       /* every saved activation to host (torchtune-style) */
     int optimizer_in_backward;    /* step fused into backward (per-parameter hooks) */
     int torch_compile;            /* torch.compile(model) (inductor, default mode): judged by

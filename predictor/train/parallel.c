@@ -120,6 +120,34 @@ static void zero3_buffers(par_state *ps, lctx *c)
         ps->bucket = sim_alloc(s, ps->r_bucket, sim_mul(s, zero_bucket(ps), c->dt), F_GRAD, 0);
 }
 
+/* bytes a pinned host buffer of x bytes takes beyond x: tensor.pin_memory() goes
+ * through torch's CachingHostAllocator, which rounds every block up to a power of
+ * two (ATen/core/CachingHostAllocator.h:300-305; pinned_max_round_threshold is
+ * unlimited unless PYTORCH_CUDA_ALLOC_CONF sets it, c10/core/AllocatorConfig.h:361) */
+static uint64_t pow2_slack(uint64_t x)
+{
+    uint64_t p = 1;
+    while (p < x && p <= UINT64_MAX / 2)
+        p *= 2;
+    return p > x ? p - x : 0;
+}
+
+/* deepspeed.pin_memory with offload_optimizer: the buffers DeepSpeed 0.19.8 pins
+ * (get_accelerator().pin_memory) are rounded up.  ZeRO-1/2: the rank's fp32 master
+ * partition (stage_1_and_2.py:560-565) and its fp32 .grad (:940-941), one flat
+ * group each as the host model counts them.  ZeRO-3: the gradient partitions'
+ * flat buffer in the model dtype (stage3.py:791-795). */
+static uint64_t pinned_slack(par_state *ps, sim *s, const mm_spec *sp)
+{
+    const deepspeed_spec *d = &sp->deepspeed;
+    uint64_t N = s->dp ? s->dp : 1;
+    if (ps->kind != PAR_ZERO || !d->offload_optimizer || !d->pin_memory || !ps->P_tr)
+        return 0;
+    if (sp->training.zero_stage == 3)
+        return pow2_slack(mm_ceil_div(sim_mul(s, ps->P_grad, ps->store), N));
+    return sim_mul(s, pow2_slack(mm_ceil_div(sim_mul(s, ps->P_tr, 4), N)), 2);
+}
+
 /* what goes to the host with CPU offload, per rank */
 static void host_states(par_state *ps, sim *s, const mm_spec *sp, uint64_t states)
 {
@@ -134,7 +162,7 @@ static void host_states(par_state *ps, sim *s, const mm_spec *sp, uint64_t state
         h = sim_add(s, h, mm_ceil_div(sim_add(s, sim_add(s, sim_mul(s, ps->P_all, ps->store),
                                                          sim_mul(s, ps->P_grad, ps->store)),
                                               states), N));
-    s->host_bytes = sim_add(s, s->host_bytes, h);
+    s->host_bytes = sim_add(s, s->host_bytes, sim_add(s, h, pinned_slack(ps, s, sp)));
 }
 
 /* one row's parameters, optimizer states and persistent gradients */

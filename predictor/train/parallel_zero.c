@@ -128,6 +128,13 @@ void zero_step(par_state *ps, lctx *c)
         sim_drop(s, flat);
         flat = -1;
     }
+    /* clipping (deepspeed gradient_clipping = training.max_grad_norm > 0):
+     * unscale_and_clip_grads (stage_1_and_2.py:3193-3214; stage3.py alike) makes
+     * 0-dim tensors clip_norm / loss_scale, + 1e-6, / clip_grad, the clamp, the
+     * combined scale and 1 / combined_scale: three alive at once, one 512-byte
+     * block each; the flat fp32 gradients are scaled in place (mul_) */
+    if (t->max_grad_norm > 0)
+        sim_transient(s, ps->r_step, 3 * 512);
     int adam = t->optimizer == OPT_ADAMW || t->optimizer == OPT_ADAM;
     if (adam && t->impl == IMPL_FOREACH)
         sim_transient_sharded(s, ps->r_step, sim_mul(s, S, 4));

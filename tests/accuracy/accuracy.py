@@ -144,6 +144,8 @@ def make_spec(row, d):
     tr.update(precision_keys(s["precision"], s["parallel"]))
     if s.get("torch_compile"):
         tr["torch_compile"] = True
+    if s.get("loss_upcast") is False:    # tests/truth/feat_keys.py: the loss on 16-bit logits
+        tr["loss_upcast"] = False
     if s.get("images_per_sample"):
         tr["images_per_sample"] = s["images_per_sample"]
         tr["image_size"] = list(s["image_size"])
@@ -225,6 +227,8 @@ def features(setup):
         out.append(("fsdp" if setup["parallel"].startswith("fsdp") else setup["parallel"]) + "+accumulation")
     if (setup.get("gradient_checkpointing") or {}).get("selective") == "op":
         out.append("selective AC")      # torchtitan's op-level policy: modelled, judged by the goal
+    if setup.get("loss_upcast") is False:
+        out.append("loss without upcast")   # tests/truth/feat_keys.py: modelled, judged by the goal
     return out
 
 

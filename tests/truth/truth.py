@@ -341,6 +341,9 @@ def run_rank(setup, rank=0, world=1, trace=False):
     model.config.use_cache = False
     if prec == "bf16":
         model.to(torch.bfloat16)
+    if setup.get("loss_upcast") is False:
+        import feat_keys                   # the loss on 16-bit logits without the upcast (feat_keys.py)
+        feat_keys.no_upcast(model)
 
     batch, tokens = build_inputs(fam, spec, model.config, model, setup, setup["seed"] + 1)
 
@@ -663,11 +666,13 @@ SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_c
               "parallel_options", "torch_compile")
 # only in setups that set them (tests/truth/accum.py): the older rows stay byte-identical
 ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch")
+FEAT_KEYS = ("loss_upcast",)              # tests/truth/feat_keys.py
 
 
 def public_setup(s):
     d = {k: s.get(k) for k in SETUP_KEYS}
     d.update({k: s[k] for k in ACCUM_KEYS if k in s})
+    d.update({k: s[k] for k in FEAT_KEYS if k in s})
     d["recipe"] = RECIPE[s["family"]]
     d["seed"] = s["seed"]
     return d
@@ -856,6 +861,7 @@ def config_list(count=None):
     import feat_compile; [add(s) for s in feat_compile.all_setups()]  # torch.compile, op-level SAC (issue 23)
     list(map(add, __import__("grid2").wide_grid()))     # parallel mode x what trains x checkpointing (issue 22)
     list(map(add, __import__("fsdp1_frozen").configs()))   # FSDP1: frozen weights in a unit that trains
+    import feat_keys; [add(s) for s in feat_keys.all_setups()]  # loss without the upcast (issue 23)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

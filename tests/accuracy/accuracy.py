@@ -117,6 +117,8 @@ def module_overrides(row):
     mods = [{"name": "vision_tower", "trainable": tp["vision"]},
             {"name": "projector", "trainable": tp["connector"]},
             {"name": "language_model", "trainable": tp["language"]}]
+    if "vit_gradient_checkpointing" in s:   # ms-swift's per-tower switch (tests/truth/feat_towers.py)
+        mods[0]["gradient_checkpointing"] = bool(s["vit_gradient_checkpointing"])
     if not row["preprocessor"] and not s.get("images_per_sample"):
         mods = mods[2:]
     lc = s.get("lora")
@@ -225,6 +227,8 @@ def features(setup):
         out.append(("fsdp" if setup["parallel"].startswith("fsdp") else setup["parallel"]) + "+accumulation")
     if (setup.get("gradient_checkpointing") or {}).get("selective") == "op":
         out.append("selective AC")      # torchtitan's op-level policy: modelled, judged by the goal
+    if "vit_gradient_checkpointing" in setup:
+        out.append("tower checkpointing")   # tests/truth/feat_towers.py: modelled, judged by the goal
     return out
 
 

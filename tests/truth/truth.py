@@ -355,6 +355,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
             kw["context_fn"] = feat_compile.op_sac_context
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw,
                                             every_n_layers=gcfg.get("every_n_layers", 1))
+    if setup.get("vit_gradient_checkpointing") is not None:   # ms-swift's per-tower switch (feat_towers.py)
+        __import__("feat_towers").apply(model, setup)
     model.train()
     # counted before any wrapper shards the parameters (FSDP1 use_orig_params views, ZeRO-3 partitions)
     _base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -661,8 +663,8 @@ def run_setup(setup, trace=False):
 SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_checkpointing", "micro_batch_size",
               "seq_len", "images_per_sample", "image_size", "optimizer", "max_grad_norm", "parallel", "world_size",
               "parallel_options", "torch_compile")
-# only in setups that set them (tests/truth/accum.py): the older rows stay byte-identical
-ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch")
+# only in setups that set them (tests/truth/accum.py, feat_towers.py): the older rows stay byte-identical
+ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch", "vit_gradient_checkpointing")
 
 
 def public_setup(s):
@@ -697,7 +699,7 @@ def visual_upper_bound(fam, img):
 
 
 def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=None, model=None, lora=None,
-               seed=0, accum=None):
+               seed=0, accum=None, vit_gc=None):
     import families
     mm = families.FAMILIES[fam]["multimodal"]
     if not mm:
@@ -751,6 +753,9 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
     if accum is not None:   # (grad_accum, sync_each_micro_batch); None: the keys stay out (older ids unchanged)
         s["grad_accum"], s["sync_each_micro_batch"] = int(accum[0]), bool(accum[1])
         ga = "ga%d%s-" % (accum[0], "sync" if accum[1] else "")
+    if vit_gc is not None:  # ms-swift vit_gradient_checkpointing (feat_towers.py); None: the key stays out
+        s["vit_gradient_checkpointing"] = bool(vit_gc)
+        ga += "vit%s-" % ("gc" if vit_gc else "nogc")
     key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 != "hf_class"}, sort_keys=True)
     s["id"] = "%s-%s-%s-%s-%s-%s-%s%s" % (fam, par, world, mode, prec, attn, ga,
                                          hashlib.sha1(key.encode()).hexdigest()[:10])
@@ -854,6 +859,7 @@ def config_list(count=None):
     rng.shuffle(out)                    # interleave families and parallel modes (resumable runs)
     list(map(add, __import__("accum").accum_configs()))     # FSDP / DDP + gradient accumulation (accum.py)
     import feat_compile; [add(s) for s in feat_compile.all_setups()]  # torch.compile, op-level SAC (issue 23)
+    list(map(add, __import__("feat_towers").setups()))      # per-tower checkpointing (issue 23, feat_towers.py)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

@@ -23,5 +23,6 @@ Suite *engine_suite(void);
 Suite *features_suite(void);
 Suite *outcome_suite(void);
 Suite *compile_suite(void);
+Suite *towers_suite(void);
 
 #endif

@@ -146,6 +146,8 @@ def make_spec(row, d):
     tr.update(precision_keys(s["precision"], s["parallel"]))
     if s.get("torch_compile"):
         tr["torch_compile"] = True
+    if s.get("video_frames"):       # tests/truth/feat_towers.py: one Qwen-VL video per "image"
+        tr["video_frames"] = s["video_frames"]
     if s.get("images_per_sample"):
         tr["images_per_sample"] = s["images_per_sample"]
         tr["image_size"] = list(s["image_size"])
@@ -229,6 +231,8 @@ def features(setup):
         out.append("selective AC")      # torchtitan's op-level policy: modelled, judged by the goal
     if "vit_gradient_checkpointing" in setup:
         out.append("tower checkpointing")   # tests/truth/feat_towers.py: modelled, judged by the goal
+    if setup.get("video_frames"):
+        out.append("qwen-vl video")         # tests/truth/feat_towers.py
     return out
 
 

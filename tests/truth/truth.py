@@ -103,15 +103,18 @@ def build_inputs(fam, spec, cfg, model, setup, seed):
         extra = {}
         if k:
             H, W = setup["image_size"]
-            imgs = families.synthetic_images(B * k, (H, W), seed)
-            if spec["layout"] == "mllama":
+            imgs = families.synthetic_images(B * k, (H, W), seed) if not setup.get("video_frames") else None
+            if setup.get("video_frames"):           # Qwen-VL video (feat_towers.py)
+                out, per_image, patches, vtok = __import__("feat_towers").video_inputs(spec, cfg, setup, B, k, seed)
+            elif spec["layout"] == "mllama":
                 out = proc(images=[imgs[i * k:(i + 1) * k] for i in range(B)], return_tensors="pt")
             elif spec["layout"] == "plain_pos":
                 out = proc(images=[imgs[i * k:(i + 1) * k] for i in range(B)], return_tensors="pt")
             else:
                 out = proc(images=imgs, return_tensors="pt")
             out = dict(out)
-            per_image, patches = count_visual_tokens(fam, spec, cfg, model, out, B, k)
+            if not setup.get("video_frames"):
+                per_image, patches = count_visual_tokens(fam, spec, cfg, model, out, B, k)
             extra = out
         ids = torch.randint(3, text_hi, (B, S), generator=g)
         labels = ids.clone()
@@ -133,9 +136,9 @@ def build_inputs(fam, spec, cfg, model, setup, seed):
                 if spec.get("wrap"):
                     ids[b, pos] = spec["wrap"][0]
                     pos += 1
-                ids[b, pos:pos + n] = spec["image_token"]
+                ids[b, pos:pos + n] = spec["image_token"] if not setup.get("video_frames") else vtok
                 if tt is not None:
-                    tt[b, pos:pos + n] = 1
+                    tt[b, pos:pos + n] = 2 if setup.get("video_frames") else 1   # Qwen-VL: video == 2
                 pos += n
                 if spec.get("wrap"):
                     ids[b, pos] = spec["wrap"][1]
@@ -151,7 +154,7 @@ def build_inputs(fam, spec, cfg, model, setup, seed):
         if tt is not None:
             batch["mm_token_type_ids" if spec.get("mm_token_type_ids") else "token_type_ids"] = tt
         if k:
-            for key in ("pixel_values", "image_grid_thw", "image_sizes", "aspect_ratio_ids", "aspect_ratio_mask",
+            for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "image_sizes", "aspect_ratio_ids", "aspect_ratio_mask",
                         "pixel_attention_mask"):
                 if key in extra and extra[key] is not None:
                     batch[key] = extra[key]
@@ -664,7 +667,7 @@ SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_c
               "seq_len", "images_per_sample", "image_size", "optimizer", "max_grad_norm", "parallel", "world_size",
               "parallel_options", "torch_compile")
 # only in setups that set them (tests/truth/accum.py, feat_towers.py): the older rows stay byte-identical
-ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch", "vit_gradient_checkpointing")
+ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch", "vit_gradient_checkpointing", "video_frames")
 
 
 def public_setup(s):
@@ -699,7 +702,7 @@ def visual_upper_bound(fam, img):
 
 
 def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=None, model=None, lora=None,
-               seed=0, accum=None, vit_gc=None):
+               seed=0, accum=None, vit_gc=None, video=None):
     import families
     mm = families.FAMILIES[fam]["multimodal"]
     if not mm:
@@ -753,6 +756,9 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
     if accum is not None:   # (grad_accum, sync_each_micro_batch); None: the keys stay out (older ids unchanged)
         s["grad_accum"], s["sync_each_micro_batch"] = int(accum[0]), bool(accum[1])
         ga = "ga%d%s-" % (accum[0], "sync" if accum[1] else "")
+    if video is not None:   # Qwen-VL video frames per sample (feat_towers.py); None: the key stays out
+        s["video_frames"] = int(video)
+        ga += "video%d-" % int(video)
     if vit_gc is not None:  # ms-swift vit_gradient_checkpointing (feat_towers.py); None: the key stays out
         s["vit_gradient_checkpointing"] = bool(vit_gc)
         ga += "vit%s-" % ("gc" if vit_gc else "nogc")
@@ -859,7 +865,7 @@ def config_list(count=None):
     rng.shuffle(out)                    # interleave families and parallel modes (resumable runs)
     list(map(add, __import__("accum").accum_configs()))     # FSDP / DDP + gradient accumulation (accum.py)
     import feat_compile; [add(s) for s in feat_compile.all_setups()]  # torch.compile, op-level SAC (issue 23)
-    list(map(add, __import__("feat_towers").setups()))      # per-tower checkpointing (issue 23, feat_towers.py)
+    list(map(add, __import__("feat_towers").all_setups()))  # per-tower checkpointing, Qwen-VL video (issue 23, feat_towers.py)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

@@ -62,6 +62,21 @@ START_TEST(tower_checkpointing_refused_where_it_cannot_apply)
 }
 END_TEST
 
+/* training.video_frames (Qwen2VLVideoProcessor): frames padded to a multiple of
+ * temporal_patch_size 2 by repeating the last, each pair one temporal patch: 3 and 4
+ * frames cost the same, 5 frames more (truth rows: tests/truth/feat_towers.py) */
+START_TEST(video_frames_merge_in_pairs)
+{
+    mm_spec *s = load("qwen2.5-vl-7b-full");
+    uint64_t f3 = peak(s, "training.video_frames=3");
+    uint64_t f4 = peak(s, "training.video_frames=4");
+    uint64_t f5 = peak(s, "training.video_frames=5");
+    ck_assert_uint_eq(f3, f4);
+    ck_assert_uint_gt(f5, f4);
+    mm_spec_free(s);
+}
+END_TEST
+
 Suite *towers_suite(void)
 {
     Suite *s = suite_create("towers");
@@ -69,6 +84,7 @@ Suite *towers_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, tower_checkpointing_follows_its_own_key);
     tcase_add_test(tc, tower_checkpointing_refused_where_it_cannot_apply);
+    tcase_add_test(tc, video_frames_merge_in_pairs);
     suite_add_tcase(s, tc);
     return s;
 }

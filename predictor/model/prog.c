@@ -32,6 +32,14 @@ int32_t prog_forward(lctx *c)
         prog_enter_module(c, (uint32_t)(m - sp->modules));
         c->grad = 1;
         c->ckpt = t->ckpt.enabled;
+        c->input_grads = t->ckpt.enabled;
+        if (m->tower_ckpt_given) {
+            /* ms-swift vit_gradient_checkpointing (swift/trainers/mixin.py
+             * _prepare_gradient_checkpointing): vision_tower.gradient_checkpointing_enable()
+             * + enable_input_require_grads(), or _disable() + disable_input_require_grads() */
+            c->ckpt = m->tower_ckpt;
+            c->input_grads = m->tower_ckpt;
+        }
         if (m->kind != MOD_DECODER) {
             /* text-only samples: tower and connector never run, so they get no
              * gradient and AdamW never creates their state (counted frozen) */

@@ -128,6 +128,8 @@ typedef struct module_spec {
     layer_set deepstack;          /* Qwen3-VL deepstack_visual_indexes */
     int deepstack_trainable;      /* connector: its DeepStack mergers train (default: as it) */
     int no_ckpt;                  /* family: its layers are not GradientCheckpointingLayers */
+    int tower_ckpt;               /* vision: gradient_checkpointing given for this tower */
+    int tower_ckpt_given;         /* derived: the key is present (overrides training's) */
     int no_input_hook;            /* family: get_input_embeddings finds nothing to hook */
     int deepstack_frozen;         /* derived: deepstack_trainable given false */
     uint64_t num_global_layers;   /* Mllama global (gated) encoder */

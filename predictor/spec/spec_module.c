@@ -108,6 +108,9 @@ static const keydesc module_keys[] = {
     {"aspect_ratio_ids", K_UINT, M(aspect_ratio_ids), 1, 4096, NULL, V, 0, 0},
     {"num_position_embeddings", K_UINT, M(num_position_embeddings), 1, 1 << 20, NULL, V, 0, 0},
     {"pooling_head", K_BOOL, M(pooling_head), 0, 1, NULL, V, 0, 0},
+    /* ms-swift vit_gradient_checkpointing (swift/trainers/mixin.py
+     * _prepare_gradient_checkpointing): the tower's own switch over training's */
+    {"gradient_checkpointing", K_BOOL, M(tower_ckpt), 0, 1, NULL, V, 0, 0},
     {"image_processor", K_SPECIAL, 0, 0, 0, NULL, V, 0, 0},
     /* connector */
     {"input_size", K_UINT, M(input_size), 1, 1 << 17, NULL, C, 1, 0},
@@ -245,6 +248,14 @@ static int decode_specials(dctx *c, const mm_node *m, module_spec *ms, const cha
         return -1;
     /* Qwen's train_qwen.py tune_mm_mlp trains visual.merger only */
     ms->deepstack_frozen = mm_node_get(m, "deepstack_trainable") && !ms->deepstack_trainable;
+    if ((v = mm_node_get(m, "gradient_checkpointing"))) {
+        ms->tower_ckpt_given = 1;
+        if (ms->tower_ckpt && ms->no_ckpt)
+            return key_fail(c, v, key_path(path, sizeof path, prefix, "gradient_checkpointing"),
+                            "true has no effect on this "
+                            "family's tower (its encoder layers are not "
+                            "GradientCheckpointingLayers)");
+    }
     return 0;
 }
 

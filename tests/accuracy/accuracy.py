@@ -117,6 +117,8 @@ def module_overrides(row):
     mods = [{"name": "vision_tower", "trainable": tp["vision"]},
             {"name": "projector", "trainable": tp["connector"]},
             {"name": "language_model", "trainable": tp["language"]}]
+    if "vit_gradient_checkpointing" in s:   # ms-swift's per-tower switch (tests/truth/feat_towers.py)
+        mods[0]["gradient_checkpointing"] = bool(s["vit_gradient_checkpointing"])
     if not row["preprocessor"] and not s.get("images_per_sample"):
         mods = mods[2:]
     lc = s.get("lora")
@@ -146,6 +148,8 @@ def make_spec(row, d):
         tr["torch_compile"] = True
     if s.get("loss_upcast") is False:    # tests/truth/feat_keys.py: the loss on 16-bit logits
         tr["loss_upcast"] = False
+    if s.get("video_frames"):       # tests/truth/feat_towers.py: one Qwen-VL video per "image"
+        tr["video_frames"] = s["video_frames"]
     if s.get("images_per_sample"):
         tr["images_per_sample"] = s["images_per_sample"]
         tr["image_size"] = list(s["image_size"])
@@ -229,6 +233,10 @@ def features(setup):
         out.append("selective AC")      # torchtitan's op-level policy: modelled, judged by the goal
     if setup.get("loss_upcast") is False:
         out.append("loss without upcast")   # tests/truth/feat_keys.py: modelled, judged by the goal
+    if "vit_gradient_checkpointing" in setup:
+        out.append("tower checkpointing")   # tests/truth/feat_towers.py: modelled, judged by the goal
+    if setup.get("video_frames"):
+        out.append("qwen-vl video")         # tests/truth/feat_towers.py
     return out
 
 

@@ -103,15 +103,18 @@ def build_inputs(fam, spec, cfg, model, setup, seed):
         extra = {}
         if k:
             H, W = setup["image_size"]
-            imgs = families.synthetic_images(B * k, (H, W), seed)
-            if spec["layout"] == "mllama":
+            imgs = families.synthetic_images(B * k, (H, W), seed) if not setup.get("video_frames") else None
+            if setup.get("video_frames"):           # Qwen-VL video (feat_towers.py)
+                out, per_image, patches, vtok = __import__("feat_towers").video_inputs(spec, cfg, setup, B, k, seed)
+            elif spec["layout"] == "mllama":
                 out = proc(images=[imgs[i * k:(i + 1) * k] for i in range(B)], return_tensors="pt")
             elif spec["layout"] == "plain_pos":
                 out = proc(images=[imgs[i * k:(i + 1) * k] for i in range(B)], return_tensors="pt")
             else:
                 out = proc(images=imgs, return_tensors="pt")
             out = dict(out)
-            per_image, patches = count_visual_tokens(fam, spec, cfg, model, out, B, k)
+            if not setup.get("video_frames"):
+                per_image, patches = count_visual_tokens(fam, spec, cfg, model, out, B, k)
             extra = out
         ids = torch.randint(3, text_hi, (B, S), generator=g)
         labels = ids.clone()
@@ -133,9 +136,9 @@ def build_inputs(fam, spec, cfg, model, setup, seed):
                 if spec.get("wrap"):
                     ids[b, pos] = spec["wrap"][0]
                     pos += 1
-                ids[b, pos:pos + n] = spec["image_token"]
+                ids[b, pos:pos + n] = spec["image_token"] if not setup.get("video_frames") else vtok
                 if tt is not None:
-                    tt[b, pos:pos + n] = 1
+                    tt[b, pos:pos + n] = 2 if setup.get("video_frames") else 1   # Qwen-VL: video == 2
                 pos += n
                 if spec.get("wrap"):
                     ids[b, pos] = spec["wrap"][1]
@@ -151,7 +154,7 @@ def build_inputs(fam, spec, cfg, model, setup, seed):
         if tt is not None:
             batch["mm_token_type_ids" if spec.get("mm_token_type_ids") else "token_type_ids"] = tt
         if k:
-            for key in ("pixel_values", "image_grid_thw", "image_sizes", "aspect_ratio_ids", "aspect_ratio_mask",
+            for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "image_sizes", "aspect_ratio_ids", "aspect_ratio_mask",
                         "pixel_attention_mask"):
                 if key in extra and extra[key] is not None:
                     batch[key] = extra[key]
@@ -358,6 +361,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
             kw["context_fn"] = feat_compile.op_sac_context
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw,
                                             every_n_layers=gcfg.get("every_n_layers", 1))
+    if setup.get("vit_gradient_checkpointing") is not None:   # ms-swift's per-tower switch (feat_towers.py)
+        __import__("feat_towers").apply(model, setup)
     model.train()
     # counted before any wrapper shards the parameters (FSDP1 use_orig_params views, ZeRO-3 partitions)
     _base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -664,8 +669,8 @@ def run_setup(setup, trace=False):
 SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_checkpointing", "micro_batch_size",
               "seq_len", "images_per_sample", "image_size", "optimizer", "max_grad_norm", "parallel", "world_size",
               "parallel_options", "torch_compile")
-# only in setups that set them (tests/truth/accum.py): the older rows stay byte-identical
-ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch")
+# only in setups that set them (tests/truth/accum.py, feat_towers.py): the older rows stay byte-identical
+ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch", "vit_gradient_checkpointing", "video_frames")
 FEAT_KEYS = ("loss_upcast",)              # tests/truth/feat_keys.py
 
 
@@ -702,7 +707,7 @@ def visual_upper_bound(fam, img):
 
 
 def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=None, model=None, lora=None,
-               seed=0, accum=None):
+               seed=0, accum=None, vit_gc=None, video=None):
     import families
     mm = families.FAMILIES[fam]["multimodal"]
     if not mm:
@@ -756,6 +761,12 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
     if accum is not None:   # (grad_accum, sync_each_micro_batch); None: the keys stay out (older ids unchanged)
         s["grad_accum"], s["sync_each_micro_batch"] = int(accum[0]), bool(accum[1])
         ga = "ga%d%s-" % (accum[0], "sync" if accum[1] else "")
+    if video is not None:   # Qwen-VL video frames per sample (feat_towers.py); None: the key stays out
+        s["video_frames"] = int(video)
+        ga += "video%d-" % int(video)
+    if vit_gc is not None:  # ms-swift vit_gradient_checkpointing (feat_towers.py); None: the key stays out
+        s["vit_gradient_checkpointing"] = bool(vit_gc)
+        ga += "vit%s-" % ("gc" if vit_gc else "nogc")
     key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 != "hf_class"}, sort_keys=True)
     s["id"] = "%s-%s-%s-%s-%s-%s-%s%s" % (fam, par, world, mode, prec, attn, ga,
                                          hashlib.sha1(key.encode()).hexdigest()[:10])
@@ -862,6 +873,7 @@ def config_list(count=None):
     list(map(add, __import__("grid2").wide_grid()))     # parallel mode x what trains x checkpointing (issue 22)
     list(map(add, __import__("fsdp1_frozen").configs()))   # FSDP1: frozen weights in a unit that trains
     import feat_keys; [add(s) for s in feat_keys.all_setups()]  # loss without the upcast (issue 23)
+    list(map(add, __import__("feat_towers").all_setups()))  # per-tower checkpointing, Qwen-VL video (issue 23, feat_towers.py)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

@@ -24,5 +24,6 @@ Suite *features_suite(void);
 Suite *outcome_suite(void);
 Suite *compile_suite(void);
 Suite *keys_suite(void);
+Suite *towers_suite(void);
 
 #endif

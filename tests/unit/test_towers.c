@@ -1,0 +1,90 @@
+/* test_towers.c - issue 23: modules[].gradient_checkpointing on a vision tower
+ * (ms-swift vit_gradient_checkpointing) switches the tower's checkpointing apart
+ * from training.gradient_checkpointing, both ways; refused where the family's
+ * tower layers cannot be checkpointed. */
+#include "unit.h"
+#include "mmguard.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static mm_spec *load(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, name);
+    mm_error e;
+    mm_spec *s = mm_spec_load_file(path, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    return s;
+}
+
+static uint64_t peak(mm_spec *s, const char *kv)
+{
+    mm_error e;
+    ck_assert_msg(mm_spec_set(s, kv, &e) == 0, "%s: %s", kv, e.msg);
+    mm_prediction p;
+    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    uint64_t v = p.phase_peak[MM_PHASE_FORWARD];
+    mm_prediction_free(&p);
+    return v;
+}
+
+/* a trained Qwen2.5-VL tower: the key takes the tower's layers out of (or into)
+ * checkpointing whatever training.gradient_checkpointing says, and only them */
+START_TEST(tower_checkpointing_follows_its_own_key)
+{
+    mm_spec *s = load("qwen2.5-vl-7b-full");
+    uint64_t both = peak(s, "vision_tower.trainable=true");
+    uint64_t same = peak(s, "vision_tower.gradient_checkpointing=true");
+    uint64_t llm_only = peak(s, "vision_tower.gradient_checkpointing=false");
+    uint64_t none = peak(s, "training.gradient_checkpointing={enabled: false, use_reentrant: true}");
+    uint64_t tower_only = peak(s, "vision_tower.gradient_checkpointing=true");
+    ck_assert_uint_eq(same, both);      /* true under a model-wide enable: nothing to change */
+    ck_assert_uint_gt(llm_only, both);  /* the tower's activations stay for backward */
+    ck_assert_uint_lt(tower_only, none);
+    /* what the tower saves is the same either way: the LLM's share does not depend on it */
+    ck_assert_uint_eq(llm_only - both, none - tower_only);
+    mm_spec_free(s);
+}
+END_TEST
+
+/* Mllama's encoder layers are plain nn.Modules: nothing to switch on */
+START_TEST(tower_checkpointing_refused_where_it_cannot_apply)
+{
+    mm_spec *s = load("llama-3.2-11b-vision-full");
+    mm_error e;
+    ck_assert(mm_spec_set(s, "vision_tower.gradient_checkpointing=true", &e) != 0);
+    ck_assert_msg(strstr(e.msg, "gradient_checkpointing") && strstr(e.msg, "GradientCheckpointingLayer"),
+                  "%s", e.msg);
+    ck_assert_msg(mm_spec_set(s, "vision_tower.gradient_checkpointing=false", &e) == 0, "%s", e.msg);
+    ck_assert(mm_spec_set(s, "projector.gradient_checkpointing=false", &e) != 0);
+    mm_spec_free(s);
+}
+END_TEST
+
+/* training.video_frames (Qwen2VLVideoProcessor): frames padded to a multiple of
+ * temporal_patch_size 2 by repeating the last, each pair one temporal patch: 3 and 4
+ * frames cost the same, 5 frames more (truth rows: tests/truth/feat_towers.py) */
+START_TEST(video_frames_merge_in_pairs)
+{
+    mm_spec *s = load("qwen2.5-vl-7b-full");
+    uint64_t f3 = peak(s, "training.video_frames=3");
+    uint64_t f4 = peak(s, "training.video_frames=4");
+    uint64_t f5 = peak(s, "training.video_frames=5");
+    ck_assert_uint_eq(f3, f4);
+    ck_assert_uint_gt(f5, f4);
+    mm_spec_free(s);
+}
+END_TEST
+
+Suite *towers_suite(void)
+{
+    Suite *s = suite_create("towers");
+    TCase *tc = tcase_create("towers");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, tower_checkpointing_follows_its_own_key);
+    tcase_add_test(tc, tower_checkpointing_refused_where_it_cannot_apply);
+    tcase_add_test(tc, video_frames_merge_in_pairs);
+    suite_add_tcase(s, tc);
+    return s;
+}

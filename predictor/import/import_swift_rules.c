@@ -271,7 +271,7 @@ static int swift_seq(imp_job *j, hfc *h)
 }
 
 /* gradient_checkpointing (ms-swift default true), vit_gradient_checkpointing
- * (None = the same); use_reentrant: swift/trainers/mixin.py
+ * (None = the same; when it differs, the tower's modules[].gradient_checkpointing); use_reentrant: swift/trainers/mixin.py
  * _fix_gradient_checkpointing: false only under DDP over several GPUs */
 static int swift_ckpt(imp_job *j, hfc *h)
 {
@@ -280,9 +280,10 @@ static int swift_ckpt(imp_job *j, hfc *h)
     if (imp_bool(h, "gradient_checkpointing", 1, &gc) ||
         imp_bool(h, "vit_gradient_checkpointing", gc, &vgc))
         return -1;
-    if (vgc != gc && imp_find_module(j->s, "vision"))
-        return hf_fail(h, "vit_gradient_checkpointing", "differs from gradient_checkpointing: "
-                       "checkpointing the towers separately is not modelled yet");
+    imp_section *vis = imp_find_module(j->s, "vision");
+    if (vgc != gc && vis)       /* mixin.py _prepare_gradient_checkpointing: the ViT's own switch */
+        imp_set(vis, "gradient_checkpointing", hf_where(h, "vit_gradient_checkpointing", w, sizeof w),
+                vgc ? "true" : "false");
     const char *from = mm_node_get(h->map, "gradient_checkpointing")
                            ? hf_where(h, "gradient_checkpointing", w, sizeof w)
                            : "ms-swift default gradient_checkpointing true";

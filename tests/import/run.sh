@@ -434,7 +434,19 @@ has "vit_gradient_checkpointing.sh:36:5: padding_free: padding-free VLM batches 
 sw() { printf "$1" > "$T/s.sh"; expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"; has "$2"; }
 Q='swift sft --model Qwen/Qwen2.5-VL-7B-Instruct'
 sw "$Q \\\\\n  --use_liger_kernel true\n" "s.sh:2:3: use_liger_kernel: transformers applies all of Liger's kernels"
-sw "$Q --vit_gradient_checkpointing false\n" "s.sh:1:47: vit_gradient_checkpointing: differs from gradient_checkpointing"
+# vit_gradient_checkpointing apart from gradient_checkpointing: the tower's own switch
+# (ms-swift trainers/mixin.py), which makes a trained ViT's step heavier without checkpointing
+for v in true false; do
+    printf "$Q --max_pixels 1003520 --freeze_vit false --vit_gradient_checkpointing $v\n" > "$T/s.sh"
+    expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh" -o "$T/sw-vit-$v.yaml"
+done
+expect 0 cat "$T/sw-vit-false.yaml"
+has "    gradient_checkpointing: false                # vit_gradient_checkpointing"
+expect 0 cat "$T/sw-vit-true.yaml"
+hasnt "vit_gradient_checkpointing"
+"$M" predict "$T/sw-vit-true.yaml" --json > "$T/a.json" 2>&1 && "$M" predict "$T/sw-vit-false.yaml" --json > "$T/b.json" 2>&1 &&
+    python3 -c 'import json,sys; a,b=(json.load(open(f))["allocated_peak_bytes"] for f in sys.argv[1:]); sys.exit(0 if b > a else 1)' \
+        "$T/a.json" "$T/b.json" && ok || bad "vit_gradient_checkpointing false: no heavier step than true"
 sw "FPS_MAX_FRAMES=12 $Q\n" "s.sh:1:1: FPS_MAX_FRAMES: video samples are not mapped"
 sw "$Q --no_such_flag 1\n" "s.sh:1:47: no_such_flag: unknown trainer key"
 sw "$Q --tuner_type adalora\n" "s.sh:1:47: tuner_type: 'adalora': lora, full and lora_llm are modelled"

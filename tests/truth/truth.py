@@ -347,6 +347,9 @@ def run_rank(setup, rank=0, world=1, trace=False):
     set_trainable(model, fam, setup)
     if setup["mode"] == "lora":
         model = apply_lora(model, fam, setup)
+    if setup.get("liger"):                      # Liger kernels, emulated (tests/truth/emul_liger.py)
+        import emul_liger
+        emus = emus + ["liger_" + k for k, n in emul_liger.patch_model(model, **setup["liger"]).items() if n]
     gcfg = setup["gradient_checkpointing"]
     if gcfg:
         kw = {"use_reentrant": gcfg["use_reentrant"]}
@@ -662,7 +665,7 @@ SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_c
               "seq_len", "images_per_sample", "image_size", "optimizer", "max_grad_norm", "parallel", "world_size",
               "parallel_options", "torch_compile")
 # only in setups that set them (tests/truth/accum.py): the older rows stay byte-identical
-ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch")
+ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch", "liger")
 
 
 def public_setup(s):
@@ -854,6 +857,7 @@ def config_list(count=None):
     rng.shuffle(out)                    # interleave families and parallel modes (resumable runs)
     list(map(add, __import__("accum").accum_configs()))     # FSDP / DDP + gradient accumulation (accum.py)
     import feat_compile; [add(s) for s in feat_compile.all_setups()]  # torch.compile, op-level SAC (issue 23)
+    import feat_liger; [add(s) for s in feat_liger.setups()]  # Liger RMSNorm/SwiGLU/RoPE, emulated (issue 23)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

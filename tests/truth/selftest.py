@@ -463,6 +463,95 @@ def fsdp2_accumulate_adds_without_a_cpu_temporary():
 
 
 # ------------------------------------------------------------------ end to end
+
+# ------------------------------------------------------------------ Liger (emul_liger.py)
+@test
+def liger_rms_norm_allocates_what_liger_does():
+    """forward: Y + fp32 RSTD (one per row); backward: dX over dY in place, fp32 (132, H)
+    partial sums, their fp32 sum and its bf16 cast (the sum freed)."""
+    import emul_liger as L
+    x = torch.randn(6, 10, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    base = M.live()
+    M.reset_peak()
+    y = L.LigerRMSNormEmul.apply(x, w, 1e-6)
+    assert M.live() - base == nbytes(y) + 60 * 4, M.live() - base
+    assert M.reset_peak() - base == nbytes(y) + 60 * 4
+    g = torch.randn_like(y)
+    live0 = M.live()
+    M.reset_peak()
+    y.backward(g.clone())
+    # x.grad is the incoming gradient clone, dX written over it (in_place); w.grad (64 B) stays;
+    # RSTD leaves with the saved tensors.  Peak: clone + _dW (132 x 32 fp32) + fp32 sum + bf16 dW
+    lv, pk = M.live() - live0, M.reset_peak() - live0
+    assert lv == nbytes(g) + 64 - 60 * 4, lv           # + w.grad, - the freed RSTD
+    assert pk == nbytes(g) + L.SM_COUNT * 32 * 4 + 32 * 4 + 64, pk
+    xr, wr = (t.detach().float().requires_grad_() for t in (x, w))
+    yr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6) * wr
+    yr.backward(g.float())
+    close(y, yr, 3e-2)
+    close(x.grad, xr.grad, 6e-2)
+    close(w.grad, wr.grad, 6e-2)
+
+
+@test
+def liger_swiglu_saves_a_b_and_backward_writes_in_place():
+    import emul_liger as L
+    a = torch.randn(4, 8, 48, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(4, 8, 48, dtype=torch.bfloat16, requires_grad=True)
+    a2, b2 = a * 1, b * 1                 # non-leaf inputs, as gate_proj/up_proj outputs are
+    base = M.live()
+    M.reset_peak()
+    c = L.LigerSiLUMulEmul.apply(a2, b2)
+    assert M.live() - base == nbytes(c) and M.reset_peak() - base == nbytes(c)
+    g = torch.randn_like(c)
+    pa, pb = a2.data_ptr(), b2.data_ptr()
+    live0 = M.live()
+    M.reset_peak()
+    da, db = torch.autograd.grad(c, (a2, b2), g)
+    # the gradients are written over the saved a and b: backward allocates nothing
+    lv, pk = M.live() - live0, M.reset_peak() - live0
+    assert (lv, pk) == (0, 0), (lv, pk)
+    assert (da.data_ptr(), db.data_ptr()) == (pa, pb)
+    a.grad, b.grad = da, db
+    ar, br = (t.detach().float().requires_grad_() for t in (a, b))
+    (F.silu(ar) * br).backward(g.float())
+    close(a.grad, ar.grad, 6e-2)
+    close(b.grad, br.grad, 6e-2)
+
+
+@test
+def liger_rope_rotates_in_place():
+    import emul_liger as L
+    B, H, Hk, S, D = 2, 4, 2, 6, 16
+    qs = torch.randn(B, S, H * D, requires_grad=True)
+    ks = torch.randn(B, S, Hk * D, requires_grad=True)
+    ang = torch.randn(1, S, D // 2)
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+    q0 = qs * 1
+    k0 = ks * 1
+    q = q0.view(B, S, H, D).transpose(1, 2)
+    k = k0.view(B, S, Hk, D).transpose(1, 2)
+    base = M.live()
+    M.reset_peak()
+    qo, ko = L.liger_rotary_pos_emb(q, k, cos, sin)
+    lv, pk = M.live() - base, M.reset_peak() - base
+    assert (lv, pk) == (0, 0), (lv, pk)                  # rotated in place, cos/sin already contiguous
+    assert qo.data_ptr() == q0.data_ptr()
+    def rh(t):
+        return torch.cat((-t[..., D // 2:], t[..., : D // 2]), -1)
+    qr, kr = (t.detach().view(B, S, -1, D).transpose(1, 2) for t in (qs, ks))
+    qe = qr * cos.unsqueeze(1) + rh(qr) * sin.unsqueeze(1)
+    close(qo, qe, 1e-5)
+    gq, gk = torch.randn_like(qo), torch.randn_like(ko)
+    (qo * gq).sum().add_((ko * gk).sum()).backward()
+    qa, ka = (t.detach().clone().requires_grad_() for t in (qs, ks))
+    qv, kv = (t.view(B, S, -1, D).transpose(1, 2) for t in (qa, ka))
+    ((qv * cos.unsqueeze(1) + rh(qv) * sin.unsqueeze(1)) * gq).sum().add_(
+        ((kv * cos.unsqueeze(1) + rh(kv) * sin.unsqueeze(1)) * gk).sum()).backward()
+    close(qs.grad, qa.grad, 1e-5)
+    close(ks.grad, ka.grad, 1e-5)
+
 def _row(setup, trace=False):
     args = [sys.executable, os.path.join(HERE, "truth.py"), "run", json.dumps(setup)]
     if trace:

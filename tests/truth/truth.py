@@ -353,6 +353,9 @@ def run_rank(setup, rank=0, world=1, trace=False):
     set_trainable(model, fam, setup)
     if setup["mode"] == "lora":
         model = apply_lora(model, fam, setup)
+    if setup.get("liger"):                      # Liger kernels, emulated (tests/truth/emul_liger.py)
+        import emul_liger
+        emus = emus + ["liger_" + k for k, n in emul_liger.patch_model(model, **setup["liger"]).items() if n]
     gcfg = setup["gradient_checkpointing"]
     if gcfg:
         kw = {"use_reentrant": gcfg["use_reentrant"]}
@@ -670,7 +673,8 @@ SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_c
               "seq_len", "images_per_sample", "image_size", "optimizer", "max_grad_norm", "parallel", "world_size",
               "parallel_options", "torch_compile")
 # only in setups that set them (tests/truth/accum.py, feat_towers.py): the older rows stay byte-identical
-ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch", "vit_gradient_checkpointing", "video_frames")
+ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch", "vit_gradient_checkpointing", "video_frames",
+              "liger")
 FEAT_KEYS = ("loss_upcast",)              # tests/truth/feat_keys.py
 
 
@@ -874,6 +878,7 @@ def config_list(count=None):
     list(map(add, __import__("fsdp1_frozen").configs()))   # FSDP1: frozen weights in a unit that trains
     import feat_keys; [add(s) for s in feat_keys.all_setups()]  # loss without the upcast (issue 23)
     list(map(add, __import__("feat_towers").all_setups()))  # per-tower checkpointing, Qwen-VL video (issue 23, feat_towers.py)
+    import feat_liger; [add(s) for s in feat_liger.setups()]  # Liger RMSNorm/SwiGLU/RoPE, emulated (issue 23)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

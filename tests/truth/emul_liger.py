@@ -1,0 +1,200 @@
+"""Liger-Kernel emulations: the counted CPU bytes of Liger's Triton kernels.
+
+Liger's kernels are Triton and do not run on the CPU.  Each class below is an
+autograd.Function that allocates, counted, exactly what Liger's Python wrapper
+allocates around its Triton launch (outputs, saved tensors, backward buffers,
+and the in-place writes that allocate nothing), and computes the numbers the
+kernel would compute in registers with PyTorch inside memhook.uncounted().
+Source followed: linkedin/Liger-Kernel at ead96b61 (2026-08-21),
+src/liger_kernel/ops/{rms_norm,swiglu,rope,utils}.py and
+src/liger_kernel/transformers/{rms_norm,swiglu,rope,monkey_patch}.py; the
+line numbers cited are of that commit.  docs/oracle.md has the summary.
+
+    patch_model(model, rms_norm=True, swiglu=True, rope=True)
+        what apply_liger_kernel_to_llama / _qwen2(model=...) does to an
+        instance (monkey_patch.py: _patch_rms_norm_module, _patch_swiglu_module,
+        modeling_<family>.apply_rotary_pos_emb = liger_rotary_pos_emb)
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import memhook
+
+# rms_norm.py:519-521 takes the SM count of the device for the rows of its fp32
+# dW partial sums; the harness has no CUDA device: an H100 SXM has 132 SMs.
+SM_COUNT = 132
+
+
+def _contig(t):
+    # ops/utils.py:44-54 ensure_contiguous: every tensor argument .contiguous()
+    return t.contiguous() if isinstance(t, torch.Tensor) else t
+
+
+# ------------------------------------------------------------------ RMSNorm
+class LigerRMSNormEmul(torch.autograd.Function):
+    """ops/rms_norm.py:612-683 (casting_mode 'llama', in_place=True: transformers/rms_norm.py:13-15).
+    forward (rms_norm_forward :436-510): Y empty (n_rows, H) in X's dtype; RSTD empty (n_rows,)
+    fp32 (llama/gemma casting, :452-453); saves X, W, RSTD (:657).
+    backward (rms_norm_backward :513-609): _dW empty (sm_count, H) fp32 (:529); dX = dY, the
+    kernel writes dX over dY in place (:540-541); dW = _dW.sum(0).to(W.dtype) (:605), computed
+    whether or not W needs a gradient."""
+
+    @staticmethod
+    def forward(ctx, X, W, eps):
+        X, W = _contig(X), _contig(W)
+        shape = X.shape
+        X = X.view(-1, shape[-1])
+        Y = torch.empty(X.shape, dtype=X.dtype)
+        RSTD = torch.empty(X.shape[0], dtype=torch.float32)
+        with memhook.uncounted():
+            xf = X.float()
+            r = torch.rsqrt(xf.pow(2).mean(-1) + eps)
+            RSTD.copy_(r)
+            # _rms_norm_forward_kernel llama casting: (X*rstd).to(X dtype) * W
+            Y.copy_((xf * r[:, None]).to(X.dtype) * W)
+            del xf, r
+        ctx.eps = eps
+        ctx.save_for_backward(X, W, RSTD)
+        return Y.view(*shape)
+
+    @staticmethod
+    def backward(ctx, dY):
+        X, W, RSTD = ctx.saved_tensors
+        dY = _contig(dY)
+        shape = dY.shape
+        dY = dY.view(-1, shape[-1])
+        _dW = torch.empty((SM_COUNT, shape[-1]), dtype=torch.float32)
+        dX = dY                                   # in_place: dX stored over dY
+        with memhook.uncounted(), torch.enable_grad():
+            x = X.detach().float().requires_grad_()
+            w = W.detach().float().requires_grad_()
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + ctx.eps) * w
+            gx, gw = torch.autograd.grad(y, (x, w), dY.float())
+            dX.copy_(gx)
+            _dW.zero_()
+            _dW[0].copy_(gw)                      # the per-SM partial sums, summed below
+            del x, w, y, gx, gw
+        dW = _dW.sum(dim=0).to(W.dtype)
+        del _dW
+        return dX.view(*shape), dW, None
+
+
+def liger_rms_norm_forward(self, hidden_states):
+    # transformers/rms_norm.py:37-46 LigerRMSNorm.forward (offset 0 for Llama/Qwen2)
+    return LigerRMSNormEmul.apply(hidden_states, self.weight, self.variance_epsilon)
+
+
+# ------------------------------------------------------------------ SwiGLU
+class LigerSiLUMulEmul(torch.autograd.Function):
+    """ops/swiglu.py:230-296 LigerSiLUMulFunction.  forward (swiglu_forward :149-188): c =
+    empty_like(a), saves a and b (:262) -- no silu(a) product is kept.  backward
+    (swiglu_backward :191-227): the kernel recomputes silu(a) and writes da over a and db
+    over b in place; it allocates nothing but dc's contiguous copy if dc is strided."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        a, b = _contig(a), _contig(b)
+        c = torch.empty_like(a)
+        with memhook.uncounted():
+            # _swiglu_forward_kernel: silu(a in fp32).cast(b dtype) * b
+            c.copy_(F.silu(a.float()).to(b.dtype) * b)
+        ctx.save_for_backward(a, b)
+        return c
+
+    @staticmethod
+    def backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        dc = _contig(dc)
+        with memhook.uncounted():
+            af = a.float()
+            sig = torch.sigmoid(af)
+            silu = af * sig
+            db = dc.float() * silu
+            da = dc.float() * (silu * (1 - sig) + sig) * b.float()
+            a.copy_(da)
+            b.copy_(db)
+            del af, sig, silu, da, db
+        return a, b
+
+
+def liger_swiglu_forward(self, x):
+    # transformers/swiglu.py:20-21 LigerSwiGLUMLP.forward
+    return self.down_proj(LigerSiLUMulEmul.apply(self.gate_proj(x), self.up_proj(x)))
+
+
+# ------------------------------------------------------------------ RoPE
+def _rot(t, cos, sin, backward):
+    h = t.shape[-1] // 2
+    t1, t2 = t[..., :h], t[..., h:]
+    if backward:                                  # the transpose of the rotation
+        return torch.cat((t1 * cos[..., :h] + t2 * sin[..., h:], t2 * cos[..., h:] - t1 * sin[..., :h]), -1)
+    return torch.cat((t1 * cos[..., :h] - t2 * sin[..., :h], t2 * cos[..., h:] + t1 * sin[..., h:]), -1)
+
+
+def _rope_inplace(q, k, cos, sin, backward):
+    """ops/rope.py rope_forward / rope_backward: q, k transposed to (b, s, h, d) and made
+    contiguous (a copy only if that layout is strided), then _triton_rope rotates them in place."""
+    q = q.transpose(1, 2).contiguous()
+    k = k.transpose(1, 2).contiguous()
+    with memhook.uncounted():
+        c, s = cos.unsqueeze(2), sin.unsqueeze(2)  # (b|1, s, 1, d)
+        for t in (q, k):
+            t.copy_(_rot(t.float(), c.float(), s.float(), backward).to(t.dtype))
+    return q.transpose(1, 2), k.transpose(1, 2)
+
+
+class LigerRopeEmul(torch.autograd.Function):
+    """ops/rope.py LigerRopeFunction: forward rotates q and k in place and saves only the
+    (contiguous) cos and sin; backward rotates dq and dk in place."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        cos, sin = cos.contiguous(), sin.contiguous()
+        q, k = _rope_inplace(q, k, cos, sin, False)
+        ctx.save_for_backward(cos, sin)
+        return q, k
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        cos, sin = ctx.saved_tensors
+        dq, dk = _rope_inplace(dq, dk, cos, sin, True)
+        return dq, dk, None, None
+
+
+def liger_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    # transformers/rope.py:8-24
+    return LigerRopeEmul.apply(q, k, cos, sin)
+
+
+# ------------------------------------------------------------------ patching
+def _is_rms_norm(m):
+    return type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon")
+
+
+def _is_swiglu(m):
+    act = getattr(getattr(m, "config", None), "hidden_act", None)
+    return all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj")) and act in ("silu", "swish")
+
+
+def patch_model(model, rms_norm=True, swiglu=True, rope=True):
+    """The instance patch of monkey_patch.py apply_liger_kernel_to_llama (:221-300) and _qwen2:
+    every decoder RMSNorm's forward (_patch_rms_norm_module), every decoder MLP's forward
+    (_patch_swiglu_module), and modeling_<family>.apply_rotary_pos_emb.  Returns the names of
+    the module-level functions it replaced, so a caller can restore them."""
+    n = {"rms_norm": 0, "swiglu": 0, "rope": 0}
+    for m in model.modules():
+        if rms_norm and _is_rms_norm(m):
+            m.forward = liger_rms_norm_forward.__get__(m)
+            n["rms_norm"] += 1
+        elif swiglu and _is_swiglu(m):
+            m.forward = liger_swiglu_forward.__get__(m)
+            n["swiglu"] += 1
+    if rope:
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("transformers.models.") and name.endswith((".modeling_llama", ".modeling_qwen2")) \
+                    and hasattr(mod, "apply_rotary_pos_emb"):
+                mod.apply_rotary_pos_emb = liger_rotary_pos_emb
+                n["rope"] += 1
+    return n

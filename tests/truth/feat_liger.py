@@ -1,0 +1,48 @@
+"""Truth rows for Liger's kernels (issue 23): the training step with the decoder's RMSNorm,
+SwiGLU MLP and RoPE replaced as Liger's apply_liger_kernel_to_llama / _qwen2 (model=...) does
+(what HF TrainingArguments(use_liger_kernel=True) applies, less the fused linear cross-entropy).
+Triton does not run on the CPU: the kernels are emulated by tests/truth/emul_liger.py (their
+allocations from Liger's source; docs/oracle.md "Liger kernels").  LLaVA rows: the patch reaches
+the Llama decoder only (the CLIP tower has LayerNorm and a GELU MLP).
+
+    setups()    the rows, called by ONE line of truth.py config_list
+"""
+import hashlib
+import json
+
+ALL = {"rms_norm": True, "swiglu": True, "rope": True}
+GC = {"use_reentrant": False, "every_n_layers": 1}
+SMALL = {"hidden": 128, "layers": 2, "vocab": 4096}
+# (family, mode, precision, checkpointing, B, S, model, liger)
+ROWS = [
+    ("llama", "full", "bf16", False, 2, 256, SMALL, ALL),
+    ("llama", "full", "bf16", GC, 2, 256, SMALL, ALL),
+    ("llama", "lora", "bf16", False, 2, 256, SMALL, ALL),
+    ("llama", "lora", "bf16", GC, 2, 256, SMALL, ALL),
+    ("llama", "full", "fp32", False, 1, 256, SMALL, ALL),
+    ("llama", "full", "bf16", False, 2, 256, SMALL, {"rms_norm": True, "swiglu": False, "rope": False}),
+    ("llama", "full", "bf16", False, 2, 256, SMALL, {"rms_norm": False, "swiglu": True, "rope": False}),
+    ("llama", "full", "bf16", False, 2, 256, SMALL, {"rms_norm": False, "swiglu": False, "rope": True}),
+    ("qwen2", "full", "bf16", False, 2, 256, {"hidden": 128, "layers": 2}, ALL),
+    ("qwen2", "lora", "fp32", GC, 1, 256, {"hidden": 128, "layers": 2}, ALL),
+    ("llava", "lora", "bf16", False, 1, 128, {"hidden": 128, "layers": 2}, ALL),
+    ("llava", "full", "bf16", GC, 1, 128, {"hidden": 128, "layers": 2}, ALL),
+]
+
+
+def setups():
+    import truth
+    out = []
+    for fam, mode, prec, gc_, B, S, model, lig in ROWS:
+        k, img = (1, (112, 112)) if fam == "llava" else (0, None)
+        lora = None
+        if mode == "lora":
+            lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
+                    "on": "language"}
+        s = truth.make_setup(fam, mode, prec, "sdpa", gc_, B, S, k, img, "adamw_torch", "single", 1,
+                             model=model, lora=lora, seed=17)
+        s["liger"] = dict(lig)
+        key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
+        s["id"] = "%s-single-1-%s-%s-sdpa-liger-%s" % (fam, mode, prec, hashlib.sha1(key.encode()).hexdigest()[:10])
+        out.append(s)
+    return out

@@ -61,13 +61,13 @@ printf '  plugin loaded, no --mm-model:   %12s  (%s)\n' "$plain" "$(pct "$plain"
 printf '  plugin loaded, --mm-model:      %12s  (%s over not loaded)\n' "$mm" "$(pct "$mm" "$none")"
 [ -n "$base" ] && printf '  BASE_PLUGIN, --mm-model:        %12s  (%s over not loaded)\n' "$base" "$(pct "$base" "$none")"
 echo "where the --mm-model instructions go (inclusive):"
-for f in slurm_spank_init_post_opt mmg_gather_request mm_spec_load_file mm_predict mm_verdict_for \
+for f in slurm_spank_init_post_opt mmg_gather_request mm_spec_load_file mm_predict_verdict mm_predict_keep mm_verdict_for \
          mm_max_micro_batch mmg_publish mmg_log_decision setenvfs slurm_xcalloc; do
     printf '  %-22s %12s\n' "$f" "$(incl mm "$f" || true)"
 done
 if [ -n "$base" ]; then
     echo "the same in BASE_PLUGIN:"
-    for f in slurm_spank_init_post_opt mm_predict mm_max_micro_batch setenvfs slurm_xcalloc; do
+    for f in slurm_spank_init_post_opt mm_predict_verdict mm_predict mm_max_micro_batch setenvfs slurm_xcalloc; do
         printf '  %-22s %12s\n' "$f" "$(incl base "$f" || true)"
     done
 fi

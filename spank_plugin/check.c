@@ -166,7 +166,11 @@ static int predict(struct mmg_check *chk)
     uint32_t ns[MMG_RECORD_POINTS], n2 = next_count(chk);
     size_t k;
     memset(&e, 0, sizeof(e));
-    if (mm_predict(chk->spec, &chk->pred, &e) != 0) {
+    chk->usable = mmg_config_usable(&chk->cfg, chk->gpu->bytes);
+    /* the verdict at the spec's own N comes with the prediction: one step
+     * log, one uncapped replay for both (judge_card) */
+    if (mm_predict_verdict(chk->spec, chk->gpu->bytes, chk->usable, &chk->pred, &chk->verdict,
+                           &e) != 0) {
         snprintf(msg, sizeof(msg), "--mm-model=%s: prediction failed: %s", chk->spec_arg, e.msg);
         return set_error(chk, msg);
     }
@@ -182,7 +186,6 @@ static int predict(struct mmg_check *chk)
     if (n2 && mm_peak_for_dp(&chk->pred, n2) > chk->peak)
         chk->peak = mm_peak_for_dp(&chk->pred, n2);
     chk->alloc_peak = chk->pred.allocated_peak_bytes;
-    chk->usable = mmg_config_usable(&chk->cfg, chk->gpu->bytes);
     return 0;
 }
 
@@ -227,8 +230,8 @@ static int judge_card(struct mmg_check *chk)
     uint32_t n2 = next_count(chk);
     memset(&e, 0, sizeof(e));
     chk->worst_dp = chk->dp;
-    if (verdict_at(chk, chk->dp, &chk->verdict, &e) != 0 ||
-        (n2 && verdict_at(chk, n2, &v2, &e) != 0)) {
+    /* chk->verdict, at chk->dp: predict()'s */
+    if (n2 && verdict_at(chk, n2, &v2, &e) != 0) {
         snprintf(msg, sizeof(msg), "--mm-model=%s: prediction failed: %s", chk->spec_arg, e.msg);
         return set_error(chk, msg);
     }

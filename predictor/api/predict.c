@@ -141,15 +141,24 @@ static int first_run(const mm_spec *sp, mm_prediction *out, run1 *r, int nofold,
  * recorded as the dp point of the spec's N (of every N >= 2 when N does not
  * change the replay). */
 static int reserved_peak(const mm_spec *sp, const run1 *r, int own_log, mm_prediction *out,
-                         mm_error *err)
+                         predict_keep *keep, mm_error *err)
 {
-    uint64_t N = sp->training.data_parallel, res;
+    uint64_t N = sp->training.data_parallel;
     steplog L;
+    reserve_result rr;
     if (steplog_run(sp, &r->rows, r->largest, N, own_log, &L, err))
         return -1;
-    int rc = steplog_reserved(&L, N, &res, err);
+    int rc = reserve_replay(&L.s, N, &L.conf, L.per_param, L.pairs, &rr);
+    if (rc)
+        mm_err(err, "out of memory");
+    uint64_t res = rr.reserved_peak;
     int all = !rc && N >= 2 && !L.n_dependent;
-    steplog_free(&L);
+    if (keep && !rc) { /* the caller's verdict replays this log (verdict.c) */
+        keep->L = L;
+        keep->free_run = rr;
+    } else {
+        steplog_free(&L);
+    }
     if (rc)
         return -1;
     if (dp_add_point(out, all ? 2 : (uint32_t)N, all ? UINT32_MAX : (uint32_t)N, res, r->outside,
@@ -235,14 +244,34 @@ int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
 
 int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned flags)
 {
+    return mm_predict_keep(sp, out, err, flags, NULL);
+}
+
+void predict_keep_free(predict_keep *k)
+{
+    steplog_free(&k->L);
+    free(k->rows.rows);
+    free(k->rows.layer_tp);
+    free(k->rows.layer_p);
+    free(k->rows.layer_gb);
+    memset(k, 0, sizeof *k);
+}
+
+int mm_predict_keep(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned flags,
+                    predict_keep *keep)
+{
+    if (keep)
+        memset(keep, 0, sizeof *keep);
     int nofold = (flags & MM_PREDICT_NOFOLD) != 0;
     memset(out, 0, sizeof *out);
     if (err)
         err->msg[0] = '\0';
     run1 r;
     if (first_run(sp, out, &r, nofold, err) ||
-        reserved_peak(sp, &r, (flags & MM_PREDICT_OWN_LOG) != 0, out, err)) {
+        reserved_peak(sp, &r, (flags & MM_PREDICT_OWN_LOG) != 0, out, keep, err)) {
         run1_free(&r);
+        if (keep)
+            predict_keep_free(keep);
         mm_prediction_free(out);
         return -1;
     }
@@ -267,6 +296,16 @@ int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned
         }
     }
     sim_free(&s);
+    if (keep && !rc) { /* the first run's rows, peak and paged bytes: the verdict's step */
+        keep->rows = r.rows;
+        keep->rows.peak = out->allocated_peak_bytes;
+        keep->rows.outside_bytes = r.outside;
+        keep->rows.largest_param = r.largest;
+        memset(&r.rows, 0, sizeof r.rows);
+    } else if (keep) {
+        steplog_free(&keep->L);
+        memset(keep, 0, sizeof *keep);
+    }
     run1_free(&r);
     if (rc)
         mm_prediction_free(out);

@@ -3,6 +3,7 @@
 #ifndef MM_PREDICT_H
 #define MM_PREDICT_H
 
+#include "dp.h"
 #include "mmguard.h"
 
 #define MM_PREDICT_NOFOLD 1u  /* simulate every layer (tests check folding is exact) */
@@ -12,6 +13,20 @@
 mm_overheads predict_overheads(const mm_spec *sp);
 
 int mm_predict_ex(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned flags);
+
+/* What a prediction leaves for a verdict on the same spec (verdict.c): the
+ * step's allocation log, its uncapped replay (device_total: the default), and
+ * the first run's rows with its allocated peak, paged bytes and largest
+ * parameter.  Valid after mm_predict_keep returned 0; free with
+ * predict_keep_free. */
+typedef struct predict_keep {
+    steplog L;
+    reserve_result free_run;
+    sim rows;
+} predict_keep;
+int mm_predict_keep(const mm_spec *sp, mm_prediction *out, mm_error *err, unsigned flags,
+                    predict_keep *keep);
+void predict_keep_free(predict_keep *k);
 
 /* The device-level peak alone, as mm_predict's peak_bytes, without the
  * breakdown: what the searches of fit.c need. */

@@ -232,6 +232,41 @@ int mm_verdict_for(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, int w
     return verdicts(sp, 1, &gpu_bytes, &usable, want_bounds, v, err);
 }
 
+/* the uncapped replay does not depend on the card when the allocator never
+ * reads its size: no expandable segments (their address space is sized by
+ * it), no memory fraction (alloc.c, mm_allocator_new and xseg_create) */
+static int card_blind(const mm_alloc_conf *c)
+{
+    return !c->expandable_segments && !(c->memory_fraction > 0);
+}
+
+int mm_predict_verdict(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
+                       mm_prediction *pred, mm_verdict *v, mm_error *err)
+{
+    predict_keep k;
+    memset(v, 0, sizeof *v);
+    if (mm_predict_keep(sp, pred, err, 0, &k))
+        return -1;
+    if (!sp->training.data_parallel) { /* the judge's degree would differ: judge alone */
+        predict_keep_free(&k);
+        int rc = mm_verdict_for(sp, gpu_bytes, usable, 0, v, err);
+        if (rc)
+            mm_prediction_free(pred);
+        return rc;
+    }
+    /* the prediction's step at N, its log and its uncapped replay are the
+     * judge's (judge_open simulates and logs the same step) */
+    judge j = {.sp = sp, .s = k.rows, .L = k.L, .n = mm_spec_data_parallel(sp), .gpu = gpu_bytes};
+    reserve_result free_run = k.free_run;
+    int rc = card_blind(&k.L.conf) ? 0 : replay_at(&j, 0, &free_run, err);
+    if (!rc)
+        rc = judge_card(&j, &free_run, gpu_bytes, usable, 0, v, err);
+    predict_keep_free(&k);
+    if (rc)
+        mm_prediction_free(pred);
+    return rc;
+}
+
 int mm_verdict_cards(const mm_spec *sp, size_t n_cards, const uint64_t *gpu_bytes,
                      const uint64_t *usable, mm_verdict *out, mm_error *err)
 {

@@ -246,6 +246,13 @@ int mm_verdict_for(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int
 int mm_verdict_cards(const mm_spec *spec, size_t n_cards, const uint64_t *gpu_bytes,
                      const uint64_t *usable, mm_verdict *out, mm_error *err);
 
+/* mm_predict(spec, pred) and mm_verdict_for(spec, gpu_bytes, usable, 0, v)
+ * at once, the same results from one simulated step log and one uncapped
+ * replay (what the plugin asks for every --mm-model).  0, or -1 with err
+ * (then pred holds nothing to free). */
+int mm_predict_verdict(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
+                       mm_prediction *pred, mm_verdict *v, mm_error *err);
+
 /* What would fit in `usable` bytes per GPU (device-level peak_bytes). */
 typedef struct mm_fit_result {
     int fits;                    /* the spec as given fits */

@@ -10,6 +10,7 @@
 #include "predict.h"
 #include "unit.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,6 +299,79 @@ START_TEST(fit_gpu_count_is_direct)
 }
 END_TEST
 
+
+/* mm_predict_verdict (the plugin's one call) gives byte for byte what
+ * mm_predict and mm_verdict_for give apart, on every shipped preset, at N = 1
+ * and N = 4 with ZeRO-2, with and without expandable segments (the one
+ * allocator setting that reads the card's size), on cards from one that holds
+ * the uncapped peak to ones that force flushes or an OOM. */
+static void shared_matches_apart(const char *path, const char *const *kv)
+{
+    mm_error e;
+    mm_spec *s = mm_spec_load_file(path, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    for (; *kv; kv++)
+        if (mm_spec_set(s, *kv, &e))
+            goto out; /* a setting this spec refuses */
+    mm_prediction p1, p2;
+    if (mm_predict(s, &p1, &e))
+        goto out;
+    char *j1 = mm_prediction_json(&p1, 0);
+    const uint64_t GiB = 1ull << 30, cards[] = {80 * GiB, 48 * GiB, 24 * GiB};
+    const double fr[] = {1.0, 0.9, 0.75, 0.5};
+    for (size_t c = 0; c < 3; c++)
+        for (size_t f = 0; f < 4; f++) {
+            uint64_t usable = (uint64_t)((double)p1.peak_bytes * fr[f]);
+            if (usable > cards[c])
+                usable = cards[c];
+            mm_verdict v1, v2;
+            ck_assert_msg(mm_verdict_for(s, cards[c], usable, 0, &v1, &e) == 0, "%s", e.msg);
+            ck_assert_msg(mm_predict_verdict(s, cards[c], usable, &p2, &v2, &e) == 0, "%s",
+                          e.msg);
+            char *j2 = mm_prediction_json(&p2, 0);
+            ck_assert_msg(j1 && j2 && strcmp(j1, j2) == 0, "%s: prediction differs", path);
+            ck_assert_msg(memcmp(&v1, &v2, sizeof v1) == 0,
+                          "%s card %zu usable %llu: verdict differs (%s vs %s, reserved %llu vs "
+                          "%llu)", path, c, (unsigned long long)usable,
+                          mm_verdict_name(v1.kind), mm_verdict_name(v2.kind),
+                          (unsigned long long)v1.reserved_peak,
+                          (unsigned long long)v2.reserved_peak);
+            free(j2);
+            mm_prediction_free(&p2);
+        }
+    free(j1);
+    mm_prediction_free(&p1);
+out:
+    mm_spec_free(s);
+}
+
+START_TEST(predict_verdict_is_both_apart)
+{
+    static const char *const none[] = {NULL};
+    static const char *const dp4[] = {"training.zero_stage=2", "training.data_parallel=4", NULL};
+    static const char *const xs[] = {"device.alloc_conf=expandable_segments:True", NULL};
+    static const char *const *const setups[] = {none, dp4, xs};
+    char d[512];
+    snprintf(d, sizeof d, "%s/contrib/models", SRCDIR);
+    DIR *dp = opendir(d);
+    ck_assert_msg(dp != NULL, "cannot open %s", d);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(dp))) {
+        size_t l = strlen(de->d_name);
+        if (l < 6 || strcmp(de->d_name + l - 5, ".yaml"))
+            continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", d, de->d_name);
+        for (size_t v = 0; v < 3; v++)
+            shared_matches_apart(path, setups[v]);
+        n++;
+    }
+    closedir(dp);
+    ck_assert_int_gt(n, 0);
+}
+END_TEST
+
 Suite *fit_suite(void)
 {
     Suite *s = suite_create("fit");
@@ -308,6 +382,7 @@ Suite *fit_suite(void)
     tcase_add_test(tc, shortcuts_change_nothing);
     tcase_add_test(tc, envelope_is_exact);
     tcase_add_test(tc, fit_gpu_count_is_direct);
+    tcase_add_test(tc, predict_verdict_is_both_apart);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -27,8 +27,8 @@ static const char BASE[] =
     "training: {micro_batch_size: 2, seq_len: 256, precision: bf16, optimizer: adamw,\n"
     "           zero_stage: 2, data_parallel: 4, gradient_checkpointing: true,\n"
     "           attention: flash}\n"
-    "framework: {transformers_version: \"4.37.2\", torch_version: \"2.1.2\",\n"
-    "            deepspeed_version: \"0.12.6\"}\n"
+    "framework: {transformers_version: \"4.37.2\", torch_version: \"2.12\",\n"
+    "            deepspeed_version: \"0.19.8\"}\n"
     "deepspeed: {overlap_comm: true}\n"
     "device: {cuda_context: 512MiB, nccl: 1GiB}\n";
 

@@ -283,13 +283,20 @@ int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
     return 0;
 }
 
-int steplog_reserved(const steplog *L, uint64_t n, uint64_t *reserved, mm_error *err)
+int steplog_replay(const steplog *L, uint64_t n, reserve_result *r, mm_error *err)
 {
-    reserve_result r;
-    if (reserve_replay(&L->s, n, &L->conf, L->per_param, L->pairs, &r)) {
+    if (reserve_replay(&L->s, n, &L->conf, L->per_param, L->pairs, r)) {
         mm_err(err, "out of memory");
         return -1;
     }
+    return 0;
+}
+
+int steplog_reserved(const steplog *L, uint64_t n, uint64_t *reserved, mm_error *err)
+{
+    reserve_result r;
+    if (steplog_replay(L, n, &r, err))
+        return -1;
     *reserved = r.reserved_peak;
     return 0;
 }

@@ -27,6 +27,8 @@ int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
                 int own_n, steplog *L, mm_error *err);
 /* The allocator model's reserved peak over two steps at degree n. */
 int steplog_reserved(const steplog *L, uint64_t n, uint64_t *reserved, mm_error *err);
+/* the whole replay result of the log at n (steplog_reserved keeps its reserved peak) */
+int steplog_replay(const steplog *L, uint64_t n, reserve_result *r, mm_error *err);
 void steplog_free(steplog *L);
 
 /* Replay L at degree n and record it in p (every N >= 2 at once when N does

@@ -148,10 +148,8 @@ static int reserved_peak(const mm_spec *sp, const run1 *r, int own_log, mm_predi
     reserve_result rr;
     if (steplog_run(sp, &r->rows, r->largest, N, own_log, &L, err))
         return -1;
-    int rc = reserve_replay(&L.s, N, &L.conf, L.per_param, L.pairs, &rr);
-    if (rc)
-        mm_err(err, "out of memory");
-    uint64_t res = rr.reserved_peak;
+    int rc = steplog_replay(&L, N, &rr, err);
+    uint64_t res = rc ? 0 : rr.reserved_peak;
     int all = !rc && N >= 2 && !L.n_dependent;
     if (keep && !rc) { /* the caller's verdict replays this log (verdict.c) */
         keep->L = L;
@@ -303,8 +301,7 @@ int mm_predict_keep(const mm_spec *sp, mm_prediction *out, mm_error *err, unsign
         keep->rows.largest_param = r.largest;
         memset(&r.rows, 0, sizeof r.rows);
     } else if (keep) {
-        steplog_free(&keep->L);
-        memset(keep, 0, sizeof *keep);
+        predict_keep_free(keep);
     }
     run1_free(&r);
     if (rc)

@@ -16,11 +16,17 @@
  * In the simulated step also a frozen weight the train layer says needs a
  * gradient (frozen_rg: FSDP1 use_orig_params, parallel_fsdp.c); the counting
  * pass keeps it frozen (no optimizer state). */
+/* the weights of this module part are parameters with requires_grad */
+static int params_require_grad(const lctx *c)
+{
+    return (c->m->trainable || c->force_tw) && !c->force_frozen;
+}
+
 int op_trainable(const lctx *c)
 {
     if (c->dead || c->unused)
         return 0;
-    if ((c->m->trainable || c->force_tw) && !c->force_frozen)
+    if (params_require_grad(c))
         return 1;
     return !c->counting && c->frozen_rg && c->frozen_rg(c, c->cur_row);
 }
@@ -231,7 +237,7 @@ int32_t op_weight_cast(lctx *c, uint32_t r, uint64_t np, int trainable)
     if (!c->amp || c->wdt == c->dt)
         return -1;
     int32_t w = op_new(c, r, np, c->dt);
-    int leaf_rg = (c->m->trainable || c->force_tw) && !c->force_frozen && !c->unused;
+    int leaf_rg = params_require_grad(c) && !c->unused;
     /* autocast_mode.cpp cached_cast caches only `arg.is_leaf() && !arg.is_view()`:
      * a frozen weight that needs a gradient through frozen_rg is a view of FSDP1's
      * flat parameter, never cached (FSDP1's trainable weights are views too: left

@@ -79,6 +79,7 @@ int par_is_fsdp(const par_state *ps);
 uint64_t par_requires_grad(const par_state *ps, const sim_row *R);
 /* Idefics3 / SmolVLM vision: only the layers' self_attn is a unit */
 int par_attention_only(const par_state *ps, uint32_t module);
+int par_attention_row(const sim_row *R);
 /* parameters of one wrapped layer unit (FSDP: a _no_split_modules layer) */
 uint64_t par_unit_params(const par_state *ps, uint32_t module, uint64_t layer);
 uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer);

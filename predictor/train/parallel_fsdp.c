@@ -133,16 +133,21 @@ enum { U_ROOT = MM_MAX_LAYERS, U_EMB, U_HEAD };
  * CLIPVisionEmbeddings, modeling_siglip.py:366-371 SiglipVisionEmbeddings,
  * SiglipMultiheadAttentionPoolingHead): units of their own.  Returns U_EMB,
  * U_HEAD or U_ROOT for the row's unit outside the layers. */
-static uint64_t own_unit(const par_state *ps, const sim_row *R)
+static uint64_t unit_of(const par_state *ps, uint32_t module, const char *name)
 {
-    const module_spec *m = &ps->sp->modules[R->module];
+    const module_spec *m = &ps->sp->modules[module];
     const family_def *f = m->kind == MOD_VISION ? family_at(m->kind, m->family) : NULL;
     int clip = f && !strcmp(f->name, "clip"), siglip = f && !strcmp(f->name, "siglip");
-    if ((clip || siglip) && !strncmp(R->name, "embeddings.", 11))
+    if ((clip || siglip) && !strncmp(name, "embeddings.", 11))
         return U_EMB;
-    if (siglip && (!strcmp(R->name, "head") || !strncmp(R->name, "head.", 5)))
+    if (siglip && (!strcmp(name, "head") || !strncmp(name, "head.", 5)))
         return U_HEAD;
     return U_ROOT;
+}
+
+static uint64_t own_unit(const par_state *ps, const sim_row *R)
+{
+    return unit_of(ps, R->module, R->name);
 }
 
 /* a unit's parameters in module order, row by row (a row's instance k is
@@ -238,9 +243,7 @@ uint64_t fsdp_accum_grad_elems(const par_state *ps)
  * asks before its first row: CLIP / SigLIP embeddings are their own unit) */
 static uint64_t entry_unit(const par_state *ps, uint32_t m)
 {
-    const module_spec *ms = &ps->sp->modules[m];
-    const family_def *f = ms->kind == MOD_VISION ? family_at(ms->kind, ms->family) : NULL;
-    return f && (!strcmp(f->name, "clip") || !strcmp(f->name, "siglip")) ? U_EMB : U_ROOT;
+    return unit_of(ps, m, "embeddings.");
 }
 
 /* does unit u outside the layers (U_ROOT: the root of every module; U_EMB,
@@ -253,8 +256,7 @@ static int outer_trains(const par_state *ps, uint32_t m, uint64_t u)
         if (!R->trainable)
             continue;
         if (in_layers(R)) { /* Idefics3: the layers but their self_attn are the root's */
-            if (u == U_ROOT && par_attention_only(ps, R->module) &&
-                strncmp(R->name, "layers.self_attn.", 17))
+            if (u == U_ROOT && par_attention_only(ps, R->module) && !par_attention_row(R))
                 return 1;
             continue;
         }
@@ -284,7 +286,7 @@ static int fsdp1_frozen_rg(const lctx *c, uint32_t row)
     const sim *s = c->s;
     const sim_row *R = row < s->nrows && s->rows[row].module == c->mi ? &s->rows[row] : NULL;
     int layer = c->per_layer && c->layer < MM_MAX_LAYERS && (!R || in_layers(R));
-    if (layer && (!R || !par_attention_only(ps, c->mi) || !strncmp(R->name, "layers.self_attn.", 17)))
+    if (layer && (!R || !par_attention_only(ps, c->mi) || par_attention_row(R)))
         return par_unit_trainable(ps, c->mi, c->layer) != 0;
     if (layer)
         return outer_trains(ps, c->mi, U_ROOT);

@@ -24,13 +24,19 @@ int par_attention_only(const par_state *ps, uint32_t module)
     return f && !strcmp(f->name, "idefics3");
 }
 
+/* a row of the attention that par_attention_only wraps as each layer's unit */
+int par_attention_row(const sim_row *R)
+{
+    return !strncmp(R->name, "layers.self_attn.", 17);
+}
+
 static uint64_t attention_params(const par_state *ps, uint32_t module, int trainable)
 {
     const sim *s = ps->c->s;
     uint64_t n = 0;
     for (size_t r = 0; r < s->nrows; r++) {
         const sim_row *R = &s->rows[r];
-        if (R->module == module && R->count && !strncmp(R->name, "layers.self_attn.", 17))
+        if (R->module == module && R->count && par_attention_row(R))
             n += (trainable ? R->trainable : R->params) / R->count;
     }
     return n;

@@ -1,6 +1,7 @@
 # mk/alloc.mk - the caching-allocator model against real GPU traces
 # (tests/alloc/run.sh; docs/allocator.md), and at a card's capacity: the invariants of
-# the capacity-aware replay on those traces and every preset (tests/alloc/capacity.py).  The hand-derived sequences are Check
+# the capacity-aware replay on those traces and every preset (tests/alloc/capacity.py), and
+# against the capacity sweeps measured on a GPU (tests/alloc/sweep.py).  The hand-derived sequences are Check
 # unit tests (tests/unit/test_alloc.c) and run with check-unit / check-asan.
 
 .PHONY: check-alloc
@@ -13,5 +14,7 @@ check-alloc: $(BUILD)/mmguard $(BUILD)/mmguard-asan
 	@tail -1 $(BUILD)/alloc-asan.log
 	@echo "-- on a card of limited memory (tests/alloc/capacity.py)"
 	MMGUARD=$(BUILD)/mmguard python3 tests/alloc/capacity.py
+	@echo "-- against capacity sweeps measured on a GPU (tests/alloc/sweep.py)"
+	MMGUARD=$(BUILD)/mmguard python3 tests/alloc/sweep.py
 
 CHECK_TARGETS += check-alloc

@@ -396,7 +396,47 @@ def smoke_grid():
     ]
 
 
-GRIDS = {"default": default_grid, "smoke": smoke_grid}
+def capacity_groups():
+    """Issue 21's capacity sweeps (contrib/calibrate/capacity.py): small enough that eight
+    run side by side on one GPU, each once uncapped with its allocator trace, then under
+    torch.cuda.set_per_process_memory_fraction at capacities around its boundary.  Dense,
+    LoRA and ViT+LLM, with and without checkpointing, with and without expandable
+    segments.  Plus the LLaVA-7B eager + checkpointing traces (uncapped only) whose
+    device-level misses the H100 grid could not explain."""
+    T, F = True, False
+    tiny = "tinyllama-1.1b"
+    lora = {"r": 16, "alpha": 32, "dropout": 0.05,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                               "down_proj"]}
+    exp = "expandable_segments:True"
+    sweep = "capacity sweep"
+    return [
+        Group("cap-tinyllama-ft", "llama", tiny, "finetune", "sdpa", [(4, 1024, F)],
+              llm_layers=8, trace=True, priority=1, note=sweep + ", dense full fine-tune"),
+        Group("cap-tinyllama-ft-ck", "llama", tiny, "finetune", "sdpa", [(8, 2048, T)],
+              llm_layers=8, trace=True, priority=2, note=sweep + ", dense, checkpointing"),
+        Group("cap-tinyllama-lora-ck", "llama", tiny, "lora", "sdpa", [(8, 2048, T)],
+              lora=dict(lora), trace=True, priority=3, note=sweep + ", PEFT LoRA, checkpointing"),
+        Group("cap-llava-tiny-pretrain", "llava", tiny, "pretrain", "sdpa", [(4, 1024, F)],
+              trace=True, priority=4, note=sweep + ", ViT+LLM, projector trains"),
+        Group("cap-llava-tiny-ft-ck", "llava", tiny, "finetune", "sdpa", [(8, 2048, T)],
+              llm_layers=8, trace=True, priority=5, note=sweep + ", ViT+LLM fine-tune, ckpt"),
+        Group("cap-tinyllama-ft-expseg", "llama", tiny, "finetune", "sdpa", [(4, 1024, F)],
+              llm_layers=8, trace=True, alloc_conf=exp, priority=6,
+              note=sweep + ", dense, expandable segments"),
+        Group("cap-llava-tiny-pretrain-expseg", "llava", tiny, "pretrain", "sdpa",
+              [(4, 1024, F)], trace=True, alloc_conf=exp, priority=7,
+              note=sweep + ", ViT+LLM, expandable segments"),
+        Group("trace-llava7b-pretrain-eager-ck", "llava", "vicuna-7b", "pretrain", "eager",
+              [(4, 2048, T)], trace=True, priority=8,
+              note="allocator trace, eager + checkpointing (H100 device-level miss -7.4 %)"),
+        Group("trace-llava7b-pretrain-eager-ck16", "llava", "vicuna-7b", "pretrain", "eager",
+              [(16, 1024, T)], trace=True, priority=9,
+              note="allocator trace, eager + checkpointing (H100 device-level miss -13.4 %)"),
+    ]
+
+
+GRIDS = {"default": default_grid, "smoke": smoke_grid, "capacity": capacity_groups}
 
 
 def all_configs(groups):

@@ -542,6 +542,15 @@ def is_oom(e):
     return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
 
 
+def _alloc_stats():
+    import torch
+    st = torch.cuda.memory_stats()
+    return {k: st.get(k) for k in (
+        "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+        "segment.all.peak", "segment.large_pool.peak", "segment.small_pool.peak",
+        "inactive_split_bytes.all.peak", "allocated_bytes.all.peak", "reserved_bytes.all.peak")}
+
+
 def _mem():
     import torch
     return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
@@ -558,6 +567,7 @@ class GpuRunner:
         self.param_counts = {}
         self.baseline_used = None
         self.env = {}
+        self.capacity = None  # {memory_fraction, device_total, allocator_capacity_bytes}
 
     # ---- probes -----------------------------------------------------------
     def probe_init(self):
@@ -571,6 +581,18 @@ class GpuRunner:
         if self.group.trace:
             start_trace()
         torch.cuda.init()
+        self.capacity = None
+        if getattr(self.args, "memory_fraction", None):
+            # the card as a smaller one: CUDACachingAllocator.cpp setMemoryFraction sets
+            # allowed_memory_maximum = size_t(fraction * double(device_total)), device_total
+            # from cudaMemGetInfo; alloc_block fails a cudaMalloc that would pass it, and
+            # malloc() then frees cache and retries as it does on a full card (issue 21)
+            f = self.args.memory_fraction
+            torch.cuda.set_per_process_memory_fraction(f)
+            total = torch.cuda.mem_get_info()[1]
+            self.capacity = {"memory_fraction": f, "device_total": int(total),
+                             "allocator_capacity_bytes": int(f * float(total))}
+            rec["capacity"] = self.capacity
         x = torch.empty(1, device="cuda")
         torch.cuda.synchronize()
         m = _mem()
@@ -686,6 +708,7 @@ class GpuRunner:
             meas["step1_seconds"] = round(time.time() - t1, 3)
             meas["step1_max_allocated"] = torch.cuda.max_memory_allocated()
             meas["step1_max_reserved"] = torch.cuda.max_memory_reserved()
+            meas["retries_after_step1"] = torch.cuda.memory_stats().get("num_alloc_retries")
             meas["before_step2"] = dict(_mem(), nvml_used=self.nvml.used())
             # step 2: the steady state, measured per phase
             state["step"] = 2
@@ -706,11 +729,7 @@ class GpuRunner:
             meas["nvml_peak_sampled"] = smp.peak
             meas["nvml_used_baseline"] = self.baseline_used
             meas["process_used_after_step2"] = self.nvml.process_used(os.getpid())
-            st = torch.cuda.memory_stats()
-            meas["allocator"] = {k: st.get(k) for k in (
-                "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
-                "segment.all.peak", "segment.large_pool.peak", "segment.small_pool.peak",
-                "inactive_split_bytes.all.peak")}
+            meas["allocator"] = _alloc_stats()
             if after["nvml_used"] is not None and self.baseline_used is not None:
                 # device-level peak: what nvidia-smi showed at the peak of step 2.  The
                 # allocator does not shrink within a step unless a retry freed cache, so
@@ -733,7 +752,8 @@ class GpuRunner:
                 rec["oom"] = {"phase": state["phase"], "step": state["step"],
                               "message": msg[:600],
                               "max_allocated_at_oom": torch.cuda.max_memory_allocated(),
-                              "max_reserved_at_oom": torch.cuda.max_memory_reserved()}
+                              "max_reserved_at_oom": torch.cuda.max_memory_reserved(),
+                              "allocator": _alloc_stats()}
             else:
                 rec["status"] = "error"
                 rec["error"] = {"phase": state["phase"], "step": state["step"],
@@ -868,6 +888,13 @@ def worker_main(args):
             log("%s: %.0f s left, stopping (resume with the same command)" % (c.id, left))
             break
         rec = runner.measure(c)
+        if runner.capacity is not None:
+            # a capacity-sweep point: its own id, never a grid measurement (the grid's
+            # comparisons read kind "measurement" only)
+            rec["kind"] = "capacity_point"
+            rec["uncapped_id"] = c.id
+            rec["id"] = "%s-cap%d" % (c.id, runner.capacity["allocator_capacity_bytes"])
+            rec["capacity"] = runner.capacity
         if group.trace:
             try:
                 tdir = args.trace_dir or os.path.join(
@@ -1079,6 +1106,8 @@ def parse_args(argv):
     ap.add_argument("--write-specs", metavar="DIR", help="with --dry-run: write spec JSON files")
     ap.add_argument("--trace-dir", help="where allocator traces go (default: traces/ next "
                     "to --out)")
+    ap.add_argument("--memory-fraction", type=float, help="worker: run under "
+                    "torch.cuda.set_per_process_memory_fraction (capacity sweeps, capacity.py)")
     ap.add_argument("--simulate", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--group-json", help=argparse.SUPPRESS)

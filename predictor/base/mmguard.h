@@ -318,6 +318,7 @@ typedef struct mm_replay_result {
 } mm_replay_result;
 #define MM_REPLAY_CONF_FROM_TRACE 1u /* model the alloc_conf of the trace header */
 #define MM_REPLAY_TRACE_ADDRESSES 2u /* new segments at the trace's addresses */
+#define MM_REPLAY_STOP_AT_OOM     4u /* end at the first out-of-memory, as the program did */
 int mm_alloc_replay_file(const char *path, const mm_alloc_conf *conf, unsigned flags,
                          uint64_t capacity, mm_replay_result *out, mm_error *err);
 /* Same from memory; `name` is the file name used in errors. */

@@ -1,22 +1,28 @@
-/* cli_alloc.c - `mmguard alloc-replay [--alloc-conf S] [--capacity SIZE] [--json]
- * TRACE|-`: what the allocator model reserves for a recorded sequence of
+/* cli_alloc.c - `mmguard alloc-replay [--alloc-conf S] [--capacity SIZE]
+ * [--memory-fraction F] [--stop-at-oom] [--json] TRACE|-`: what the allocator model reserves for a recorded sequence of
  * allocations, next to what the real allocator reserved (alloc_trace.c). */
 #include "cli_alloc.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mmguard.h"
 
 static void usage(FILE *f)
 {
-    fputs("usage: mmguard alloc-replay [--alloc-conf CONF] [--capacity SIZE] [--json] TRACE\n"
+    fputs("usage: mmguard alloc-replay [--alloc-conf CONF] [--capacity SIZE]\n"
+          "                            [--memory-fraction F] [--stop-at-oom] [--json] TRACE\n"
           "  Replay an allocator trace (mmguard-alloc-trace/1, plain text; '-' reads\n"
           "  standard input, e.g. `gzip -dc t.trace.gz | mmguard alloc-replay -`) through\n"
           "  mmguard's model of PyTorch's CUDA caching allocator and print the model's\n"
           "  reserved and allocated peaks next to the real ones from the trace.\n"
           "  --alloc-conf CONF  PYTORCH_CUDA_ALLOC_CONF to model (default: the trace's own)\n"
           "  --capacity SIZE    device bytes the allocator may hold (default: unlimited)\n"
+          "  --memory-fraction F  torch.cuda.set_per_process_memory_fraction(F): the\n"
+          "                     allocator may reserve F x the trace's gpu_total_bytes\n"
+          "  --stop-at-oom      end at the first out-of-memory, where the program raised\n"
           "  --invent-addresses new segments at addresses the model picks, as in a\n"
           "                     prediction (default: the trace's, which decide ties\n"
           "                     between equal-sized free blocks as on the GPU)\n"
@@ -64,7 +70,7 @@ static void print_result(const mm_replay_result *r, int json)
 
 int mm_cli_alloc_replay(int argc, char **argv)
 {
-    const char *path = NULL, *conf_s = NULL, *cap_s = NULL;
+    const char *path = NULL, *conf_s = NULL, *cap_s = NULL, *frac_s = NULL;
     int json = 0;
     unsigned flags = MM_REPLAY_TRACE_ADDRESSES;
     for (int i = 1; i < argc; i++) {
@@ -76,6 +82,10 @@ int mm_cli_alloc_replay(int argc, char **argv)
             json = 1;
         } else if (!strcmp(a, "--invent-addresses")) {
             flags &= ~MM_REPLAY_TRACE_ADDRESSES;
+        } else if (!strcmp(a, "--stop-at-oom")) {
+            flags |= MM_REPLAY_STOP_AT_OOM;
+        } else if (!strcmp(a, "--memory-fraction") && i + 1 < argc) {
+            frac_s = argv[++i];
         } else if ((!strcmp(a, "--alloc-conf") || !strcmp(a, "--capacity")) && i + 1 < argc) {
             *(a[2] == 'a' ? &conf_s : &cap_s) = argv[++i];
         } else if ((a[0] != '-' || !strcmp(a, "-")) && !path) {
@@ -99,6 +109,17 @@ int mm_cli_alloc_replay(int argc, char **argv)
         fprintf(stderr, "mmguard alloc-replay: %s: %s\n", conf_s && !cap ? "--alloc-conf"
                                                                          : "--capacity", err.msg);
         return 2;
+    }
+    if (frac_s) {
+        char *end;
+        errno = 0;
+        conf.memory_fraction = strtod(frac_s, &end);
+        if (errno || end == frac_s || *end || !(conf.memory_fraction > 0) ||
+            conf.memory_fraction > 1) {
+            fprintf(stderr, "mmguard alloc-replay: --memory-fraction: '%s' is not a number in "
+                    "(0, 1]\n", frac_s);
+            return 2;
+        }
     }
     mm_replay_result r;
     if (mm_alloc_replay_file(path, &conf, flags | (conf_s ? 0 : MM_REPLAY_CONF_FROM_TRACE), cap, &r,

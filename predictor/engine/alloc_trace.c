@@ -38,7 +38,8 @@ typedef struct replay {
     uint64_t *tseg, *mseg;        /* segment sizes got: the trace's, the model's */
     size_t nt, nm, ct, cm;
     uint64_t truth_res, truth_req;
-    int in_free_run, nomem, use_addresses;
+    int in_free_run, nomem, use_addresses, stop_at_oom, stopped;
+    uint64_t device_total;        /* the header's gpu_total_bytes (0: not given) */
     mm_replay_result *out;
 } replay;
 
@@ -136,6 +137,11 @@ static int read_header(replay *r, const char *line, mm_alloc_conf *conf, int use
     json_object *v;
     if (json_object_object_get_ex(h, "id", &v) && json_object_is_type(v, json_type_string))
         mm_strlcpy(r->out->id, json_object_get_string(v), sizeof r->out->id);
+    /* the card's memory as torch saw it: a memory fraction is of this
+     * (CUDACachingAllocator.cpp setMemoryFraction: fraction * cudaMemGetInfo total) */
+    if (json_object_object_get_ex(h, "gpu_total_bytes", &v) &&
+        json_object_is_type(v, json_type_int) && json_object_get_int64(v) > 0)
+        r->device_total = (uint64_t)json_object_get_int64(v);
     int rc = 0;
     if (use_conf && json_object_object_get_ex(h, "alloc_conf", &v) &&
         json_object_is_type(v, json_type_string)) {
@@ -188,6 +194,10 @@ static int ev_alloc(replay *r, uint64_t addr, uint64_t size, int ln, mm_error *e
     int64_t h = mm_allocator_malloc(r->a, size);
     if (h == MM_ALLOC_NOMEM)
         return r->nomem = 1, -1;
+    if (h == MM_ALLOC_OOM && r->stop_at_oom) {
+        r->stopped = 1; /* the program raised torch.OutOfMemoryError here */
+        return 0;
+    }
     r->truth_req = mm_sat_add(r->truth_req, size);
     if (r->truth_req > r->out->truth_allocated_peak)
         r->out->truth_allocated_peak = r->truth_req;
@@ -272,14 +282,15 @@ static int replay_stream(replay *r, FILE *f, mm_alloc_conf *conf, int use_conf,
     size_t cap = 0;
     ssize_t len;
     int ln = 0, rc = 0;
-    while (rc == 0 && (len = getline(&line, &cap, f)) >= 0) {
+    while (rc == 0 && !r->stopped && (len = getline(&line, &cap, f)) >= 0) {
         ln++;
         if ((size_t)len > MAX_LINE) {
             mm_err_at(err, r->path, ln, 0, "line longer than %u bytes", MAX_LINE);
             rc = -1;
         } else if (ln == 1) {
             rc = read_header(r, line, conf, use_conf, err);
-            if (rc == 0 && !(r->a = mm_allocator_new(conf, capacity, 0)))
+            if (rc == 0 && !(r->a = mm_allocator_new(
+                                 conf, capacity, conf->memory_fraction > 0 ? r->device_total : 0)))
                 rc = -1, mm_err(err, "%s: out of memory", r->path);
             if (r->a)
                 mm_allocator_on_segment(r->a, on_segment, r);
@@ -303,7 +314,8 @@ static int replay_open(FILE *f, const char *name, const mm_alloc_conf *conf, uns
                        uint64_t capacity, mm_replay_result *out, mm_error *err)
 {
     replay r = {.path = name, .out = out,
-                .use_addresses = (flags & MM_REPLAY_TRACE_ADDRESSES) != 0};
+                .use_addresses = (flags & MM_REPLAY_TRACE_ADDRESSES) != 0,
+                .stop_at_oom = (flags & MM_REPLAY_STOP_AT_OOM) != 0};
     mm_alloc_conf c;
     if (conf)
         c = *conf;

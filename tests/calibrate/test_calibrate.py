@@ -29,6 +29,7 @@ sys.path.insert(0, CAL)
 
 import calib_common as cc  # noqa: E402
 import calibrate  # noqa: E402
+import capacity  # noqa: E402
 import compare  # noqa: E402
 import fit  # noqa: E402
 
@@ -360,6 +361,45 @@ def run_cal(args, env=None, timeout=120):
     e.update(env or {})
     return subprocess.run([sys.executable, os.path.join(CAL, "calibrate.py")] + args,
                           capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
+
+
+class TestCapacitySweep(unittest.TestCase):
+    """contrib/calibrate/capacity.py: where the sweep puts its capacities, and its
+    orchestration end to end on the simulated GPU."""
+
+    def test_grid_brackets_the_peaks(self):
+        a, r = 7 * GIB, 8 * GIB
+        caps = capacity.grid_capacities(a, r)
+        self.assertEqual(len(caps), capacity.GRID_POINTS)
+        self.assertEqual(caps, sorted(caps))
+        self.assertLess(caps[0], a)
+        self.assertGreater(caps[-1], r)
+        self.assertIn(a, caps)
+        self.assertIn(r, caps)
+
+    def test_refine_inside_the_boundary(self):
+        pts = [(100, False), (200, False), (300, True), (400, True)]
+        ref = capacity.refine_capacities(pts)
+        self.assertEqual(len(ref), capacity.REFINE_POINTS)
+        self.assertTrue(all(200 < c < 300 for c in ref))
+        self.assertEqual(capacity.refine_capacities([(1, True), (2, True)]), [])
+        self.assertEqual(capacity.refine_capacities([(1, False)]), [])
+        # an outcome that is not monotone is not refined (the data says so)
+        self.assertEqual(capacity.refine_capacities([(300, False), (200, True)]), [])
+
+    def test_simulated_sweep(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        r = subprocess.run([sys.executable, os.path.join(CAL, "capacity.py"), "--dir", d,
+                            "--simulate", "--only", "^cap-tinyllama-ft$",
+                            "--budget-seconds", "60"], capture_output=True, text=True,
+                           timeout=180)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        recs = [json.loads(x) for x in open(os.path.join(d, "capacity.jsonl"))]
+        ms = [x for x in recs if x.get("kind") == "measurement"]
+        # the uncapped run, then one worker per grid capacity
+        self.assertEqual(len(ms), 1 + capacity.GRID_POINTS)
+        self.assertTrue(all(x["concurrent_workers"] for x in recs))
 
 
 class TestHarnessCli(unittest.TestCase):

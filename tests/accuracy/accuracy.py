@@ -150,6 +150,9 @@ def make_spec(row, d):
         tr["loss_upcast"] = False
     if s.get("video_frames"):       # tests/truth/feat_towers.py: one Qwen-VL video per "image"
         tr["video_frames"] = s["video_frames"]
+    if any((s.get("liger") or {}).values()):   # tests/truth/feat_liger.py: Liger's kernels,
+        # patched as apply_liger_kernel_to_<type>(model=...) does; the rows keep the model's loss
+        tr["liger_kernel"] = dict(s["liger"], fused_linear_cross_entropy=False)
     if s.get("images_per_sample"):
         tr["images_per_sample"] = s["images_per_sample"]
         tr["image_size"] = list(s["image_size"])
@@ -272,8 +275,8 @@ def bound_claim_fails(name, g):
 
 def not_stated(r):
     """rows whose feature the spec cannot state yet, judged in their feature group only (not in
-    their family's): Liger's kernels (tests/truth/feat_liger.py), predicted as the eager step"""
-    return any((r["row"]["setup"].get("liger") or {}).values())
+    their family's): none now (Liger's kernels are training.liger_kernel)"""
+    return False
 
 
 def summarize(results):

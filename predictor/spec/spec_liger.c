@@ -71,10 +71,10 @@ static const char *liger_model_type(const mm_spec *s, const char **why)
         *why = "the spec has no decoder: Liger patches a language model";
         return NULL;
     }
-    if (!v) {
-        *why = unpatched(dec);
+    if ((*why = unpatched(dec)))
+        return NULL;
+    if (!v)
         return text ? dec : NULL;
-    }
     /* LLaVA-1.5: CLIP, the mlp projector, one fixed-size image (llava_next and
      * llava_onevision cut anyres grids and are other model types) */
     if (vis && !strcmp(vis, "clip") && con && !strcmp(con, "mlp") && v->img.kind == IMG_FIXED && text)
@@ -84,8 +84,10 @@ static const char *liger_model_type(const mm_spec *s, const char **why)
                "llava_onevision, which MODEL_TYPE_TO_APPLY_LIGER_FN does not list "
                "(monkey_patch.py:3534-3585): Liger patches nothing there";
     else if (vis && !strcmp(vis, "idefics3"))
-        *why = "model type idefics3 is not in MODEL_TYPE_TO_APPLY_LIGER_FN "
-               "(monkey_patch.py:3534-3585): Liger patches nothing there";
+        *why = "an Idefics3 tower: model type idefics3 is not in MODEL_TYPE_TO_APPLY_LIGER_FN "
+               "(monkey_patch.py:3534-3585), Liger patches nothing there; smolvlm is, and "
+               "apply_liger_kernel_to_smolvlm (:2784) patches the tower's LayerNorm: not "
+               "modelled yet";
     return NULL;
 }
 

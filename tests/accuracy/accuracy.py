@@ -273,17 +273,10 @@ def bound_claim_fails(name, g):
     return []
 
 
-def not_stated(r):
-    """rows whose feature the spec cannot state yet, judged in their feature group only (not in
-    their family's): none now (Liger's kernels are training.liger_kernel)"""
-    return False
-
-
 def summarize(results):
     v = results[0]["row"]["versions"] if results else {}
     bounds = [r for r in results if is_bound(r)]
-    apart = [r for r in results if not is_bound(r) and not_stated(r)]
-    results = [r for r in results if not is_bound(r) and not not_stated(r)]
+    results = [r for r in results if not is_bound(r)]
     fams, pars, feats = {}, {}, {}
     for r in results:
         fams.setdefault(r["row"]["family"], []).append(r)
@@ -297,10 +290,6 @@ def summarize(results):
            "parallel": {k: group_stats(pars[k]) for k in sorted(pars)},
            "features": {k: group_stats(feats[k]) for k in sorted(feats)},
            "all": group_stats(results)}
-    for r in apart:
-        for f in features(r["row"]["setup"]):
-            feats.setdefault(f, []).append(r)
-    out["features"] = {k: group_stats(feats[k]) for k in sorted(feats)}
     for sec in SECTIONS:
         for g in out[sec].values():
             g["meets_goal"] = meets(g)

@@ -17,7 +17,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "spec-keys.md")
-SRC = ["spec.c", "spec_refs.c", "spec_module.c", "spec_parts.c", "spec_train.c", "family.c"]
+SRC = ["spec.c", "spec_refs.c", "spec_module.c", "spec_parts.c", "spec_train.c", "spec_liger.c",
+       "family.c"]
 
 # what a key does, where its name does not say it all (section.key or key)
 MEANING = {
@@ -143,6 +144,20 @@ MEANING = {
     "training.torch_compile": "torch.compile(model), inductor, default mode: the eager prediction as a "
                               "bound (the prediction says so); refused with a vision tower, DDP, ZeRO or "
                               "FSDP (docs/oracle.md)",
+    "training.liger_kernel": "Liger-Kernel (HF use_liger_kernel / liger_kernel_config): true = the "
+                             "apply function's defaults, or the map below; Llama, Qwen2 and LLaVA "
+                             "over either; refused elsewhere with the reason",
+    "liger_kernel.rope": "LigerRopeFunction: q and k rotated in place, only cos / sin saved",
+    "liger_kernel.rms_norm": "LigerRMSNormFunction on the decoder's norms: saves its input and one "
+                             "fp32 rstd per row, dX written over dY, (132, hidden) fp32 dW partials",
+    "liger_kernel.swiglu": "LigerSiLUMulFunction: saves gate and up only (no silu product), their "
+                           "gradients written over them",
+    "liger_kernel.fused_linear_cross_entropy": "the loss becomes loss: fused_linear (no logits; "
+                                               "a conflicting training.loss is refused)",
+    "liger_kernel.cross_entropy": "true refused: Liger's non-fused cross-entropy is not modelled",
+    "liger_kernel.layer_norm": "true refused: the modelled families' apply functions take no "
+                               "layer_norm (Liger drops it)",
+    "liger_kernel.geglu": "true refused: the modelled families' MLPs are SwiGLU",
     "training.optimizer_in_backward": "the step runs per parameter inside backward "
                                       "(no full set of gradients)",
     "gradient_checkpointing.use_reentrant": "default: false with transformers >= 5, else true",
@@ -282,7 +297,7 @@ def describe(r):
     if r["key"] == "type":
         return " \\| ".join("`%s`" % v for v in ENUM_TYPES)
     return "map, below" if r["key"] in ("lora", "quantization", "image_processor",
-                                        "gradient_checkpointing") else "see meaning"
+                                        "gradient_checkpointing", "liger_kernel") else "see meaning"
 
 
 def merge_dups(rows):
@@ -359,6 +374,8 @@ def page():
             ("training", "spec_train.c", "training_keys", "training."),
             ("training.gradient_checkpointing (a map, or true / false)", "spec_train.c",
              "ckpt_keys", "gradient_checkpointing."),
+            ("training.liger_kernel (a map, or true / false)", "spec_liger.c", "liger_keys",
+             "liger_kernel."),
             ("framework", "spec_train.c", "framework_keys", "framework."),
             ("deepspeed (with training.zero_stage 1..3)", "spec_train.c", "deepspeed_keys",
              "deepspeed."),

@@ -185,8 +185,8 @@ static int lf_quant(imp_job *j, hfc *h)
     return 0;
 }
 
-/* Liger's fused linear cross-entropy, for the model types LLaMA-Factory
- * patches (model/model_utils/liger_kernel.py) */
+/* Liger's kernels, for the model types LLaMA-Factory patches
+ * (model/model_utils/liger_kernel.py; import_liger.c maps them) */
 static int lf_liger(imp_job *j, hfc *h)
 {
     static const char *const types[] = {"gemma", "gemma2", "gemma3", "gemma3_text", "glm", "glm4",
@@ -194,17 +194,11 @@ static int lf_liger(imp_job *j, hfc *h)
                                         "mllama", "olmo2", "paligemma", "phi3", "qwen2", "qwen2_vl",
                                         "qwen2_5_vl", "qwen3", "qwen3_moe", "qwen3_next", NULL};
     int on;
-    char w[160];
     if (imp_bool(h, "enable_liger_kernel", 0, &on) || !on)
         return on ? -1 : 0;
     for (size_t i = 0; types[i]; i++)
-        if (!strcmp(types[i], j->model_type)) {
-            imp_set(&j->s->training, "loss", hf_where(h, "enable_liger_kernel", w, sizeof w),
-                    "fused_linear");
-            imp_note(j->s, "assumed Liger's other kernels (RMSNorm, SwiGLU, RoPE) save what "
-                           "transformers' do: only its fused linear cross-entropy is modelled");
-            return 0;
-        }
+        if (!strcmp(types[i], j->model_type))
+            return imp_liger(j, h, "enable_liger_kernel", 0);
     imp_note(j->s, "ignored enable_liger_kernel: LLaMA-Factory applies no Liger kernel to "
                    "model_type '%s'", j->model_type[0] ? j->model_type : "(a preset)");
     return 0;

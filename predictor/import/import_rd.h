@@ -60,6 +60,10 @@ int imp_lf_finish(imp_job *j, hfc *h);
 void imp_resolve_path(const char *file, const char *path, char *out, size_t n);
 /* the module of a type when the model has one (never creates it) */
 imp_section *imp_find_module(imp_spec *s, const char *type);
+/* import_liger.c: a job's Liger switch `key` (on) -> training.liger_kernel or the fused
+ * loss, by the model type; instance: the HF Trainer's patch of the built model (reads
+ * liger_kernel_config), else LLaMA-Factory's class patch before it is built */
+int imp_liger(imp_job *j, hfc *h, const char *key, int instance);
 
 /* shell words as a shell splits them (quotes, backslash-newline, # comments),
  * each with its line and column (import_args.c) */

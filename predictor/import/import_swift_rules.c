@@ -247,7 +247,7 @@ static int swift_tuning(imp_job *j, hfc *h)
     return 0;
 }
 
-/* max_length, packing; padding_free and Liger refused */
+/* max_length, packing, use_liger_kernel; padding_free refused */
 static int swift_seq(imp_job *j, hfc *h)
 {
     uint64_t n;
@@ -258,10 +258,10 @@ static int swift_seq(imp_job *j, hfc *h)
         return -1;
     if (pf)
         return hf_fail(h, "padding_free", "padding-free VLM batches are not modelled yet");
-    if (liger)
-        return hf_fail(h, "use_liger_kernel", "transformers applies all of Liger's kernels "
-                       "(RMSNorm, SwiGLU, RoPE, fused linear cross-entropy): only the fused "
-                       "loss is modelled");
+    /* ms-swift's TrainArguments are transformers' TrainingArguments: its Trainer applies
+     * Liger to the built model (import_liger.c) */
+    if (liger && imp_liger(j, h, "use_liger_kernel", 1))
+        return -1;
     if (n)
         imp_set(&j->s->training, "seq_len", hf_where(h, "max_length", w, sizeof w), "%llu",
                 ULL(n));

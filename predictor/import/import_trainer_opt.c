@@ -61,9 +61,8 @@ static int tr_flags(imp_job *j, hfc *h)
         imp_bool(h, "padding_free", 0, &pf) || imp_bool(h, "activation_offloading", 0, &off) ||
         tr_compile(j, h))
         return -1;
-    if (liger)
-        imp_set(&j->s->training, "loss", hf_where(h, "use_liger_kernel", w, sizeof w),
-                "fused_linear");
+    if (liger && imp_liger(j, h, "use_liger_kernel", 1)) /* import_liger.c */
+        return -1;
     if (pack || pf)
         imp_set(&j->s->training, "packing", hf_where(h, pf ? "padding_free" : "packing", w,
                                                      sizeof w), "true");

@@ -65,7 +65,7 @@ static const imp_rule trainer_rules[] = {
     {"include_num_input_tokens_seen", 'i', LOG}, {"batch_eval_metrics", 'i', EVAL},
     {"eval_on_start", 'i', EVAL}, {"eval_use_gather_object", 'i', EVAL},
     {"average_tokens_across_devices", 'i', "one scalar all-reduce"},
-    {"liger_kernel_config", 'i', "which Liger kernels; use_liger_kernel decides the loss"},
+    {"liger_kernel_config", 'i', "which Liger kernels: read only with use_liger_kernel"},
     {"group_by_length", 'i', "the order of samples; seq_len is the longest"},
     {"length_column_name", 'i', DATA}, {"no_cuda", 'r', "training on the CPU"},
     {"use_cpu", 'r', "training on the CPU"}, {"use_mps_device", 'r', "Apple GPUs"},

@@ -85,10 +85,12 @@ static int32_t self_attention(lctx *c, int32_t z)
         m->pos == POS_LEARNED_ROPE2D) {
         uint32_t rr = op_row(c, "layers.self_attn.rotary", "rope");
         op_label(c, "rotary", rr);
-        int fp32 = m->kind == MOD_VISION && m->rope_fp32;
-        int32_t qr = op_rope(c, rr, q, op_mul3(c, c->T, a, d), fp32);
+        int fp32 = m->kind == MOD_VISION && m->rope_fp32, lg = op_liger_rope(c);
+        int32_t qr = lg ? op_liger_rotary(c, rr, q, op_mul3(c, c->T, a, d))
+                        : op_rope(c, rr, q, op_mul3(c, c->T, a, d), fp32);
         op_drop(c, q);
-        int32_t kr = op_rope(c, rr, k, op_mul3(c, c->T, kv, d), fp32);
+        int32_t kr = lg ? op_liger_rotary(c, rr, k, op_mul3(c, c->T, kv, d))
+                        : op_rope(c, rr, k, op_mul3(c, c->T, kv, d), fp32);
         op_drop(c, k);
         q = qr;
         k = kr;
@@ -142,8 +144,8 @@ static int32_t sublayer(lctx *c, int32_t x, int which, int attn)
 {
     const module_spec *m = c->m;
     uint64_t T = c->T, h = m->hidden_size;
-    int32_t z = op_norm(c, norm_name(c, which == 0 ? 0 : m->sandwich_norm ? 2 : 1), x, T, h,
-                        m->norm, 1);
+    int32_t z = op_decoder_norm(c, norm_name(c, which == 0 ? 0 : m->sandwich_norm ? 2 : 1), x, T,
+                                h, m->norm);
     int32_t f = attn ? self_attention(c, z)
                 : moe_here(c) ? moe_block(c, z)
                               : block_dense_mlp(c, z, m->intermediate_size);

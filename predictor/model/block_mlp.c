@@ -5,7 +5,8 @@
 #include "ops.h"
 
 /* a dense MLP: fc1 -> act -> fc2, or down(act(gate(x)) * up(x)) (SiluBackward
- * keeps gate's output, MulBackward0 keeps both factors, down keeps the product) */
+ * keeps gate's output, MulBackward0 keeps both factors, down keeps the product;
+ * Liger's SwiGLU keeps gate's and up's outputs only) */
 int32_t block_dense_mlp(lctx *c, int32_t z, uint64_t I)
 {
     const module_spec *m = c->m;
@@ -20,6 +21,14 @@ int32_t block_dense_mlp(lctx *c, int32_t z, uint64_t I)
     }
     int32_t g = op_linear(c, "layers.mlp.gate_proj", z, T, h, I, m->mlp_bias, LT_GATE);
     int32_t u = op_linear(c, "layers.mlp.up_proj", z, T, h, I, m->mlp_bias, LT_UP);
+    if (op_liger_swiglu(c)) { /* LigerSwiGLUMLP (ops_liger.c) */
+        int32_t lp = op_liger_silu_mul(c, g, u, TI);
+        op_drop(c, g);
+        op_drop(c, u);
+        int32_t ly = op_linear(c, "layers.mlp.down_proj", lp, T, I, h, m->mlp_bias, LT_DOWN);
+        op_drop(c, lp);
+        return ly;
+    }
     int32_t sg = op_activation(c, "layers.mlp.act_fn", g, TI, m->act);
     op_drop(c, g);
     uint32_t r = op_row(c, "layers.mlp.act_fn", "activation");

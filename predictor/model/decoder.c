@@ -164,7 +164,7 @@ int32_t decoder_module(lctx *c, int32_t image_features)
     c->cos = c->sin = c->mask = c->mask_sliding = c->cross_states = c->mask_cross = -1;
     for (size_t i = 0; i < c->ntaps; i++)
         op_drop(c, c->taps[i]);
-    int32_t z = op_norm(c, "norm", x, c->T, m->hidden_size, m->norm, 1);
+    int32_t z = op_decoder_norm(c, "norm", x, c->T, m->hidden_size, m->norm);
     op_drop(c, x);
     uint64_t rows = c->spec->training.logits_to_keep
                         ? op_mul(c, c->B, c->spec->training.logits_to_keep) : c->T;

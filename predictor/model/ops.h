@@ -69,6 +69,15 @@ int32_t op_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t wi
 int32_t op_activation(lctx *c, const char *name, int32_t x, uint64_t elems, act_kind k);
 /* rotary embedding of x (elems) with the shared cos/sin */
 int32_t op_rope(lctx *c, uint32_t r, int32_t x, uint64_t elems, int fp32);
+/* ops_liger.c: Liger-Kernel's kernels in the decoder (training.liger_kernel): whether
+ * SwiGLU / RoPE are Liger's here; a decoder norm (Liger's RMSNorm when patched, else
+ * op_norm); LigerSiLUMulFunction of gate and up; LigerRopeFunction on q or k */
+int op_liger_swiglu(const lctx *c);
+int op_liger_rope(const lctx *c);
+int32_t op_decoder_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t w,
+                        norm_kind k);
+int32_t op_liger_silu_mul(lctx *c, int32_t a, int32_t b, uint64_t elems);
+int32_t op_liger_rotary(lctx *c, uint32_t r, int32_t x, uint64_t elems);
 /* attention core: q (T x heads x d), k/v (T x kv x d); chunks of S tokens */
 typedef struct attn_opts {
     uint64_t B, S, heads, kv, d;

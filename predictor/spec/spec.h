@@ -164,6 +164,15 @@ typedef struct ckpt_spec {
     int offload;                  /* saved inputs to pinned host memory */
 } ckpt_spec;
 
+/* training.liger_kernel: the kernels Liger's apply_liger_kernel_to_<model_type>(model=...)
+ * patches (HF TrainingArguments use_liger_kernel, liger_kernel_config; spec_liger.c) */
+typedef struct liger_spec {
+    int enabled;                  /* liger_kernel given, true or a map */
+    int rope, rms_norm, swiglu;   /* model/ops_liger.c */
+    int fused_linear_cross_entropy; /* sets loss: fused_linear (ops_loss.c fused_loss) */
+    int cross_entropy, layer_norm, geglu; /* accepted false only (spec_liger.c says why) */
+} liger_spec;
+
 typedef struct training_spec {
     uint64_t micro_batch_size, seq_len, images_per_sample;
     uint64_t image_height, image_width;   /* the largest image a sample carries */
@@ -192,6 +201,7 @@ typedef struct training_spec {
     int optimizer_in_backward;    /* step fused into backward (per-parameter hooks) */
     int torch_compile;            /* torch.compile(model) (inductor, default mode): judged by
                                      the eager prediction as a bound (mm_spec_bound) */
+    liger_spec liger;             /* Liger-Kernel's Triton kernels (model/ops_liger.c) */
 } training_spec;
 
 typedef struct framework_spec {

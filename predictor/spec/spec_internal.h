@@ -27,6 +27,8 @@ int spec_validate_module(dctx *c, const mm_node *m, module_spec *ms);
 /* spec_train.c: the sections after modules */
 int spec_decode_training(dctx *c, const mm_node *root, mm_spec *s);
 int spec_decode_sections(dctx *c, const mm_node *root, mm_spec *s);
+/* spec_liger.c: training.liger_kernel (after the modules: the model decides what Liger patches) */
+int spec_liger(dctx *c, const mm_node *tr, mm_spec *s);
 /* spec_refs.c: hf_config / deepspeed / trainer / llamafactory files */
 int spec_is_ref_key(const char *key);
 int spec_resolve_refs(mm_spec *s, mm_error *err);

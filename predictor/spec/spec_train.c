@@ -44,6 +44,7 @@ static const keydesc training_keys[] = {
     {"activation_offloading", K_BOOL, TR(activation_offload), 0, 1, NULL, 0, 0, 0},
     {"optimizer_in_backward", K_BOOL, TR(optimizer_in_backward), 0, 1, NULL, 0, 0, 0},
     {"torch_compile", K_BOOL, TR(torch_compile), 0, 1, NULL, 0, 0, 0},
+    {"liger_kernel", K_SPECIAL, 0, 0, 0, NULL, 0, 0, 0},
 };
 #undef TR
 
@@ -192,6 +193,8 @@ int spec_decode_training(dctx *c, const mm_node *root, mm_spec *s)
                         "fp32 master weights need precision bf16 or fp16");
     t->autocast_given = mm_node_get(tr, "autocast") != NULL;
     spec_derive(s);
+    if (spec_liger(c, tr, s))
+        return -1;
     if (t->loss != LOSS_CHUNKED && (v = mm_node_get(tr, "loss_chunks")))
         return key_fail(c, v, "training.loss_chunks", "only applies to loss: chunked");
     const framework_spec *fw = &s->framework;

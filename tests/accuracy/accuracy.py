@@ -150,6 +150,9 @@ def make_spec(row, d):
         tr["loss_upcast"] = False
     if s.get("video_frames"):       # tests/truth/feat_towers.py: one Qwen-VL video per "image"
         tr["video_frames"] = s["video_frames"]
+    if any((s.get("liger") or {}).values()):   # tests/truth/feat_liger.py: Liger's kernels,
+        # patched as apply_liger_kernel_to_<type>(model=...) does; the rows keep the model's loss
+        tr["liger_kernel"] = dict(s["liger"], fused_linear_cross_entropy=False)
     if s.get("images_per_sample"):
         tr["images_per_sample"] = s["images_per_sample"]
         tr["image_size"] = list(s["image_size"])
@@ -270,17 +273,10 @@ def bound_claim_fails(name, g):
     return []
 
 
-def not_stated(r):
-    """rows whose feature the spec cannot state yet, judged in their feature group only (not in
-    their family's): Liger's kernels (tests/truth/feat_liger.py), predicted as the eager step"""
-    return any((r["row"]["setup"].get("liger") or {}).values())
-
-
 def summarize(results):
     v = results[0]["row"]["versions"] if results else {}
     bounds = [r for r in results if is_bound(r)]
-    apart = [r for r in results if not is_bound(r) and not_stated(r)]
-    results = [r for r in results if not is_bound(r) and not not_stated(r)]
+    results = [r for r in results if not is_bound(r)]
     fams, pars, feats = {}, {}, {}
     for r in results:
         fams.setdefault(r["row"]["family"], []).append(r)
@@ -294,10 +290,6 @@ def summarize(results):
            "parallel": {k: group_stats(pars[k]) for k in sorted(pars)},
            "features": {k: group_stats(feats[k]) for k in sorted(feats)},
            "all": group_stats(results)}
-    for r in apart:
-        for f in features(r["row"]["setup"]):
-            feats.setdefault(f, []).append(r)
-    out["features"] = {k: group_stats(feats[k]) for k in sorted(feats)}
     for sec in SECTIONS:
         for g in out[sec].values():
             g["meets_goal"] = meets(g)

@@ -263,6 +263,18 @@ has "qwen2_vl_full.megatron.yaml:24:1: tensor_model_parallel_size: Megatron (mco
 printf 'model_name_or_path: Qwen/Qwen2-VL-7B-Instruct\nfinetuning_type: freeze\n' > "$T/freeze.yaml"
 expect 2 "$M" import --catalog "$CAT" --llamafactory "$T/freeze.yaml"
 has "freeze.yaml:2:1: finetuning_type: 'freeze' is not modelled"
+# use_liger_kernel on LLaVA over Llama: the Trainer patches the built model, its text model
+# too: training.liger_kernel (predicted); liger_kernel_config's rope does not reach it
+printf 'use_liger_kernel: true\nliger_kernel_config: {rope: false, fused_linear_cross_entropy: true}\n' > "$T/lg.yaml"
+expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --trainer "$T/lg.yaml" -o "$T/lg-spec.yaml"
+expect 0 cat "$T/lg-spec.yaml"
+key liger_kernel '\{fused_linear_cross_entropy: true\}'
+has "ignored liger_kernel_config.rope: _apply_liger_kernel_to_instance"
+hasnt "loss: fused_linear"
+expect 0 "$M" predict "$T/lg-spec.yaml"
+printf 'use_liger_kernel: true\n' > "$T/lg.yaml"
+expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --trainer "$T/lg.yaml"
+key liger_kernel true
 printf 'model_name_or_path: Qwen/Qwen2-VL-7B-Instruct\nstage: dpo\n' > "$T/dpo.yaml"
 expect 2 "$M" import --catalog "$CAT" --llamafactory "$T/dpo.yaml"
 has "dpo.yaml:2:1: stage: stage dpo is not modelled"
@@ -433,7 +445,11 @@ expect 2 "$M" import --catalog "$CAT" --swift "$SW/vit_gradient_checkpointing.sh
 has "vit_gradient_checkpointing.sh:36:5: padding_free: padding-free VLM batches are not modelled yet"
 sw() { printf "$1" > "$T/s.sh"; expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"; has "$2"; }
 Q='swift sft --model Qwen/Qwen2.5-VL-7B-Instruct'
-sw "$Q \\\\\n  --use_liger_kernel true\n" "s.sh:2:3: use_liger_kernel: transformers applies all of Liger's kernels"
+# --use_liger_kernel: transformers' Trainer patches Qwen2.5-VL; only its fused loss is modelled
+printf "$Q --max_pixels 1003520 \\\\\n  --use_liger_kernel true\n" > "$T/s.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh"
+key loss fused_linear
+has "Liger's other kernels for 'qwen2_5_vl'"
 # vit_gradient_checkpointing apart from gradient_checkpointing: the tower's own switch
 # (ms-swift trainers/mixin.py), which makes a trained ViT's step heavier without checkpointing
 for v in true false; do

@@ -28,21 +28,31 @@ ROWS = [
     ("llava", "lora", "bf16", False, 1, 128, {"hidden": 128, "layers": 2}, ALL),
     ("llava", "full", "bf16", GC, 1, 128, {"hidden": 128, "layers": 2}, ALL),
 ]
+# (issue 23, with the spec key) the kernels under autocast (fp32 weights and residual stream)
+# and beside the data-parallel strategies: (family, mode, precision, checkpointing, B, S,
+# model, liger, parallel, world)
+PAR_ROWS = [
+    ("llama", "full", "amp_bf16", False, 2, 256, SMALL, ALL, "single", 1),
+    ("llama", "lora", "bf16", False, 2, 256, SMALL, ALL, "ddp", 2),
+    ("qwen2", "full", "bf16", GC, 2, 256, {"hidden": 128, "layers": 2}, ALL, "zero2", 2),
+]
 
 
 def setups():
     import truth
     out = []
-    for fam, mode, prec, gc_, B, S, model, lig in ROWS:
+    rows = [r + ("single", 1) for r in ROWS] + PAR_ROWS
+    for fam, mode, prec, gc_, B, S, model, lig, par, world in rows:
         k, img = (1, (112, 112)) if fam == "llava" else (0, None)
         lora = None
         if mode == "lora":
             lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
                     "on": "language"}
-        s = truth.make_setup(fam, mode, prec, "sdpa", gc_, B, S, k, img, "adamw_torch", "single", 1,
+        s = truth.make_setup(fam, mode, prec, "sdpa", gc_, B, S, k, img, "adamw_torch", par, world,
                              model=model, lora=lora, seed=17)
         s["liger"] = dict(lig)
         key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
-        s["id"] = "%s-single-1-%s-%s-sdpa-liger-%s" % (fam, mode, prec, hashlib.sha1(key.encode()).hexdigest()[:10])
+        s["id"] = "%s-%s-%d-%s-%s-sdpa-liger-%s" % (fam, par, world, mode, prec,
+                                                     hashlib.sha1(key.encode()).hexdigest()[:10])
         out.append(s)
     return out

@@ -1,0 +1,115 @@
+/* import_liger.c - import layer: the jobs' Liger switches -> training.liger_kernel
+ * (spec/spec_liger.c), one mapping for the three readers:
+ *
+ *   HF TrainingArguments use_liger_kernel (+ liger_kernel_config), and ms-swift's
+ *   --use_liger_kernel (the same TrainingArguments field): transformers' Trainer calls
+ *   apply_liger_kernel(model, liger_kernel_config) once the model exists (trainer.py
+ *   1452-1453, integrations/liger.py:47-51): Liger's _apply_liger_kernel_to_instance.
+ *   LLaMA-Factory enable_liger_kernel: model/model_utils/liger_kernel.py calls the
+ *   model type's apply function before the model is built (model=None): class patches.
+ *
+ * linkedin/Liger-Kernel ead96b61 src/liger_kernel/transformers/monkey_patch.py: for
+ * llama / qwen2 both ways patch RoPE, RMSNorm, SwiGLU and the loss (apply_liger_kernel_to_
+ * llama :221): liger_kernel.  For llava the instance path also patches the text model
+ * (:388-411), the class path (model=None) only LlavaForConditionalGeneration.forward
+ * (:383-386): the fused loss alone.  Other model types Liger patches (its table,
+ * :3534-3585) keep the fused loss the spec models (loss: fused_linear) and say which
+ * kernels are assumed to keep what transformers' ops keep; model types it does not
+ * patch get nothing. */
+#include "import_rd.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* MODEL_TYPE_TO_APPLY_LIGER_FN's keys (monkey_patch.py:3534-3585) */
+static const char *const liger_types[] = {
+    "deepseek_v4", "gemma", "gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4", "glm4",
+    "glm4v", "glm4v_moe", "gpt_oss", "internvl", "llama", "llama4_text", "llama4", "llava",
+    "granite", "mllama", "mllama_text_model", "ministral", "mistral", "mixtral", "nemotron",
+    "olmo2", "pixtral", "olmo3", "qwen2", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text",
+    "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
+    "qwen3_5_moe_text", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text",
+    "smollm3", "phi3", "paligemma", "falcon_h1", "smolvlm", "hunyuan_v1_dense",
+    "hunyuan_v1_moe", "exaone4", NULL};
+
+static int in_table(const char *t)
+{
+    for (size_t i = 0; liger_types[i]; i++)
+        if (!strcmp(liger_types[i], t))
+            return 1;
+    return 0;
+}
+
+/* the imported decoder's family is one whose kernels are modelled */
+static int text_modelled(imp_job *j)
+{
+    imp_section *d = imp_find_module(j->s, "decoder");
+    const char *f = d ? imp_get(d, "family") : NULL;
+    return f && (!strcmp(f, "llama") || !strcmp(f, "qwen2"));
+}
+
+/* liger_kernel_config: {kernel: bool} as the map the spec takes; LLaVA's instance path
+ * keeps only the loss switches (monkey_patch.py:3645 filters by the signature) */
+static int config_map(imp_job *j, hfc *h, int llava, char *out, size_t n)
+{
+    static const char *const known[] = {"rope", "rms_norm", "swiglu", "fused_linear_cross_entropy",
+                                        "cross_entropy", "layer_norm", "geglu", NULL};
+    const mm_node *c = hf_node(h, "liger_kernel_config");
+    char w[160];
+    snprintf(out, n, "true");
+    if (!c)
+        return 0;
+    if (c->type != MM_NODE_MAP)
+        return hf_fail(h, "liger_kernel_config", "expected a mapping of Liger kernels to true/false");
+    size_t len = (size_t)snprintf(out, n, "{");
+    for (size_t i = 0; i < c->n; i++) {
+        const char *k = c->keys[i], *v = c->vals[i]->str;
+        size_t m = 0;
+        while (known[m] && strcmp(known[m], k))
+            m++;
+        if (!known[m] || c->vals[i]->type != MM_NODE_SCALAR || !v)
+            return hf_fail(h, "liger_kernel_config", "'%s': expected one of rope, rms_norm, "
+                           "swiglu, fused_linear_cross_entropy, cross_entropy, layer_norm, geglu "
+                           "with true or false", k);
+        if (llava && m < 3) {
+            imp_note(j->s, "ignored %s.%s: _apply_liger_kernel_to_instance passes "
+                           "apply_liger_kernel_to_llava only its own parameters (Liger "
+                           "monkey_patch.py:3645): the text model gets the defaults",
+                     hf_where(h, "liger_kernel_config", w, sizeof w), k);
+            continue;
+        }
+        len += (size_t)snprintf(out + len, len < n ? n - len : 0, "%s%s: %s",
+                                len > 1 ? ", " : "", k, v);
+    }
+    snprintf(out + len, len < n ? n - len : 0, "}");
+    return 0;
+}
+
+int imp_liger(imp_job *j, hfc *h, const char *key, int instance)
+{
+    const char *t = j->model_type;
+    char w[160], map[400];
+    hf_where(h, key, w, sizeof w);
+    int llava = !strcmp(t, "llava") && text_modelled(j);
+    /* a preset (no model_type): the spec decides, and refuses with the reason */
+    if (!t[0] || !strcmp(t, "llama") || !strcmp(t, "qwen2") || (llava && instance)) {
+        if (instance && config_map(j, h, llava, map, sizeof map))
+            return -1;
+        imp_set(&j->s->training, "liger_kernel", w, "%s", instance ? map : "true");
+        return 0;
+    }
+    if (!in_table(t)) {
+        imp_note(j->s, "ignored %s: Liger has no kernels for model_type '%s' "
+                       "(MODEL_TYPE_TO_APPLY_LIGER_FN)", w, t);
+        return 0;
+    }
+    imp_set(&j->s->training, "loss", w, "fused_linear");
+    if (llava)
+        imp_note(j->s, "assumed %s: apply_liger_kernel_to_llava(model=None) patches the loss only; "
+                       "the text model keeps transformers' RMSNorm, MLP and RoPE", w);
+    else
+        imp_note(j->s, "assumed %s: Liger's other kernels for '%s' (RMSNorm, LayerNorm, SwiGLU/"
+                       "GeGLU, RoPE) are not modelled yet: predicted as transformers' ops, which "
+                       "keep more; only the fused linear cross-entropy is modelled", w, t);
+    return 0;
+}

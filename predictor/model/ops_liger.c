@@ -1,0 +1,109 @@
+/* ops_liger.c - model layer: Liger-Kernel's Triton kernels in place of the
+ * transformers ops they replace in the decoder (training.liger_kernel,
+ * spec/spec_liger.c says for which models): what each kernel's Python wrapper
+ * allocates around its launch, what it saves for backward, and which gradients
+ * it writes in place.  Source: linkedin/Liger-Kernel ead96b61 (2026-08-21),
+ * src/liger_kernel/ops/{rms_norm,swiglu,rope}.py; line numbers are of that
+ * commit.  The kernels compute in registers: no intermediate is a tensor. */
+#include "ops.h"
+
+/* rms_norm.py:519-521 sizes the fp32 dW partial sums by the device's SM count
+ * (multi_processor_count): 132 on an H100 / H200 SXM, the GPUs the defaults
+ * are measured on (the truth harness's emulation, tests/truth/emul_liger.py, uses
+ * the same) */
+#define LIGER_SM_COUNT 132u
+
+static uint64_t esz(const lctx *c, int32_t id)
+{
+    return id >= 0 && c->s->t[id].esz ? c->s->t[id].esz : c->dt;
+}
+
+int op_liger_swiglu(const lctx *c)
+{
+    return c->m->kind == MOD_DECODER && c->spec->training.liger.swiglu && c->m->mlp == MLP_GATED;
+}
+
+int op_liger_rope(const lctx *c)
+{
+    return c->m->kind == MOD_DECODER && c->spec->training.liger.rope &&
+           c->m->pos == POS_ROPE;
+}
+
+/* LigerRMSNormFunction (casting_mode llama, offset 0, in_place true: monkey_patch.py:68
+ * _patch_rms_norm_module's defaults).  forward (rms_norm_forward :436-510): Y empty in X's
+ * dtype (:449), RSTD one fp32 per row (:452-453); saves X, W, RSTD (:657).  backward
+ * (rms_norm_backward :513-609): _dW (sm_count, H) fp32 (:529), dX written over dY in place
+ * (:540-541), dW = _dW.sum(0).to(W.dtype) (:605) whether or not W needs it (a frozen
+ * weight's is made and dropped). */
+static int32_t liger_rms_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t w)
+{
+    uint32_t r = op_row(c, name, "rmsnorm");
+    int tw = op_trainable(c);
+    op_param(c, r, w, tw);
+    op_label(c, name, r);
+    int32_t y = op_new(c, r, op_mul(c, rows, w), esz(c, x));
+    int32_t rstd = op_new(c, r, rows, F32);
+    sim_node *n = op_node(c, r, y, x, -1, -1, tw);
+    op_save(c, n, x);
+    op_save(c, n, rstd);
+    if (n) {
+        n->grad_views = 1;
+        uint64_t tmp = op_mul3(c, LIGER_SM_COUNT, w, F32);
+        if (c->wdt != F32) /* the fp32 sum before .to(W.dtype) */
+            tmp = sim_add(c->s, tmp, op_mul(c, w, F32));
+        if (tw)
+            op_wgrad(c, n, w);
+        else
+            tmp = sim_add(c->s, tmp, op_mul(c, w, c->wdt));
+        n->bwd_tmp = tmp;
+    }
+    op_drop(c, rstd);
+    return y;
+}
+
+/* a decoder RMSNorm (input / post-attention / final): Liger's when it patches them
+ * (_patch_rms_norm_module on the base model's norm and every layer's two,
+ * monkey_patch.py:278, :284-285), else transformers' */
+int32_t op_decoder_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t w,
+                        norm_kind k)
+{
+    if (k == NORM_RMS && c->m->kind == MOD_DECODER && c->spec->training.liger.rms_norm)
+        return liger_rms_norm(c, name, x, rows, w);
+    return op_norm(c, name, x, rows, w, k, 1);
+}
+
+/* LigerSiLUMulFunction (swiglu.py:230-296; LigerSwiGLUMLP.forward is
+ * down_proj(LigerSiLUMulFunction.apply(gate_proj(x), up_proj(x)))).  forward
+ * (swiglu_forward :149-188): c = empty_like(a) (:155), saves a and b (:262), no silu(a)
+ * product.  backward (swiglu_backward :191-227): the kernel recomputes silu(a) and writes
+ * da over a and db over b (:145, :212, :227), returned as the gradients: the saved pair's storage
+ * becomes the two gradients, modelled as the pair released before the two are made
+ * (the same bytes live at every point). */
+int32_t op_liger_silu_mul(lctx *c, int32_t a, int32_t b, uint64_t elems)
+{
+    uint32_t r = op_row(c, "layers.mlp.act_fn", "activation");
+    op_label(c, "layers.mlp.act_fn (liger swiglu)", r);
+    int32_t y = op_new(c, r, elems, esz(c, a));
+    sim_node *n = op_node(c, r, y, a, b, -1, 0);
+    op_save(c, n, a);
+    op_save(c, n, b);
+    if (n)
+        n->free_first = 1;
+    return y;
+}
+
+/* LigerRopeFunction (rope.py:204-239; liger_rotary_pos_emb replaces the modeling
+ * module's apply_rotary_pos_emb, monkey_patch.py:253).  forward (rope_forward :115-158): q, k transposed to
+ * (b, s, h, d), the layout the projection wrote, so .contiguous() copies nothing
+ * (:131-132), and rotated in place: the output is the projection's storage; saves cos
+ * and sin (:226).  backward (rope_backward :161-201, dq.contiguous() :176): dq, dk rotated in place. */
+int32_t op_liger_rotary(lctx *c, uint32_t r, int32_t x, uint64_t elems)
+{
+    int32_t y = op_view(c, r, x, op_mul(c, elems, esz(c, x)));
+    sim_node *n = op_node(c, r, y, x, -1, -1, 0);
+    op_save(c, n, c->cos);
+    op_save(c, n, c->sin);
+    if (n)
+        n->grad_views = 1;
+    return y;
+}

@@ -1,0 +1,218 @@
+/* test_liger.c - issue 23: training.liger_kernel.  Each of Liger's kernels changes
+ * what it claims (model/ops_liger.c, from Liger-Kernel's ops/{rms_norm,swiglu,rope}.py),
+ * true turns on the apply function's defaults, and models Liger does not patch, or
+ * patches in ways not modelled, are refused with the reason (spec/spec_liger.c). */
+#include "unit.h"
+#include "mmguard.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 4 Llama layers, h 512, I 1376, T = 2 x 512 tokens, bf16 */
+static const char *const BASE =
+    "name: tiny\n"
+    "modules:\n"
+    "  - {name: language_model, type: decoder, family: llama, hidden_size: 512,\n"
+    "     num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 4,\n"
+    "     intermediate_size: 1376, vocab_size: 32000, trainable: true}\n"
+    "training:\n"
+    "  micro_batch_size: 2\n"
+    "  seq_len: 512\n"
+    "  precision: bf16\n";
+static const uint64_t L = 4, T = 1024, H = 512, I = 1376;
+
+static mm_spec *load(const char *extra, mm_error *e)
+{
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%s%s", BASE, extra);
+    return mm_spec_load_buffer(buf, strlen(buf), "tiny.yaml", MM_FMT_YAML, e);
+}
+
+static mm_prediction predict(const char *extra)
+{
+    mm_error e;
+    mm_spec *s = load(extra, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    mm_prediction p;
+    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    mm_spec_free(s);
+    return p;
+}
+
+static void refused(const char *extra, const char *key, const char *why)
+{
+    mm_error e;
+    mm_spec *s = load(extra, &e);
+    ck_assert_msg(s == NULL, "accepted: %s", extra);
+    ck_assert_msg(strstr(e.msg, key) && strstr(e.msg, why), "%s", e.msg);
+}
+
+/* a preset of contrib/models with --set kv: refused with `why` */
+static void preset_refused(const char *name, const char *why)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, name);
+    mm_error e;
+    mm_spec *s = mm_spec_load_file(path, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    ck_assert_msg(mm_spec_set(s, "training.liger_kernel=true", &e) != 0, "%s: accepted", name);
+    ck_assert_msg(strstr(e.msg, "training.liger_kernel") && strstr(e.msg, why), "%s: %s", name,
+                  e.msg);
+    mm_spec_free(s);
+}
+
+/* activations the decoder rows whose name contains `part` hold at the peak */
+static uint64_t acts_of(const mm_prediction *p, const char *part)
+{
+    uint64_t n = 0;
+    for (size_t m = 0; m < p->n_modules; m++)
+        for (size_t i = 0; i < p->modules[m].n_layers; i++)
+            if (strstr(p->modules[m].layers[i].name, part))
+                n += p->modules[m].layers[i].factors.activations;
+    return n;
+}
+
+/* swiglu: LigerSiLUMulFunction saves gate and up, not silu(gate): the forward (its peak is
+ * the loss's, every layer's saved set alive) holds one T x I bf16 product less per layer */
+START_TEST(swiglu_saves_no_silu_product)
+{
+    mm_prediction a = predict(""),
+                  b = predict("  liger_kernel: {rope: false, rms_norm: false, "
+                              "fused_linear_cross_entropy: false}\n");
+    ck_assert_uint_eq(a.phase_peak[MM_PHASE_FORWARD] - b.phase_peak[MM_PHASE_FORWARD],
+                      L * T * I * 2);
+    ck_assert_uint_lt(b.allocated_peak_bytes, a.allocated_peak_bytes);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+}
+END_TEST
+
+/* rms_norm: LigerRMSNormFunction saves its input (the residual, alive anyway) and one
+ * fp32 rstd per row; transformers' LlamaRMSNorm keeps an fp32 copy of x (PowBackward,
+ * MulBackward) and more: at least T x h x 4 less per norm (2 per layer and the final) */
+START_TEST(rms_norm_keeps_no_fp32_copy)
+{
+    mm_prediction a = predict(""),
+                  b = predict("  liger_kernel: {rope: false, swiglu: false, "
+                              "fused_linear_cross_entropy: false}\n");
+    ck_assert_uint_ge(a.phase_peak[MM_PHASE_FORWARD] - b.phase_peak[MM_PHASE_FORWARD],
+                      (2 * L + 1) * T * H * 4);
+    ck_assert_uint_lt(b.allocated_peak_bytes, a.allocated_peak_bytes);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+}
+END_TEST
+
+/* rope: LigerRopeFunction rotates q and k in place: what attention saves of them is the
+ * projections' own storage (q_proj / k_proj rows), where transformers' rotary makes new
+ * tensors (the rotary row); the same bytes, so the allocated peak stays */
+START_TEST(rope_rotates_in_place)
+{
+    mm_prediction a = predict(""),
+                  b = predict("  liger_kernel: {rms_norm: false, swiglu: false, "
+                              "fused_linear_cross_entropy: false}\n");
+    ck_assert_uint_gt(acts_of(&a, "self_attn.rotary"), 0);
+    ck_assert_uint_eq(acts_of(&b, "self_attn.rotary"), 0);
+    ck_assert_uint_eq(acts_of(&b, "self_attn.q_proj") - acts_of(&a, "self_attn.q_proj") +
+                          acts_of(&b, "self_attn.k_proj") - acts_of(&a, "self_attn.k_proj"),
+                      acts_of(&a, "self_attn.rotary"));
+    ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+}
+END_TEST
+
+/* fused_linear_cross_entropy is loss: fused_linear; true is all four kernels; a loss
+ * that contradicts it is refused */
+START_TEST(true_is_the_defaults_and_the_fused_loss)
+{
+    mm_prediction a = predict("  liger_kernel: {rope: false, rms_norm: false, swiglu: false}\n"),
+                  b = predict("  loss: fused_linear\n"),
+                  c = predict("  liger_kernel: true\n"),
+                  d = predict("  loss: fused_linear\n  liger_kernel: {}\n"),
+                  f = predict("  liger_kernel: false\n"), g = predict("");
+    ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
+    ck_assert_uint_eq(a.phase_peak[MM_PHASE_FORWARD], b.phase_peak[MM_PHASE_FORWARD]);
+    ck_assert_uint_eq(c.phase_peak[MM_PHASE_FORWARD], d.phase_peak[MM_PHASE_FORWARD]);
+    ck_assert_uint_lt(c.phase_peak[MM_PHASE_FORWARD], a.phase_peak[MM_PHASE_FORWARD]);
+    ck_assert_uint_eq(f.allocated_peak_bytes, g.allocated_peak_bytes);
+    refused("  loss: standard\n  liger_kernel: true\n", "training.loss", "fused_linear");
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+    mm_prediction_free(&c);
+    mm_prediction_free(&d);
+    mm_prediction_free(&f);
+    mm_prediction_free(&g);
+}
+END_TEST
+
+/* LLaVA (HF llava: CLIP, mlp projector, a Llama decoder): the text model is patched
+ * with the defaults whatever liger_kernel_config says (apply_liger_kernel_to_llava takes
+ * no rope / rms_norm / swiglu), so the map may not turn them off; the CLIP tower keeps
+ * its LayerNorm and GELU MLP */
+START_TEST(llava_patches_its_text_model)
+{
+    static const char *const llava =
+        "name: tiny-llava\n"
+        "modules:\n"
+        "  - {name: vision_tower, type: vision, family: clip, hidden_size: 128,\n"
+        "     num_hidden_layers: 2, num_attention_heads: 4, intermediate_size: 256,\n"
+        "     image_size: 112, patch_size: 14, trainable: false}\n"
+        "  - {name: projector, type: connector, family: mlp, input_size: 128, hidden_size: 512,\n"
+        "     num_layers: 2, trainable: true}\n"
+        "  - {name: language_model, type: decoder, family: llama, hidden_size: 512,\n"
+        "     num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 4,\n"
+        "     intermediate_size: 1376, vocab_size: 32000, trainable: true}\n"
+        "training: {micro_batch_size: 2, seq_len: 512, precision: bf16%s}\n";
+    char buf[2048];
+    mm_error e;
+    uint64_t peak[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(buf, sizeof buf, llava, i ? ", liger_kernel: {fused_linear_cross_entropy: false}"
+                                           : "");
+        mm_spec *s = mm_spec_load_buffer(buf, strlen(buf), "llava.yaml", MM_FMT_YAML, &e);
+        ck_assert_msg(s != NULL, "%s", e.msg);
+        mm_prediction p;
+        ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+        peak[i] = p.phase_peak[MM_PHASE_FORWARD];
+        mm_prediction_free(&p);
+        mm_spec_free(s);
+    }
+    /* at least the silu products and the norms' fp32 copies of the decoder */
+    ck_assert_uint_ge(peak[0] - peak[1], L * T * I * 2 + (2 * L + 1) * T * H * 4);
+    snprintf(buf, sizeof buf, llava, ", liger_kernel: {swiglu: false}");
+    ck_assert_ptr_null(mm_spec_load_buffer(buf, strlen(buf), "llava.yaml", MM_FMT_YAML, &e));
+    ck_assert_msg(strstr(e.msg, "apply_liger_kernel_to_llava"), "%s", e.msg);
+}
+END_TEST
+
+/* what Liger does not do, or does in ways not modelled, is refused with the reason */
+START_TEST(refused_where_not_what_runs)
+{
+    refused("  liger_kernel: {layer_norm: true}\n", "liger_kernel.layer_norm", "takes no layer_norm");
+    refused("  liger_kernel: {geglu: true}\n", "liger_kernel.geglu", "takes no geglu");
+    refused("  liger_kernel: {cross_entropy: true}\n", "liger_kernel.cross_entropy",
+            "not modelled");
+    refused("  liger_kernel: {rope: maybe}\n", "training.liger_kernel.rope", "");
+    preset_refused("llava-onevision-qwen2-7b-ov", "Liger patches nothing there");
+    preset_refused("llava-1.5-7b-finetune", "llava_llama");
+    preset_refused("smolvlm-qlora", "idefics3");
+    preset_refused("qwen2-vl-7b-full", "LayerNorm");
+    preset_refused("mixtral-8x7b-lora", "MoE");
+}
+END_TEST
+
+Suite *liger_suite(void)
+{
+    Suite *s = suite_create("liger");
+    TCase *tc = tcase_create("liger");
+    tcase_add_test(tc, swiglu_saves_no_silu_product);
+    tcase_add_test(tc, rms_norm_keeps_no_fp32_copy);
+    tcase_add_test(tc, rope_rotates_in_place);
+    tcase_add_test(tc, true_is_the_defaults_and_the_fused_loss);
+    tcase_add_test(tc, llava_patches_its_text_model);
+    tcase_add_test(tc, refused_where_not_what_runs);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -25,5 +25,6 @@ Suite *outcome_suite(void);
 Suite *compile_suite(void);
 Suite *keys_suite(void);
 Suite *towers_suite(void);
+Suite *lorahead_suite(void);
 
 #endif

@@ -198,10 +198,6 @@ def score(res):
         p = res["pred"]
         res["predicted"] = p["allocated_peak_bytes"]
         res["predicted_phase"] = p["peak_phase"]
-        # right when the measured step reaches its peak in the predicted phase: the truth row
-        # names the first of tied phases (truth.py: max over PHASES), so a phase whose measured
-        # peak equals the step's peak byte for byte is a peak phase too
-        res["phase_ok"] = p["peak_phase"] == phase or phases.get(p["peak_phase"]) == peak
         res["err"] = (res["predicted"] - peak) / float(peak)
         res["phase_errs"] = {ph: (p["phase_peak_bytes"][ph] - phases[ph]) / float(phases[ph])
                              for ph in PHASES if phases.get(ph)}
@@ -216,7 +212,7 @@ def group_stats(items):
         g["mape"] = sum(abs(e) for e in errs) / len(errs)
         g["max_over"] = max(0.0, max(errs))
         g["max_under"] = max(0.0, -min(errs))
-        g["phase_right"] = sum(r["phase_ok"] for r in ok) / float(len(ok))
+        g["phase_right"] = sum(r["predicted_phase"] == r["measured_phase"] for r in ok) / float(len(ok))
     else:
         g.update({"mape": None, "max_over": None, "max_under": None, "phase_right": None})
     why = sorted({r["error"].split("\n")[0][:160] for r in items if "error" in r})

@@ -11,13 +11,14 @@ compute_types); on CUDA there is no such copy: the elementwise kernels cast each
 load it (needs_dynamic_casting, aten/src/ATen/native/cuda/Loops.cuh / CUDALoops.cuh).  For the
 lm_head the CPU copy is a whole fp32 logits tensor that a GPU never allocates.
 
-patch_model(model) runs each PEFT LoRA layer's forward under a dispatch mode that, for
-aten.add.Tensor on two floating tensors of different dtypes (no 0-dim operand), allocates the
+patch_model(model) marks each PEFT LoRA layer's forward; inside it, a `+` of two floating
+tensors of different dtypes (no 0-dim operand) runs under a dispatch mode that allocates the
 output (counted) and computes into it with add.out inside memhook.uncounted(): the CPU's
-promotion copy is left out, as the CUDA kernel makes none.  Every other op passes through.
+promotion copy is left out, as the CUDA kernel makes none.  Every other op runs as it is.
 Autograd is above the mode: the recorded AddBackward0 is unchanged.
 """
 import functools
+import threading
 
 import memhook
 
@@ -46,10 +47,32 @@ def _mode_class():
     return CudaMixedAdd
 
 
+_STATE = threading.local()
+_ORIG = {}
+
+
+def _install_add():
+    """Tensor.__add__: inside a PEFT LoRA forward, a mixed-dtype sum runs under the mode (only
+    that add: a mode around the whole forward would itself hold the wrapped Python scalars of
+    `* scaling` a moment longer)"""
+    import torch
+    if "add" in _ORIG:
+        return
+    _ORIG["add"] = orig = torch.Tensor.__add__
+    mode = _mode_class()
+
+    def add(a, b):
+        if getattr(_STATE, "depth", 0) and _mixed(a, b):
+            with mode():
+                return orig(a, b)
+        return orig(a, b)
+    torch.Tensor.__add__ = add
+
+
 def patch_model(model):
     """wrap every PEFT LoRA layer's forward; returns the emulation names applied"""
     from peft.tuners.lora.layer import LoraLayer
-    mode = _mode_class()
+    _install_add()
     n = 0
     for m in model.modules():
         if not isinstance(m, LoraLayer):
@@ -58,8 +81,11 @@ def patch_model(model):
 
         @functools.wraps(orig)
         def fwd(*a, _orig=orig, **k):
-            with mode():
+            _STATE.depth = getattr(_STATE, "depth", 0) + 1
+            try:
                 return _orig(*a, **k)
+            finally:
+                _STATE.depth -= 1
         m.forward = fwd
         n += 1
     return ["peft_mixed_add_cuda"] if n else []

@@ -6,7 +6,7 @@ then a list of names (the spec's names, as accuracy.py passes them on); on a VLM
 into a regex over the language model (lora_names_regex).  The rows cover the adapters' dtype (fp32
 by PEFT's autocast_adapter_dtype, or bf16), checkpointing, a tied embedding (qwen2 `tied`, Gemma 3:
 PEFT wraps lm_head alone, the shared base weight stays one), Gemma 3's scaled embedding (PEFT's
-embed_scale multiply), modules_to_save copies (the existing spec key), DDP and ZeRO-2.  Each row
+embed_scale multiply), modules_to_save copies (the existing spec key), DDP, ZeRO-2/3, FSDP1/2.  Each row
 runs PEFT's mixed-dtype sums as CUDA does, without the CPU's promotion copy (emul_peft.py): for a
 LoRA lm_head with fp32 adapters on a bf16 model that copy is a whole fp32 logits tensor.
 
@@ -44,7 +44,13 @@ ROWS = [
     ("gemma3", "bf16", False, 1, 128, {}, LIN + ["lm_head", "embed_tokens"], {}, "single", 1),
     ("llama", "bf16", False, 2, 256, SMALL, LIN + ["lm_head"], {}, "ddp", 2),
     ("llama", "bf16", GC, 2, 256, SMALL, LIN + ["lm_head", "embed_tokens"], {}, "zero2", 2),
+    ("llama", "bf16", False, 2, 256, SMALL, LIN + ["lm_head", "embed_tokens"], {}, "zero3", 2),
+    ("llama", "bf16", False, 2, 256, SMALL, LIN + ["lm_head", "embed_tokens"], {}, "fsdp2", 2),
+    ("qwen2", "fp32", GC, 2, 256, dict(SMALL, tied=True), LIN + ["lm_head"], {}, "fsdp1", 2),
 ]
+POPT = {"ddp": {"bucket_cap_mb": 25, "gradient_as_bucket_view": False},
+        "fsdp1": {"use_orig_params": True, "mixed_precision": None},
+        "fsdp2": {"reshard_after_forward": True, "mixed_precision": None}}
 
 
 def setups():
@@ -54,7 +60,7 @@ def setups():
         k, img = (1, tuple(truth.FAM_GRID[fam][1][0])) if truth.FAM_GRID[fam][1][0] else (0, None)
         lora = dict({"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": list(targets),
                      "on": "language"}, **extra)
-        popt = {"bucket_cap_mb": 25, "gradient_as_bucket_view": False} if par == "ddp" else None
+        popt = POPT.get(par)
         s = truth.make_setup(fam, "lora", prec, "sdpa", gc_, B, S, k, img, "adamw_torch", par, world,
                              popt=popt, model=dict(model), lora=lora, seed=23)
         s["cuda_mixed_add"] = True      # emul_peft.py: no CPU promotion copy in PEFT's sums

@@ -90,7 +90,7 @@ MEANING = {
     "lora": "PEFT LoRA adapters on this module: map below",
     "lora.r": "rank",
     "lora.dropout": "0: PEFT uses nn.Identity (nothing saved)",
-    "lora.target_modules": "list of Linear names, or all-linear",
+    "lora.target_modules": "list of Linear names (a decoder also lm_head, embed_tokens), or all-linear",
     "lora.autocast_adapter_dtype": "PEFT's default true: fp32 adapter weights on a 16-bit model "
                                    "(fp32 grads and states, the input cast to fp32)",
     "lora.modules_to_save": "[embed_tokens, lm_head]: trained full copies beside the frozen originals",

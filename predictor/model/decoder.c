@@ -31,8 +31,11 @@ static int32_t merge_images(lctx *c, int32_t emb, int32_t feat)
      * grad (output.requires_grad_(True), modeling_utils.py make_inputs_require_grads)
      * is a leaf: its AccumulateGrad node keeps the tensor (torch/csrc/autograd/
      * functions/accumulate_grad.h: `Variable variable`), and masked_scatter's
-     * node keeps that node, until the backward passes it */
-    if (n && c->input_grads && !op_trainable(c) && !(c->m->lora.enabled && c->m->lora.save_embed))
+     * node keeps that node, until the backward passes it.  Not a leaf with a
+     * trainable copy or LoRA on embed_tokens: their output requires grad already */
+    const lora_spec *L = &c->m->lora;
+    if (n && c->input_grads && !op_trainable(c) &&
+        !(L->enabled && (L->save_embed || (L->targets & LT_EMBED))))
         op_save(c, n, emb);
     op_drop(c, emb);
     op_drop(c, feat);
@@ -58,6 +61,8 @@ static int32_t embed(lctx *c, int32_t feat)
         op_drop(c, emb);
         emb = s;
     }
+    /* LoRA on embed_tokens wraps the whole module (its embed_scale included) */
+    emb = op_lora_embedding(c, emb, c->T, rows, m->hidden_size);
     if (feat < 0 || m->merge == MERGE_CROSS_ATTENTION)
         return emb;
     return merge_images(c, emb, feat);

@@ -48,6 +48,11 @@ int32_t op_linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t 
 /* ops_lora.c: PEFT's LoRA around a linear's output y; returns the result */
 int32_t op_lora(lctx *c, const char *name, uint32_t r, int32_t x, int32_t y, uint64_t rows,
                 uint64_t in, uint64_t out);
+/* LoRA on the output layer (target lm_head) around its logits, and on the token
+ * embedding (target embed_tokens) around its output: the result, or the input
+ * when not targeted */
+int32_t op_lora_head(lctx *c, int32_t z, int32_t logits, uint64_t rows, uint64_t h, uint64_t V);
+int32_t op_lora_embedding(lctx *c, int32_t y, uint64_t T, uint64_t V, uint64_t h);
 /* the LoRA adapters' parameter dtype, and their rows (name.lora_A / lora_B) of row r */
 uint64_t op_lora_bytes(const lctx *c);
 void op_lora_rows(lctx *c, const char *name, uint32_t r, uint64_t ae);

@@ -95,6 +95,24 @@ static int32_t branch(lctx *c, uint32_t r, int32_t x, uint64_t rows, uint64_t in
     return ys;
 }
 
+/* result = result + adapter_output (a new tensor in the promoted dtype; the
+ * base output y is freed with its last reference), then
+ * result.to(torch_result_dtype): a copy when the sum was promoted */
+static int32_t add_back(lctx *c, uint32_t r, int32_t y, int32_t sum, uint64_t ro, uint64_t ye,
+                        int32_t xc)
+{
+    uint64_t se = esz_of(c, sum);
+    int32_t res = op_add(c, r, y, sum, ro, se > ye ? se : ye);
+    op_drop(c, y);
+    op_drop(c, sum);
+    op_drop(c, xc); /* the forward's cast input (-1: none), gone when forward() returns */
+    if (esz_of(c, res) == ye)
+        return res;
+    int32_t back = op_plain(c, r, res, -1, ro, ye);
+    op_drop(c, res);
+    return back;
+}
+
 int32_t op_lora(lctx *c, const char *name, uint32_t r, int32_t x, int32_t y, uint64_t rows,
                 uint64_t in, uint64_t out)
 {
@@ -104,15 +122,72 @@ int32_t op_lora(lctx *c, const char *name, uint32_t r, int32_t x, int32_t y, uin
     if (esz_of(c, x) != ae) /* _cast_input_dtype: alive until forward() returns */
         xc = op_plain(c, r, x, -1, op_mul(c, rows, in), ae);
     int32_t sum = branch(c, r, xc, rows, in, out, ae);
-    uint64_t se = esz_of(c, sum);
-    int32_t res = op_add(c, r, y, sum, ro, se > ye ? se : ye);
-    op_drop(c, y);
-    op_drop(c, sum);
-    if (xc != x)
-        op_drop(c, xc);
-    if (esz_of(c, res) == ye) /* result.to(torch_result_dtype) */
-        return res;
-    int32_t back = op_plain(c, r, res, -1, ro, ye);
-    op_drop(c, res);
-    return back;
+    return add_back(c, r, y, sum, ro, ye, xc != x ? xc : -1);
+}
+
+/* LoRA on the output layer (target lm_head): the same lora.Linear, with out = the
+ * vocabulary, so lora_B's output, its * scaling, the sum (fp32 when the adapters
+ * are: type promotion of bf16 + fp32) and result.to(bf16) are each a logits-sized
+ * tensor (layer.py:1102, :1114).  A tied head's adapters get a row of their own:
+ * PEFT wraps lm_head alone and the shared weight stays the embedding's
+ * (ensure_weight_tying False, its default: lora/config.py:989; only a warning,
+ * tuners_utils.py:1454-1462) */
+int32_t op_lora_head(lctx *c, int32_t z, int32_t logits, uint64_t rows, uint64_t h, uint64_t V)
+{
+    const lora_spec *L = &c->m->lora;
+    if (!L->enabled || !(L->targets & LT_LM_HEAD))
+        return logits;
+    uint32_t r = op_row(c, "lm_head", "linear");
+    return op_lora(c, "lm_head", r, z, logits, rows, h, V);
+}
+
+/* CUDA embedding_dense_backward's scratch (EmbeddingBackwardKernel.cu, as
+ * tests/truth/emul.py emulates it): none up to 3072 indices, else int64 sort /
+ * segment buffers and fp32 partial sums of the rows */
+static uint64_t embedding_scratch(lctx *c, uint64_t T, uint64_t V, uint64_t w)
+{
+    if (T <= 3072)
+        return 0;
+    uint64_t seg = T < V ? T : V, part = T / 10 + seg;
+    uint64_t idx = sim_add(c->s, op_mul(c, 3 * T + 2 * seg + part + 2, I64), 0);
+    return sim_add(c->s, idx, op_mul3(c, part, w, F32));
+}
+
+/* PEFT lora.Embedding.forward (layer.py:1487-1537, PEFT 0.21.2) on the base
+ * embedding's output y (T x h), no input cast (unlike Linear):
+ *   after_A = F.embedding(x, lora_embedding_A.T)      T x r, the adapters' dtype
+ *   adapter_output = (after_A @ lora_embedding_B.T) * scaling
+ *   [* embed_scale: Gemma 3's scaled embedding, tuners_utils.py:1905]
+ *   result = result + adapter_output; result.to(torch_result_dtype)
+ * EmbeddingBackward keeps only the indices; matmul (an mm on the T x r view)
+ * keeps after_A and B.  lora_embedding_A is (r, V), B (h, r) (layer.py:1242-1244). */
+int32_t op_lora_embedding(lctx *c, int32_t y, uint64_t T, uint64_t V, uint64_t h)
+{
+    const lora_spec *L = &c->m->lora;
+    if (!L->enabled || !(L->targets & LT_EMBED))
+        return y;
+    uint32_t r = op_row(c, "embed_tokens", "embedding");
+    uint64_t ae = op_lora_bytes(c), ye = esz_of(c, y), th = op_mul(c, T, h);
+    op_lora_rows(c, "embed_tokens", r, ae);
+    uint32_t ra = c->s->rows[r].lora_a, rb = c->s->rows[r].lora_b;
+    int live = !c->dead && !c->unused;
+    op_param(c, ra, op_mul(c, L->r, V), live);
+    op_param(c, rb, op_mul(c, h, L->r), live);
+    /* F.embedding is on no autocast list: after_A stays in the adapters' dtype */
+    int32_t a = op_new(c, ra, op_mul(c, T, L->r), ae);
+    sim_node *n = op_node(c, ra, a, -1, -1, -1, live);
+    if (n && live) {
+        op_wgrad_e(c, n, op_mul(c, L->r, V), c->amp ? c->gdt : ae);
+        n->bwd_tmp = embedding_scratch(c, T, V, L->r);
+    }
+    int32_t b = adapter_linear(c, rb, a, T, L->r, h, ae, live);
+    op_drop(c, a);
+    int32_t ys = op_plain(c, rb, b, -1, th, esz_of(c, b)); /* * scaling */
+    op_drop(c, b);
+    if (c->m->scale_embeddings) { /* * embed_scale.to(adapter_output.dtype) */
+        int32_t sc = op_plain(c, rb, ys, -1, th, esz_of(c, ys));
+        op_drop(c, ys);
+        ys = sc;
+    }
+    return add_back(c, r, y, ys, th, ye, -1);
 }

@@ -84,7 +84,7 @@ static int32_t lm_head(lctx *c, uint32_t rh, int32_t z, uint64_t rows, uint64_t 
     if (zc != z)
         op_drop(c, zc);
     op_drop(c, wcast);
-    return logits;
+    return op_lora_head(c, z, logits, rows, h, V); /* LoRA on lm_head (ops_lora.c) */
 }
 
 /* transformers ForCausalLMLoss (>= 4.46): logits.float(), labels padded and

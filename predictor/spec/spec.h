@@ -44,7 +44,7 @@ enum {
     LT_Q = 1 << 0, LT_K = 1 << 1, LT_V = 1 << 2, LT_O = 1 << 3,
     LT_GATE = 1 << 4, LT_UP = 1 << 5, LT_DOWN = 1 << 6,
     LT_FC1 = 1 << 7, LT_FC2 = 1 << 8, LT_LM_HEAD = 1 << 9, LT_MLP_ALL = 1 << 10,
-    LT_QKV = 1 << 11, LT_EXPERTS = 1 << 12, LT_ROUTER = 1 << 13
+    LT_QKV = 1 << 11, LT_EXPERTS = 1 << 12, LT_ROUTER = 1 << 13, LT_EMBED = 1 << 14
 };
 
 typedef struct lora_spec {

@@ -116,10 +116,27 @@ static int images(dctx *c, const mm_node *root, mm_spec *s)
     return 0;
 }
 
+/* LoRA on lm_head is PEFT's lora.Linear computing the logits (ops_lora.c).  Liger's
+ * fused linear cross-entropy takes self.lm_head.weight, which on a PEFT layer is the
+ * base layer's weight (BaseTunerLayer.weight, peft/tuners/tuners_utils.py:1942-1955):
+ * the adapter would train nothing.  torchtune's chunked loss runs its own LoRALinear,
+ * not PEFT's */
+static int lora_head_loss(dctx *c, const mm_node *root, const mm_spec *s)
+{
+    const module_spec *d = mm_spec_module(s, MOD_DECODER);
+    if (!d->lora.enabled || !(d->lora.targets & LT_LM_HEAD) || s->training.loss == LOSS_STANDARD)
+        return 0;
+    return key_fail(c, mm_node_get(mm_node_get(root, "training"), "loss"), "training.loss",
+                    "LoRA on lm_head (%s.lora.target_modules) needs loss: standard: the fused "
+                    "linear loss reads the base weight and skips the adapter, and the chunked "
+                    "loss is torchtune's own LoRA, not PEFT's", d->name);
+}
+
 int spec_check_links(dctx *c, const mm_node *root, mm_spec *s)
 {
     const mm_node *mods = mm_node_get(root, "modules");
-    if (one_per_kind(c, mods, s) || widths(c, mods, s) || images(c, root, s))
+    if (one_per_kind(c, mods, s) || widths(c, mods, s) || images(c, root, s) ||
+        lora_head_loss(c, root, s))
         return -1;
     const mm_node *tr = mm_node_get(root, "training");
     const training_spec *t = &s->training;

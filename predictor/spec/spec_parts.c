@@ -42,6 +42,9 @@ static const struct target_name target_names[] = {
     /* a decoder's fused qkv Linear as the models name it: Phi-3's qkv_proj,
      * Baichuan's W_pack, GLM's and Falcon's query_key_value, LitGPT's attn.qkv */
     {"qkv_proj", LT_QKV, D},     {"W_pack", LT_QKV, D},         {"query_key_value", LT_QKV, D},
+    /* the output layer and the token embedding: PEFT wraps them as lora.Linear and
+     * lora.Embedding (peft/tuners/lora/layer.py:910, :1150); never in all-linear */
+    {"lm_head", LT_LM_HEAD, D},  {"embed_tokens", LT_EMBED, D},
 };
 #define NTARGETS (sizeof target_names / sizeof target_names[0])
 
@@ -64,13 +67,21 @@ static uint32_t all_linear(const module_spec *ms)
         all &= ~(uint32_t)(LT_FC1 | LT_FC2);
     if (ms->kind == MOD_VISION && ms->mlp == MLP_FC)
         all &= ~(uint32_t)(LT_GATE | LT_UP | LT_DOWN);
-    return all;
+    return all & ~(uint32_t)(LT_LM_HEAD | LT_EMBED);
+}
+
+/* every module PEFT can wrap by name: the Linears, the expert stacks, the
+ * decoder's lm_head and embed_tokens */
+static uint32_t nameable(const module_spec *ms)
+{
+    uint32_t have = all_linear(ms) | (ms->num_experts ? LT_EXPERTS | LT_ROUTER : 0);
+    return ms->kind == MOD_DECODER ? have | LT_LM_HEAD | LT_EMBED : have;
 }
 
 /* the target named `name` among this module's Linears, NTARGETS if none */
 static size_t target_index(const module_spec *ms, const char *name)
 {
-    uint32_t have = all_linear(ms) | (ms->num_experts ? LT_EXPERTS | LT_ROUTER : 0);
+    uint32_t have = nameable(ms);
     for (size_t q = 0; q < NTARGETS; q++)
         if ((target_names[q].kinds & (1u << ms->kind)) && (target_names[q].bit & have) &&
             strcmp(name, target_names[q].name) == 0)
@@ -86,11 +97,13 @@ static int no_such_linear(dctx *c, const mm_node *e, const module_spec *ms, cons
     const char *cands[NTARGETS];
     char list[512] = "";
     size_t nc = 0, used = 0;
-    uint32_t have = all_linear(ms) | (ms->num_experts ? LT_EXPERTS | LT_ROUTER : 0);
+    uint32_t have = nameable(ms);
     for (size_t q = 0; q < NTARGETS; q++) {
         if (!(target_names[q].kinds & (1u << ms->kind)) || !(target_names[q].bit & have))
             continue;
         cands[nc++] = target_names[q].name;
+        if (target_names[q].bit == LT_EMBED)
+            continue; /* named below: an Embedding, not a Linear */
         int w = snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "",
                          target_names[q].name);
         if (w > 0 && (size_t)w < sizeof list - used)
@@ -98,8 +111,9 @@ static int no_such_linear(dctx *c, const mm_node *e, const module_spec *ms, cons
     }
     const char *sug = mm_suggest(e->str, cands, nc);
     return key_fail(c, e, path, "'%s' is not a linear layer of this %s module%s%s%s; its "
-                    "Linears: %s", e->str, spec_kind_name(ms->kind),
-                    sug ? " (did you mean '" : "", sug ? sug : "", sug ? "'?)" : "", list);
+                    "Linears: %s%s", e->str, spec_kind_name(ms->kind),
+                    sug ? " (did you mean '" : "", sug ? sug : "", sug ? "'?)" : "", list,
+                    have & LT_EMBED ? "; its Embedding: embed_tokens" : "");
 }
 
 static int decode_targets(dctx *c, const mm_node *v, const module_spec *ms, uint32_t *out,
@@ -173,6 +187,15 @@ int spec_lora(dctx *c, const mm_node *v, module_spec *ms, const char *prefix)
     const mm_node *ms_node = mm_node_get(v, "modules_to_save");
     if (ms_node && decode_save(c, ms_node, ms, key_path(tp, sizeof tp, lp, "modules_to_save")))
         return -1;
+    /* a module in both lists is no adapter target: PEFT's _check_target_module_exists
+     * returns _ExcludedModule for it (peft/tuners/tuners_utils.py:2359-2364, PEFT 0.21.2),
+     * so the LoRA name would train nothing */
+    if ((l->save_head && (l->targets & LT_LM_HEAD)) || (l->save_embed && (l->targets & LT_EMBED)))
+        return key_fail(c, mm_node_get(v, "target_modules"),
+                        key_path(tp, sizeof tp, lp, "target_modules"), "%s is in modules_to_save "
+                        "too: PEFT then trains the module's full copy and puts no adapter on it "
+                        "(modules_to_save wins); name it in one list only",
+                        l->save_head && (l->targets & LT_LM_HEAD) ? "lm_head" : "embed_tokens");
     if (l->alpha < 0)
         l->alpha = (double)l->r; /* alpha only scales B's output: no bytes depend on it */
     return 0;

@@ -128,6 +128,8 @@ def module_overrides(row):
                             "lora_dropout": lc["lora_dropout"],
                             "target_modules": LORA_ALL if tm == "language-linear" else tm,
                             "autocast_adapter_dtype": bool(lc.get("autocast_adapter_dtype", True))}
+        if lc.get("modules_to_save"):   # tests/truth/feat_lorahead.py: PEFT's trainable copies
+            mods[-1]["lora"]["modules_to_save"] = list(lc["modules_to_save"])
     return mods
 
 
@@ -242,6 +244,10 @@ def features(setup):
         out.append("qwen-vl video")         # tests/truth/feat_towers.py
     if any((setup.get("liger") or {}).values()):
         out.append("liger")             # Liger's kernels, emulated (tests/truth/feat_liger.py)
+    lc = setup.get("lora") or {}
+    if (isinstance(lc.get("target_modules"), list) and {"lm_head", "embed_tokens"} &
+            set(lc["target_modules"])) or lc.get("modules_to_save"):
+        out.append("lora on head/embeddings")   # tests/truth/feat_lorahead.py
     return out
 
 

@@ -239,6 +239,12 @@ key gradient_accumulation_steps 8;  key optimizer adamw;  key optimizer_impl fus
 has "assumed 16-bit LoRA adapters"
 hasnt "zero_stage"
 same "$T/q25lora.yaml" "$H/qwen2_5vl_lora_sft.yaml"
+# LoRA on lm_head / embed_tokens (issue 23): a named lora_target passes them to the spec
+sed 's/^lora_target: all/lora_target: q_proj,v_proj,lm_head,embed_tokens/' "$F/qwen2_5vl_lora_sft.yaml" > "$T/lf-head.yaml"
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$T/lf-head.yaml" -o "$T/lf-head-spec.yaml"
+expect 0 cat "$T/lf-head-spec.yaml"
+has "target_modules: [q_proj, v_proj, lm_head, embed_tokens]}"
+expect 0 "$M" predict "$T/lf-head-spec.yaml"
 # qwen2vl_lora_sft.yaml as published names Qwen2.5-VL-7B too: the same job
 expect 0 "$M" import --catalog "$CAT" --llamafactory "$F/qwen2vl_lora_sft.yaml" -o "$T/q2lora.yaml"
 same "$T/q2lora.yaml" "$H/qwen2_5vl_lora_sft.yaml"
@@ -425,6 +431,13 @@ has "ignored learning_rate: "
 has "ignored CUDA_VISIBLE_DEVICES: the GPU count is the job's"
 hasnt "image_size:"
 expect 0 "$M" predict "$T/sw-ocr.yaml"
+has "peak per GPU"
+# LoRA on lm_head / embed_tokens (issue 23): named targets reach the spec, which models them
+sed 's/--target_modules all-linear/--target_modules q_proj v_proj lm_head embed_tokens/' "$SW/ocr.sh" > "$T/sw-head.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/sw-head.sh" -o "$T/sw-head.yaml"
+expect 0 cat "$T/sw-head.yaml"
+key lora '\{r: 8, alpha: 32, dropout: 0.05, target_modules: \[q_proj, v_proj, lm_head, embed_tokens\]\}'
+expect 0 "$M" predict "$T/sw-head.yaml"
 has "peak per GPU"
 # Qwen2-VL grounding: the other catalog entry, max_length 2048
 expect 0 "$M" import --catalog "$CAT" --swift "$SW/grounding.sh"

@@ -537,6 +537,39 @@ def fsdp2_accumulate_adds_without_a_cpu_temporary():
     close(fp.unsharded_accumulated_grad, 3 * one, 1e-5)
 
 
+@test
+def peft_mixed_add_without_a_cpu_copy():
+    """emul_peft.py: inside a PEFT LoRA forward, bf16 + fp32 (layer.py:1102 with fp32 adapters)
+    costs its fp32 output only; the CPU add's fp32 copy of the bf16 operand (TensorIterator,
+    CPU only) is left uncounted.  Outside a LoRA forward the add is untouched; the sum, its
+    dtype and its gradients are the real add's; a patched PEFT layer computes the same output."""
+    from peft import LoraConfig, get_peft_model
+    import emul_peft
+    m = torch.nn.Sequential(torch.nn.Linear(64, 512, bias=False)).to(torch.bfloat16)
+    pm = get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules=["0"]))
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = pm(x)
+    assert emul_peft.patch_model(pm) == ["peft_mixed_add_cuda"]
+    with torch.no_grad():
+        close(pm(x), ref, 0)
+    a = torch.randn(32, 512, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(32, 512, requires_grad=True)
+    peaks, sums = [], []
+    for inside in (0, 1):
+        emul_peft._STATE.depth = inside
+        base = M.live()
+        M.reset_peak()
+        sums.append(a + b)
+        peaks.append(M.reset_peak() - base)
+    emul_peft._STATE.depth = 0
+    assert peaks == [32 * 512 * 8, 32 * 512 * 4], peaks
+    assert sums[1].dtype == torch.float32 and type(sums[1].grad_fn).__name__ == "AddBackward0"
+    close(sums[1], sums[0], 0)
+    sums[1].sum().backward()
+    assert a.grad.dtype == torch.bfloat16 and b.grad.dtype == torch.float32
+
+
 # ------------------------------------------------------------------ end to end
 
 # ------------------------------------------------------------------ Liger (emul_liger.py)

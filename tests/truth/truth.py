@@ -232,6 +232,14 @@ def set_trainable(model, fam, setup):
 LORA_TARGETS = r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
 
 
+def lora_names_regex(names):
+    """named LoRA targets on a VLM's language model only: its Linears and embed_tokens under
+    language_model / text_model, lm_head at the top (transformers 5 VLM layout)"""
+    inner = [n for n in names if n != "lm_head"]
+    alts = [r".*(language_model|text_model).*\.(%s)" % "|".join(inner)] if inner else []
+    return "(%s)$" % "|".join(alts + (["lm_head"] if "lm_head" in names else []))
+
+
 def apply_lora(model, fam, setup):
     import families
     from peft import LoraConfig, get_peft_model
@@ -239,8 +247,11 @@ def apply_lora(model, fam, setup):
     tm = lc["target_modules"]
     if tm == "language-linear":
         tm = LORA_TARGETS if families.FAMILIES[fam]["multimodal"] else "all-linear"
+    elif isinstance(tm, list) and families.FAMILIES[fam]["multimodal"]:
+        tm = lora_names_regex(tm)       # named targets of the language model (feat_lorahead.py)
     conf = LoraConfig(r=lc["r"], lora_alpha=lc["lora_alpha"], lora_dropout=lc["lora_dropout"],
-                      target_modules=tm, bias="none", task_type="CAUSAL_LM")
+                      target_modules=tm, bias="none", task_type="CAUSAL_LM",
+                      modules_to_save=lc.get("modules_to_save"))
     # PEFT's default autocast_adapter_dtype=True keeps LoRA weights in fp32 on a 16-bit base;
     # FSDP1 flat parameters need one dtype, so FSDP1 rows turn it off (recorded in setup.lora)
     pm = get_peft_model(model, conf, autocast_adapter_dtype=lc.get("autocast_adapter_dtype", True))
@@ -356,6 +367,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
     if setup.get("liger"):                      # Liger kernels, emulated (tests/truth/emul_liger.py)
         import emul_liger
         emus = emus + ["liger_" + k for k, n in emul_liger.patch_model(model, **setup["liger"]).items() if n]
+    if setup.get("cuda_mixed_add"):             # PEFT's bf16 + fp32 sums without the CPU's copy (emul_peft.py)
+        emus = emus + __import__("emul_peft").patch_model(model)
     gcfg = setup["gradient_checkpointing"]
     if gcfg:
         kw = {"use_reentrant": gcfg["use_reentrant"]}
@@ -879,6 +892,7 @@ def config_list(count=None):
     import feat_keys; [add(s) for s in feat_keys.all_setups()]  # loss without the upcast (issue 23)
     list(map(add, __import__("feat_towers").all_setups()))  # per-tower checkpointing, Qwen-VL video (issue 23, feat_towers.py)
     import feat_liger; [add(s) for s in feat_liger.setups()]  # Liger RMSNorm/SwiGLU/RoPE, emulated (issue 23)
+    import feat_lorahead; [add(s) for s in feat_lorahead.all_setups()]  # LoRA on lm_head / embed_tokens (issue 23)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

@@ -26,5 +26,6 @@ Suite *compile_suite(void);
 Suite *keys_suite(void);
 Suite *towers_suite(void);
 Suite *liger_suite(void);
+Suite *lorahead_suite(void);
 
 #endif

@@ -192,6 +192,9 @@ typedef struct training_spec {
     int optimizer_in_backward;    /* step fused into backward (per-parameter hooks) */
     int torch_compile;            /* torch.compile(model) (inductor, default mode): judged by
                                      the eager prediction as a bound (mm_spec_bound) */
+    uint64_t tensor_parallel;     /* torch.distributed.tensor.parallel degree, 1 = none: the
+                                     decoder's q/k/v/gate/up colwise, o/down rowwise
+                                     (train/parallel_tp.c, spec/spec_tp.c) */
 } training_spec;
 
 typedef struct framework_spec {

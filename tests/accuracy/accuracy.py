@@ -82,6 +82,9 @@ def checkpointing(gc):
 def parallel_sections(setup, spec):
     par, po, tr = setup["parallel"], setup.get("parallel_options") or {}, spec["training"]
     tr["data_parallel"] = setup["world_size"]
+    if par == "tp":                 # tests/truth/tp.py: one tensor-parallel group, no data parallel
+        tr["data_parallel"] = 1
+        tr["tensor_parallel"] = po["tensor_parallel"]
     if setup.get("grad_accum"):     # tests/truth/accum.py rows: micro-batches per optimizer step
         tr["gradient_accumulation_steps"] = setup["grad_accum"]
     if par == "ddp":
@@ -237,6 +240,8 @@ def features(setup):
         out.append("tower checkpointing")   # tests/truth/feat_towers.py: modelled, judged by the goal
     if setup.get("video_frames"):
         out.append("qwen-vl video")         # tests/truth/feat_towers.py
+    if setup["parallel"] == "tp":
+        out.append("tensor parallel")   # tests/truth/tp.py: modelled, judged by the goal
     if any((setup.get("liger") or {}).values()):
         out.append("liger")             # Liger's kernels, emulated (tests/truth/feat_liger.py)
     return out

@@ -435,6 +435,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
             if isinstance(m, classes):
                 fully_shard(m, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
+    elif par == "tp":                           # tensor parallelism, DTensor on gloo (tests/truth/tp.py)
+        wrapped = __import__("tp").apply(model, setup, world)
     if prec == "amp_bf16" or setup.get("torch_compile"):
         # torch_compile: accelerate's prepare_model compiles last, torch.compile(model, backend=, mode=)
         # from the Trainer's TorchDynamoPlugin (accelerator.py l.2068-2073, trainer.py l.765-769)
@@ -879,6 +881,7 @@ def config_list(count=None):
     import feat_keys; [add(s) for s in feat_keys.all_setups()]  # loss without the upcast (issue 23)
     list(map(add, __import__("feat_towers").all_setups()))  # per-tower checkpointing, Qwen-VL video (issue 23, feat_towers.py)
     import feat_liger; [add(s) for s in feat_liger.setups()]  # Liger RMSNorm/SwiGLU/RoPE, emulated (issue 23)
+    list(map(add, __import__("tp").setups()))   # tensor parallelism, torchtitan's block plan (issue 23, tp.py)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

@@ -1,0 +1,83 @@
+"""Truth rows for tensor parallelism (issue 23): torch.distributed.tensor.parallel on gloo.
+
+The plan is torchtitan's for its dense decoder blocks (torchtitan a33d0e3,
+torchtitan/models/llama3/infra/parallelize.py apply_tp, lines 217-241) on the Hugging Face
+module names: q/k/v and gate/up ColwiseParallel (weights Shard(0), outputs sharded on the
+heads / intermediate dim, handed on as local tensors), o_proj and down_proj RowwiseParallel
+(weights Shard(1), input Shard(-1), output Partial -> Replicate: an all-reduce).  Without
+sequence parallelism the block boundaries carry the full hidden on every rank; norms,
+embeddings and lm_head stay replicated (HF's base_model_tp_plan for Llama/Qwen2 without its
+lm_head entry).  torchtitan itself always adds SequenceParallel on the norms and shards the
+embedding and output (apply_tp lines 173-188, 219-240): those rows are not generated here
+(the spec refuses sequence_parallel, see docs/parallel.md).
+
+DTensor runs on the CPU with gloo; its collectives are the functional ones
+(torch/distributed/_functional_collectives.py), whose outputs are new tensors on either
+device, so the counted allocations are the CUDA job's.
+
+    setups()          the rows, called by ONE line of truth.py config_list
+    apply(model, setup, world)  parallelizes the model (truth.py run_rank, parallel "tp")
+"""
+import hashlib
+import json
+
+GC = {"use_reentrant": False, "every_n_layers": 1}
+# (family, mode, precision, checkpointing, B, S, tp, model)
+ROWS = [
+    ("llama", "full", "bf16", False, 2, 256, 2, {"hidden": 256, "layers": 2, "vocab": 16384}),
+    ("llama", "full", "bf16", GC, 2, 256, 2, {"hidden": 256, "layers": 2, "vocab": 16384}),
+    ("llama", "full", "fp32", False, 1, 256, 2, {"hidden": 256, "layers": 2, "vocab": 16384}),
+    ("llama", "full", "fp32", GC, 2, 128, 2, {"hidden": 256, "layers": 3, "vocab": 16384}),
+    ("qwen2", "full", "bf16", False, 2, 256, 2, {"hidden": 256, "layers": 2}),
+    ("qwen2", "full", "fp32", GC, 1, 256, 2, {"hidden": 256, "layers": 2}),
+    ("llama", "full", "bf16", False, 2, 256, 4, {"hidden": 512, "layers": 2, "vocab": 16384}),
+    ("llama", "full", "fp32", GC, 1, 256, 4, {"hidden": 512, "layers": 2, "vocab": 16384}),
+]
+
+COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def apply(model, setup, world):
+    """torchtitan's block plan (apply_tp lines 229-240, no SequenceParallel) on every decoder layer"""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, distribute_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    if (setup.get("parallel_options") or {}).get("sequence_parallel"):
+        raise ValueError("sequence_parallel rows are not generated (tp.py docstring)")
+    mesh = init_device_mesh("cpu", (world,))
+    plan = {n: ColwiseParallel() for n in COLWISE}
+    plan.update({n: RowwiseParallel() for n in ROWWISE})
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh, plan)
+    # every other parameter a Replicate DTensor: the optimizer's foreach kernels refuse a list that
+    # mixes DTensor and torch.Tensor (torchtitan's plan leaves none plain: its norms are
+    # SequenceParallel, its embedding and output sharded)
+    for m in list(model.modules()):
+        if any(not isinstance(p, DTensor) for p in m.parameters(recurse=False)):
+            distribute_module(m, mesh, input_fn=_replicate_inputs, output_fn=_local_output)
+    return model
+
+
+def _replicate_inputs(mod, inputs, mesh):
+    from torch.distributed.tensor import DTensor, Replicate
+    import torch
+    return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+                 if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
+
+
+def _local_output(mod, out, mesh):
+    from torch.distributed.tensor import DTensor
+    return out.to_local() if isinstance(out, DTensor) else out
+
+
+def setups():
+    import truth
+    out = []
+    for fam, mode, prec, gc_, B, S, tp, model in ROWS:
+        s = truth.make_setup(fam, mode, prec, "sdpa", gc_, B, S, 0, None, "adamw_torch", "tp", tp,
+                             popt={"tensor_parallel": tp, "sequence_parallel": False}, model=model, seed=23)
+        key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
+        s["id"] = "%s-tp-%d-%s-%s-sdpa-%s" % (fam, tp, mode, prec, hashlib.sha1(key.encode()).hexdigest()[:10])
+        out.append(s)
+    return out

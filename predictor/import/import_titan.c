@@ -160,7 +160,9 @@ int imp_titan_parallel(imp_job *j, hfc *h)
                                       "expert_parallel_degree", "expert_tensor_parallel_degree"};
     static const char *const why[] = {
         "HSDP (replicated FSDP groups) is not modelled",
-        "tensor parallelism (DTensor) is not modelled",
+        "torchtitan's tensor-parallel plan is not modelled: it adds SequenceParallel norms, a "
+        "sharded embedding and output and FSDP2 over the data-parallel mesh (apply_tp); "
+        "mmguard models the block plan alone (training.tensor_parallel, docs/parallel.md)",
         "pipeline parallelism is not modelled (no safe bound)",
         "context parallelism is not modelled",
         "expert parallelism is not modelled (llama3 has no experts)",

@@ -28,6 +28,9 @@ static int tp_strategy(dctx *c, const mm_node *at, const mm_spec *s)
     if (t->torch_compile)
         return tp_fail(c, at, "torch.compile of a tensor-parallel model is not measured, no "
                               "bound is shown", tp);
+    if (t->autocast)
+        return tp_fail(c, at, "torch.autocast with tensor parallel is not measured (the truth "
+                              "rows run the model in bf16 or fp32)", tp);
     if (mm_spec_module(s, MOD_VISION) || mm_spec_module(s, MOD_CONNECTOR))
         return tp_fail(c, at, "tensor parallel is modelled for a decoder alone: the vision "
                               "tower and connector of a VLM have no plan here", tp);

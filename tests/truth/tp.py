@@ -33,6 +33,17 @@ ROWS = [
     ("llama", "full", "bf16", False, 2, 256, 4, {"hidden": 512, "layers": 2, "vocab": 16384}),
     ("llama", "full", "fp32", GC, 1, 256, 4, {"hidden": 512, "layers": 2, "vocab": 16384}),
 ]
+# (family, mode, precision, attention, checkpointing, B, S, tp, model): eager attention, reentrant
+# checkpointing.  No autocast rows: accelerate's prepare_model wraps a multi-process model in DDP,
+# which refuses DTensor parameters (the spec refuses autocast with tensor_parallel)
+MORE_ROWS = [
+    # a small vocabulary: the peak sits inside the blocks, where the all-reduces' clones are
+    ("llama", "full", "bf16", "sdpa", False, 2, 256, 2, {"hidden": 512, "layers": 2, "vocab": 512}),
+    ("llama", "full", "fp32", "sdpa", GC, 2, 256, 2, {"hidden": 512, "layers": 2, "vocab": 512}),
+    ("llama", "full", "bf16", "eager", False, 1, 256, 2, {"hidden": 256, "layers": 2, "vocab": 16384}),
+    ("qwen2", "full", "bf16", "sdpa", {"use_reentrant": True, "every_n_layers": 1}, 2, 256, 2,
+     {"hidden": 256, "layers": 3}),
+]
 
 COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
@@ -74,10 +85,11 @@ def _local_output(mod, out, mesh):
 def setups():
     import truth
     out = []
-    for fam, mode, prec, gc_, B, S, tp, model in ROWS:
-        s = truth.make_setup(fam, mode, prec, "sdpa", gc_, B, S, 0, None, "adamw_torch", "tp", tp,
+    rows = [(f, m, p, "sdpa", g, b, s_, t, mo) for f, m, p, g, b, s_, t, mo in ROWS] + MORE_ROWS
+    for fam, mode, prec, attn, gc_, B, S, tp, model in rows:
+        s = truth.make_setup(fam, mode, prec, attn, gc_, B, S, 0, None, "adamw_torch", "tp", tp,
                              popt={"tensor_parallel": tp, "sequence_parallel": False}, model=model, seed=23)
         key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
-        s["id"] = "%s-tp-%d-%s-%s-sdpa-%s" % (fam, tp, mode, prec, hashlib.sha1(key.encode()).hexdigest()[:10])
+        s["id"] = "%s-tp-%d-%s-%s-%s-%s" % (fam, tp, mode, prec, attn, hashlib.sha1(key.encode()).hexdigest()[:10])
         out.append(s)
     return out

@@ -40,6 +40,10 @@ MORE_ROWS = [
     # a small vocabulary: the peak sits inside the blocks, where the all-reduces' clones are
     ("llama", "full", "bf16", "sdpa", False, 2, 256, 2, {"hidden": 512, "layers": 2, "vocab": 512}),
     ("llama", "full", "fp32", "sdpa", GC, 2, 256, 2, {"hidden": 512, "layers": 2, "vocab": 512}),
+    # where the model's phase peaks move with the all-reduces' clones (backward; forward under
+    # checkpointing): a check of tp_linear against the library
+    ("llama", "full", "fp32", "sdpa", False, 2, 256, 2, {"hidden": 1024, "layers": 2, "vocab": 128}),
+    ("llama", "full", "fp32", "sdpa", GC, 2, 256, 4, {"hidden": 512, "layers": 2, "vocab": 128}),
     ("llama", "full", "bf16", "eager", False, 1, 256, 2, {"hidden": 256, "layers": 2, "vocab": 16384}),
     ("qwen2", "full", "bf16", "sdpa", {"use_reentrant": True, "every_n_layers": 1}, 2, 256, 2,
      {"hidden": 256, "layers": 3}),

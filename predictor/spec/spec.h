@@ -195,6 +195,9 @@ typedef struct training_spec {
     uint64_t tensor_parallel;     /* torch.distributed.tensor.parallel degree, 1 = none: the
                                      decoder's q/k/v/gate/up colwise, o/down rowwise
                                      (train/parallel_tp.c, spec/spec_tp.c) */
+    int sequence_parallel;        /* torchtitan's SequenceParallel norms + loss parallel on top
+                                     of tensor_parallel: judged by the prediction without them
+                                     as a bound (mm_spec_bound) */
 } training_spec;
 
 typedef struct framework_spec {

@@ -2,7 +2,10 @@
  * parallel model (train/parallel_tp.c) covers: a dense decoder alone, with
  * torchtitan's block plan (q/k/v/gate/up ColwiseParallel, o/down
  * RowwiseParallel), one tensor-parallel group (no data parallel beside it).
- * What the model does not cover is refused here with the reason. */
+ * What the model does not cover is refused here with the reason.
+ * training.sequence_parallel (torchtitan's SequenceParallel norms, sharded
+ * embedding and loss parallel) is judged by the prediction without it as a
+ * bound (api/bound.c); it needs a tensor-parallel group. */
 #include "spec_internal.h"
 
 #include <stddef.h>
@@ -73,6 +76,11 @@ static int tp_decoder(dctx *c, const mm_node *at, const module_spec *d, uint64_t
 int spec_check_tp(dctx *c, const mm_node *root, const mm_spec *s)
 {
     uint64_t tp = s->training.tensor_parallel;
+    if (s->training.sequence_parallel && tp <= 1)
+        return key_fail(c, mm_node_get(mm_node_get(root, "training"), "sequence_parallel"),
+                        "training.sequence_parallel",
+                        "sequence parallelism shards the norms of a tensor-parallel group: it needs "
+                        "training.tensor_parallel > 1");
     if (tp <= 1)
         return 0;
     const mm_node *at = mm_node_get(mm_node_get(root, "training"), "tensor_parallel");

@@ -45,6 +45,7 @@ static const keydesc training_keys[] = {
     {"optimizer_in_backward", K_BOOL, TR(optimizer_in_backward), 0, 1, NULL, 0, 0, 0},
     {"torch_compile", K_BOOL, TR(torch_compile), 0, 1, NULL, 0, 0, 0},
     {"tensor_parallel", K_UINT, TR(tensor_parallel), 1, 1 << 16, NULL, 0, 0, 0},
+    {"sequence_parallel", K_BOOL, TR(sequence_parallel), 0, 1, NULL, 0, 0, 0},
 };
 #undef TR
 

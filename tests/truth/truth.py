@@ -437,6 +437,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
         fully_shard(model, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
     elif par == "tp":                           # tensor parallelism, DTensor on gloo (tests/truth/tp.py)
         wrapped = __import__("tp").apply(model, setup, world)
+        batch = __import__("tp").adjust_batch(batch, setup)
     if prec == "amp_bf16" or setup.get("torch_compile"):
         # torch_compile: accelerate's prepare_model compiles last, torch.compile(model, backend=, mode=)
         # from the Trainer's TorchDynamoPlugin (accelerator.py l.2068-2073, trainer.py l.765-769)
@@ -552,7 +553,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
                 meter.switch("forward")
                 if tracer:
                     tracer.set_phase("forward")
-            with sync_context(i):
+            with sync_context(i), (__import__("tp").step_context(setup) if par == "tp" else contextlib.nullcontext()):
                 loss = trainer.training_step(wrapped, mb, num_items)
         mb = None
         if measure:

@@ -89,6 +89,29 @@ START_TEST(tp_counts_the_all_reduce_clones)
 }
 END_TEST
 
+/* sequence_parallel: judged by the tensor-parallel prediction without it as a bound
+ * (api/bound.c), which the prediction and its JSON state; without a TP group it is refused */
+START_TEST(sequence_parallel_is_judged_by_a_bound)
+{
+    mm_prediction a = predict(8, 4, 1376, 32000, "  tensor_parallel: 2\n"),
+                  b = predict(8, 4, 1376, 32000, "  tensor_parallel: 2\n  sequence_parallel: true\n");
+    ck_assert_str_eq(a.bound, "");
+    ck_assert_msg(strstr(b.bound, "sequence parallel: the tensor-parallel prediction without it, "
+                                  "an upper bound") != NULL, "bound '%s'", b.bound);
+    ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
+    char *jb = mm_prediction_json(&b, 0);
+    ck_assert(jb && strstr(jb, "\"bound\":\"sequence parallel:") != NULL);
+    free(jb);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+    mm_error e;
+    mm_spec *s = spec_of(8, 4, 1376, 32000, ", trainable: true", "  sequence_parallel: true\n", &e);
+    ck_assert(s == NULL);
+    ck_assert_msg(strstr(e.msg, "training.sequence_parallel") && strstr(e.msg, "tensor_parallel > 1"),
+                  "%s", e.msg);
+}
+END_TEST
+
 START_TEST(tp_refuses_what_it_does_not_model)
 {
     struct {
@@ -119,6 +142,7 @@ Suite *tp_suite(void)
     TCase *tc = tcase_create("tp");
     tcase_add_test(tc, tp_runs_the_decoder_at_the_per_rank_widths);
     tcase_add_test(tc, tp_counts_the_all_reduce_clones);
+    tcase_add_test(tc, sequence_parallel_is_judged_by_a_bound);
     tcase_add_test(tc, tp_refuses_what_it_does_not_model);
     suite_add_tcase(s, tc);
     return s;

@@ -50,6 +50,13 @@ MORE_ROWS = [
      {"hidden": 256, "layers": 3}),
 ]
 
+# (family, precision, checkpointing, B, S, tp, model, grad_accum, sequence_parallel)
+GA_ROWS = [
+    ("llama", "bf16", False, 2, 256, 2, {"hidden": 256, "layers": 2, "vocab": 16384}, 2, False),
+    ("llama", "fp32", GC, 1, 256, 2, {"hidden": 512, "layers": 2, "vocab": 512}, 4, False),
+    ("qwen2", "bf16", GC, 2, 256, 2, {"hidden": 256, "layers": 2}, 2, True),
+]
+
 COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
@@ -157,4 +164,14 @@ def setups():
             s["id"] = "%s-tp-%d-%s-%s-%s-%s%s" % (fam, tp, mode, prec, attn, "sp-" if sp else "",
                                                  hashlib.sha1(key.encode()).hexdigest()[:10])
             out.append(s)
+    # gradient accumulation (the HF Trainer's loop, truth.py micro_batches): .grad alive between
+    # micro-batches; no reduction to hold back under TP (each rank owns its shards' gradients)
+    for fam, prec, gc_, B, S, tp, model, ga, sp in GA_ROWS:
+        s = truth.make_setup(fam, "full", prec, "sdpa", gc_, B, S, 0, None, "adamw_torch", "tp", tp,
+                             popt={"tensor_parallel": tp, "sequence_parallel": sp}, model=model, seed=23,
+                             accum=(ga, False))
+        key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
+        s["id"] = "%s-tp-%d-full-%s-sdpa-%sga%d-%s" % (fam, tp, prec, "sp-" if sp else "", ga,
+                                                      hashlib.sha1(key.encode()).hexdigest()[:10])
+        out.append(s)
     return out

@@ -520,8 +520,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
         accelerate 1.15 nor the Trainer calls set_is_last_backward or set_reshard_after_backward:
         every micro-batch's post-backward reshards and its final callback is the last backward's
         (torch _fully_shard/_fsdp_state.py is_last_backward, default True)."""
-        if ga == 1 or sync_each or i == ga - 1 or world == 1:
-            return contextlib.nullcontext()
+        if ga == 1 or sync_each or i == ga - 1 or world == 1 or par == "tp":
+            return contextlib.nullcontext()     # tp: no gradient reduction to skip (tests/truth/tp.py)
         if par == "fsdp2":
             @contextlib.contextmanager
             def fsdp2_no_sync():

@@ -158,6 +158,14 @@ MEANING = {
     "liger_kernel.layer_norm": "true refused: the modelled families' apply functions take no "
                                "layer_norm (Liger drops it)",
     "liger_kernel.geglu": "true refused: the modelled families' MLPs are SwiGLU",
+    "training.tensor_parallel": "torch.distributed.tensor.parallel degree (torchtitan's block "
+                                "plan: q/k/v/gate/up colwise, o/down rowwise), one TP group per "
+                                "rank set, no data parallel beside it; refused with ZeRO, FSDP, "
+                                "LoRA, autocast, compile, VLM towers, MoE (docs/parallel.md)",
+    "training.sequence_parallel": "with tensor_parallel: torchtitan's SequenceParallel norms, "
+                                  "vocabulary-sharded embedding / lm_head and loss_parallel, "
+                                  "judged by the prediction without it as a bound (the "
+                                  "prediction says so)",
     "training.optimizer_in_backward": "the step runs per parameter inside backward "
                                       "(no full set of gradients)",
     "gradient_checkpointing.use_reentrant": "default: false with transformers >= 5, else true",

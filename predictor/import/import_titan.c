@@ -160,7 +160,11 @@ int imp_titan_parallel(imp_job *j, hfc *h)
                                       "expert_parallel_degree", "expert_tensor_parallel_degree"};
     static const char *const why[] = {
         "HSDP (replicated FSDP groups) is not modelled",
-        "tensor parallelism (DTensor) is not modelled",
+        "not mapped: mmguard models one tensor-parallel group without FSDP (training."
+        "tensor_parallel, with sequence_parallel: true for torchtitan's plan, judged by a bound; "
+        "docs/parallel.md), while this importer reads torchtitan's FSDP2 set-up; with "
+        "data_parallel_shard_degree > 1 torchtitan adds FSDP2 over the TP groups (2-D, not "
+        "modelled)",
         "pipeline parallelism is not modelled (no safe bound)",
         "context parallelism is not modelled",
         "expert parallelism is not modelled (llama3 has no experts)",

@@ -121,6 +121,8 @@ int32_t op_linear(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t 
         if (quant && op_rg(c, x)) /* dequantized again for dx */
             n->bwd_tmp = sim_add(c->s, n->bwd_tmp, op_mul3(c, in, out, c->dt));
     }
+    if (c->on_linear && !c->counting)
+        c->on_linear(c, r, lora_bit, x, y, n, rows, out);
     if (xc != x)
         op_drop(c, xc);
     op_drop(c, wcast);

@@ -51,6 +51,11 @@ typedef struct lctx {
      * flat parameter that requires grad (FSDP1 use_orig_params), NULL: none */
     int (*frozen_rg)(const struct lctx *c, uint32_t row);
     void *frozen_rg_ctx;
+    /* the train layer's look at every Linear after its output y (node n, NULL without
+     * autograd) and before LoRA: tensor parallel's collectives (train/parallel_tp.c),
+     * NULL: none */
+    void (*on_linear)(struct lctx *c, uint32_t row, uint32_t lt, int32_t x, int32_t y,
+                      struct sim_node *n, uint64_t rows, uint64_t out);
     attn_kind attn;
     uint64_t dt;         /* activation dtype bytes */
     uint64_t wdt;        /* weight dtype bytes (fp32 under autocast) */

@@ -202,6 +202,12 @@ typedef struct training_spec {
     int torch_compile;            /* torch.compile(model) (inductor, default mode): judged by
                                      the eager prediction as a bound (mm_spec_bound) */
     liger_spec liger;             /* Liger-Kernel's Triton kernels (model/ops_liger.c) */
+    uint64_t tensor_parallel;     /* torch.distributed.tensor.parallel degree, 1 = none: the
+                                     decoder's q/k/v/gate/up colwise, o/down rowwise
+                                     (train/parallel_tp.c, spec/spec_tp.c) */
+    int sequence_parallel;        /* torchtitan's SequenceParallel norms + loss parallel on top
+                                     of tensor_parallel: judged by the prediction without them
+                                     as a bound (mm_spec_bound) */
 } training_spec;
 
 typedef struct framework_spec {

@@ -34,5 +34,7 @@ int spec_is_ref_key(const char *key);
 int spec_resolve_refs(mm_spec *s, mm_error *err);
 /* spec_links.c: checks between modules and the training section */
 int spec_check_links(dctx *c, const mm_node *root, mm_spec *s);
+/* spec_tp.c: training.tensor_parallel against what the TP model covers */
+int spec_check_tp(dctx *c, const mm_node *root, const mm_spec *s);
 
 #endif

@@ -136,7 +136,8 @@ int spec_check_links(dctx *c, const mm_node *root, mm_spec *s)
 {
     const mm_node *mods = mm_node_get(root, "modules");
     if (one_per_kind(c, mods, s) || widths(c, mods, s) || images(c, root, s) ||
-        lora_head_loss(c, root, s))
+        lora_head_loss(c, root, s) ||
+        spec_check_tp(c, root, s))
         return -1;
     const mm_node *tr = mm_node_get(root, "training");
     const training_spec *t = &s->training;

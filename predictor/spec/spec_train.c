@@ -45,6 +45,8 @@ static const keydesc training_keys[] = {
     {"optimizer_in_backward", K_BOOL, TR(optimizer_in_backward), 0, 1, NULL, 0, 0, 0},
     {"torch_compile", K_BOOL, TR(torch_compile), 0, 1, NULL, 0, 0, 0},
     {"liger_kernel", K_SPECIAL, 0, 0, 0, NULL, 0, 0, 0},
+    {"tensor_parallel", K_UINT, TR(tensor_parallel), 1, 1 << 16, NULL, 0, 0, 0},
+    {"sequence_parallel", K_BOOL, TR(sequence_parallel), 0, 1, NULL, 0, 0, 0},
 };
 #undef TR
 
@@ -154,6 +156,7 @@ static void training_defaults(training_spec *t, const mm_spec *s)
     memset(t, 0, sizeof *t);
     t->images_per_sample = mm_spec_module(s, MOD_VISION) ? 1 : 0;
     t->data_parallel = 1;
+    t->tensor_parallel = 1;
     t->grad_accum = 1;
     t->attention = ATT_SDPA;
     t->loss_chunks = 8;

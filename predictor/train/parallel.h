@@ -123,4 +123,11 @@ void zero3_forward_end(par_state *ps);
 void zero3_backward_begin(par_state *ps);
 void zero3_backward_end(par_state *ps);
 
+/* parallel_tp.c: tensor parallelism (torchtitan's block plan, no data parallel beside it) */
+/* a decoded copy of sp with the decoder's heads, kv heads and intermediate width per
+ * rank (free with mm_spec_free), NULL without memory */
+mm_spec *tp_local_spec(const mm_spec *sp);
+/* the all-reduces around the sharded Linears (lctx.on_linear), when tensor_parallel > 1 */
+void tp_attach(lctx *c);
+
 #endif

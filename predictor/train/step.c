@@ -154,7 +154,7 @@ static int finish(sim *s, const mm_spec *sp, int32_t *scratch, lctx *c, mm_error
     return 0;
 }
 
-int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
 {
     sim_init(s, cfg->dp, cfg->symbolic);
     s->snap_at = cfg->snap_at;
@@ -162,6 +162,7 @@ int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
     int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
     lctx c;
     ctx_init(&c, sp, s, scratch, cfg);
+    tp_attach(&c);
     if (sp->training.ckpt.enabled && sp->training.ckpt.granularity == CKPT_SELECTIVE_OP) {
         c.sac = calloc(1, sizeof *c.sac);
         if (c.sac && !(c.sac->at = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *c.sac->at)))
@@ -205,4 +206,19 @@ int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
     sim_drop(s, c.pixels);
     s->largest_param = c.largest_param;
     return finish(s, sp, scratch, &c, err);
+}
+
+/* tensor parallel: the step of one rank, on the decoder's per-rank widths (parallel_tp.c) */
+int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+{
+    if (sp->training.tensor_parallel <= 1)
+        return step_once(sp, s, cfg, err);
+    mm_spec *l = tp_local_spec(sp);
+    if (!l) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    int rc = step_once(l, s, cfg, err);
+    mm_spec_free(l);
+    return rc;
 }

@@ -82,6 +82,11 @@ def checkpointing(gc):
 def parallel_sections(setup, spec):
     par, po, tr = setup["parallel"], setup.get("parallel_options") or {}, spec["training"]
     tr["data_parallel"] = setup["world_size"]
+    if par == "tp":                 # tests/truth/tp.py: one tensor-parallel group, no data parallel
+        tr["data_parallel"] = 1
+        tr["tensor_parallel"] = po["tensor_parallel"]
+        if po.get("sequence_parallel"):
+            tr["sequence_parallel"] = True
     if setup.get("grad_accum"):     # tests/truth/accum.py rows: micro-batches per optimizer step
         tr["gradient_accumulation_steps"] = setup["grad_accum"]
     if par == "ddp":
@@ -242,6 +247,8 @@ def features(setup):
         out.append("tower checkpointing")   # tests/truth/feat_towers.py: modelled, judged by the goal
     if setup.get("video_frames"):
         out.append("qwen-vl video")         # tests/truth/feat_towers.py
+    if setup["parallel"] == "tp":
+        out.append("tensor parallel")   # tests/truth/tp.py: modelled, judged by the goal
     if any((setup.get("liger") or {}).values()):
         out.append("liger")             # Liger's kernels, emulated (tests/truth/feat_liger.py)
     lc = setup.get("lora") or {}
@@ -253,7 +260,18 @@ def features(setup):
 
 def is_bound(r):
     """rows the predictor judges by a bound, not a model (torch.compile: the eager prediction)"""
-    return bool(r["row"]["setup"].get("torch_compile"))
+    return bool(bound_name(r))
+
+
+def bound_name(r):
+    """the bound's group: torch.compile (the eager prediction), sequence parallel (the
+    tensor-parallel prediction without it, tests/truth/tp.py); None: a model"""
+    s = r["row"]["setup"]
+    if s.get("torch_compile"):
+        return "torch.compile"
+    if (s.get("parallel_options") or {}).get("sequence_parallel"):
+        return "sequence parallel"
+    return None
 
 
 def bound_stats(items):
@@ -299,8 +317,8 @@ def summarize(results):
     for sec in SECTIONS:
         for g in out[sec].values():
             g["meets_goal"] = meets(g)
-    if bounds:                          # judged apart: a bound holds or its key is refused
-        out["features"]["torch.compile"] = bound_stats(bounds)
+    for name in sorted({bound_name(r) for r in bounds}):   # judged apart: a bound holds or its key is refused
+        out["features"][name] = bound_stats([r for r in bounds if bound_name(r) == name])
     return out
 
 

@@ -373,10 +373,10 @@ key num_key_value_heads 16;  key intermediate_size 768;  key vocab_size 2048
 key micro_batch_size 8;  key seq_len 2048
 key gradient_checkpointing '\{enabled: true, use_reentrant: false, every_n_layers: 2\}'
 has "ignored parallelism.pipeline_parallel_schedule: pipeline parallelism only"
-# 70B: 8-way tensor parallelism is refused with its line; with it switched off (an edited
+# 70B: 8-way tensor parallelism beside FSDP2 (2-D) is refused with its line; with it switched off (an edited
 # copy, labelled in SOURCES.md) it imports: FFN 1.3 x 8*8192/3 rounded up to 4096 = 28672
 expect 2 "$M" import --torchtitan "$TT/llama3_70b.toml"
-has "llama3_70b.toml:41:1: parallelism.tensor_parallel_degree: 8: tensor parallelism (DTensor) is not modelled"
+has "llama3_70b.toml:41:1: parallelism.tensor_parallel_degree: 8: not mapped: mmguard models one tensor-parallel group without FSDP"
 expect 0 "$M" import --torchtitan "$TT/llama3_70b.edited-tp1.toml" -o "$T/tt70.yaml"
 expect 0 cat "$T/tt70.yaml"
 key hidden_size 8192;  key num_hidden_layers 80;  key intermediate_size 28672

@@ -448,6 +448,9 @@ def run_rank(setup, rank=0, world=1, trace=False):
             if isinstance(m, classes):
                 fully_shard(m, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
+    elif par == "tp":                           # tensor parallelism, DTensor on gloo (tests/truth/tp.py)
+        wrapped = __import__("tp").apply(model, setup, world)
+        batch = __import__("tp").adjust_batch(batch, setup)
     if prec == "amp_bf16" or setup.get("torch_compile"):
         # torch_compile: accelerate's prepare_model compiles last, torch.compile(model, backend=, mode=)
         # from the Trainer's TorchDynamoPlugin (accelerator.py l.2068-2073, trainer.py l.765-769)
@@ -530,8 +533,8 @@ def run_rank(setup, rank=0, world=1, trace=False):
         accelerate 1.15 nor the Trainer calls set_is_last_backward or set_reshard_after_backward:
         every micro-batch's post-backward reshards and its final callback is the last backward's
         (torch _fully_shard/_fsdp_state.py is_last_backward, default True)."""
-        if ga == 1 or sync_each or i == ga - 1 or world == 1:
-            return contextlib.nullcontext()
+        if ga == 1 or sync_each or i == ga - 1 or world == 1 or par == "tp":
+            return contextlib.nullcontext()     # tp: no gradient reduction to skip (tests/truth/tp.py)
         if par == "fsdp2":
             @contextlib.contextmanager
             def fsdp2_no_sync():
@@ -563,7 +566,7 @@ def run_rank(setup, rank=0, world=1, trace=False):
                 meter.switch("forward")
                 if tracer:
                     tracer.set_phase("forward")
-            with sync_context(i):
+            with sync_context(i), (__import__("tp").step_context(setup) if par == "tp" else contextlib.nullcontext()):
                 loss = trainer.training_step(wrapped, mb, num_items)
         mb = None
         if measure:
@@ -893,6 +896,7 @@ def config_list(count=None):
     list(map(add, __import__("feat_towers").all_setups()))  # per-tower checkpointing, Qwen-VL video (issue 23, feat_towers.py)
     import feat_liger; [add(s) for s in feat_liger.setups()]  # Liger RMSNorm/SwiGLU/RoPE, emulated (issue 23)
     import feat_lorahead; [add(s) for s in feat_lorahead.all_setups()]  # LoRA on lm_head / embed_tokens (issue 23)
+    list(map(add, __import__("tp").setups()))   # tensor parallelism, torchtitan's block plan (issue 23, tp.py)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

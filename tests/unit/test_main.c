@@ -20,6 +20,7 @@ int main(void)
     srunner_add_suite(sr, features_suite());
     srunner_add_suite(sr, outcome_suite());
     srunner_add_suite(sr, compile_suite());
+    srunner_add_suite(sr, tp_suite());
     srunner_add_suite(sr, keys_suite());
     srunner_add_suite(sr, towers_suite());
     srunner_add_suite(sr, liger_suite());

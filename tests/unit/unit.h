@@ -23,6 +23,7 @@ Suite *engine_suite(void);
 Suite *features_suite(void);
 Suite *outcome_suite(void);
 Suite *compile_suite(void);
+Suite *tp_suite(void);
 Suite *keys_suite(void);
 Suite *towers_suite(void);
 Suite *liger_suite(void);

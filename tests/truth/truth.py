@@ -879,6 +879,7 @@ def config_list(count=None):
     import feat_keys; [add(s) for s in feat_keys.all_setups()]  # loss without the upcast (issue 23)
     list(map(add, __import__("feat_towers").all_setups()))  # per-tower checkpointing, Qwen-VL video (issue 23, feat_towers.py)
     import feat_liger; [add(s) for s in feat_liger.setups()]  # Liger RMSNorm/SwiGLU/RoPE, emulated (issue 23)
+    import feat_eager_ckpt; [add(s) for s in feat_eager_ckpt.setups()]  # LLaVA stage 1, eager + checkpointing (issue 21/22)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

@@ -75,8 +75,12 @@ static void softmax_bwd_tmp(lctx *c, sim_node *n, uint64_t elems, uint64_t esz)
  * -> softmax(dtype=float32).to(dtype) (SoftmaxBackward keeps the fp32 result;
  * the old scores stay referenced until the expression assigns) -> p v (keeps p,
  * v) -> transpose(1, 2).contiguous(), a copy the output projection keeps.
- * In backward the softmax holds the gradient (fp32 from ToCopyBackward), its
- * kept output, grad_input and the kernel's grad * output: 4 x (B, H, S, Skv). */
+ * (transformers 5.17 models/llama/modeling_llama.py:204-211.)  In backward the
+ * softmax holds the gradient (fp32 from ToCopyBackward), its kept output,
+ * grad_input and the kernel's grad * output: 4 x (B, H, S, Skv).  Not modelled:
+ * fp16 inputs on CUDA take _softmax(half_to_float=true) (aten SoftMax.cpp
+ * softmax(): Half only, not BFloat16), with no fp32 input copy and an fp16
+ * grad_input; this models bf16's path for every 16-bit dtype. */
 static int32_t eager(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o)
 {
     uint64_t skv = o->Skv ? o->Skv : o->S, dt = esz_of(c, q);

@@ -58,10 +58,29 @@ static int32_t repeat_kv(lctx *c, uint32_t r, int32_t k, uint64_t qe)
     return op_plain(c, r, k, -1, qe, esz_of(c, k));
 }
 
+/* The CUDA softmax backward (aten/src/ATen/native/cuda/SoftMax.cu,
+ * TORCH_IMPL_FUNC(softmax_backward_cuda_out): `Tensor tmp = grad * output;`
+ * before host_softmax_backward) makes a product of the incoming gradient and
+ * the kept probabilities, in the gradient's dtype, after the structured op has
+ * allocated grad_input and alive until it returns.  _softmax and _safe_softmax
+ * (the math SDPA's) both differentiate through _softmax_backward_data
+ * (tools/autograd/derivatives.yaml). */
+static void softmax_bwd_tmp(lctx *c, sim_node *n, uint64_t elems, uint64_t esz)
+{
+    if (n)
+        n->bwd_tmp = op_mul(c, elems, esz);
+}
+
 /* eager_attention_forward: scores = q k^T (keeps q, k) -> * scaling -> + mask
  * -> softmax(dtype=float32).to(dtype) (SoftmaxBackward keeps the fp32 result;
  * the old scores stay referenced until the expression assigns) -> p v (keeps p,
- * v) -> transpose(1, 2).contiguous(), a copy the output projection keeps. */
+ * v) -> transpose(1, 2).contiguous(), a copy the output projection keeps.
+ * (transformers 5.17 models/llama/modeling_llama.py:204-211.)  In backward the
+ * softmax holds the gradient (fp32 from ToCopyBackward), its kept output,
+ * grad_input and the kernel's grad * output: 4 x (B, H, S, Skv).  Not modelled:
+ * fp16 inputs on CUDA take _softmax(half_to_float=true) (aten SoftMax.cpp
+ * softmax(): Half only, not BFloat16), with no fp32 input copy and an fp16
+ * grad_input; this models bf16's path for every 16-bit dtype. */
 static int32_t eager(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o)
 {
     uint64_t skv = o->Skv ? o->Skv : o->S, dt = esz_of(c, q);
@@ -94,6 +113,7 @@ static int32_t eager(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
     int32_t p32 = op_new(c, r, ss, pb);
     n = op_node(c, r, p32, f, -1, -1, 0);
     op_save(c, n, p32);
+    softmax_bwd_tmp(c, n, ss, pb);
     if (f != sc2)
         op_drop(c, f);
     int32_t p = p32;
@@ -211,6 +231,7 @@ static int32_t math_sdpa(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, c
     int32_t p = op_new(c, r, ss, dt);
     n = op_node(c, r, p, sc, -1, -1, 0);
     op_save(c, n, p);
+    softmax_bwd_tmp(c, n, ss, dt);
     op_drop(c, sc);
     int32_t out = op_new(c, r, qe, dt);
     n = op_node(c, r, out, p, vx, -1, 0);

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import memhook
 
 ALL = ("sdpa_cuda", "layer_norm_cuda", "dropout_cuda", "autocast_cuda", "grouped_mm_cuda", "embedding_backward_cuda",
-       "conv_cudnn", "rng_state_host", "adamw_step_host", "adamw_foreach", "device_batch_copy", "nccl_collectives")
+       "conv_cudnn", "rng_state_host", "adamw_step_host", "adamw_foreach", "device_batch_copy", "nccl_collectives",
+       "softmax_backward_cuda")
 _orig = {}
 _REAL_SDPA = F.scaled_dot_product_attention
 _REAL_LN = F.layer_norm
@@ -371,6 +372,24 @@ def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_gra
     return gw
 
 
+# --------------------------------------------------------------- softmax backward
+def _softmax_backward_data(grad_output, output, dim, input_dtype):
+    """CUDA softmax_backward_cuda_out (SoftMax.cu): the structured op allocates grad_input
+    (grad's options, Half when half_to_float), then `Tensor tmp = grad * output;` (grad's
+    dtype) is alive while host_softmax_backward runs.  The CPU kernel allocates grad_input
+    only.  Numerics: gI = output * (grad - sum(grad * output, dim)), in fp32."""
+    half_to_float = grad_output.dtype != input_dtype
+    gi = torch.empty(grad_output.shape, dtype=torch.float16 if half_to_float else grad_output.dtype)
+    tmp = grad_output * output
+    with memhook.uncounted():
+        t32 = tmp.float()
+        r = output.float() * (grad_output.float() - t32.sum(dim, keepdim=True))
+        gi.copy_(r)
+        del t32, r
+    del tmp
+    return gi
+
+
 # --------------------------------------------------------------- convolution
 class _ConvCudnn(torch.autograd.Function):
     """cuDNN convolution: output (and in backward grad_input/grad_weight/grad_bias) counted, with
@@ -537,6 +556,8 @@ def install(names=ALL):
         _override_cpu_kernel("_grouped_mm", _grouped_mm_cpu)
     if "embedding_backward_cuda" in names:
         _override_cpu_kernel("embedding_dense_backward", _embedding_dense_backward)
+    if "softmax_backward_cuda" in names:
+        _override_cpu_kernel("_softmax_backward_data", _softmax_backward_data)
     if "nccl_collectives" in names and "collectives" not in _orig:
         if install_nccl_collectives():
             _orig["collectives"] = True

@@ -476,6 +476,29 @@ def embedding_backward_small_and_large():
             assert peak == gw, (peak, gw)                 # the direct kernel: grad_weight only
 
 
+# ------------------------------------------------------------------ softmax backward
+@test
+def softmax_backward_holds_grad_times_output():
+    for dt in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 3, 40, 50, dtype=torch.bfloat16, requires_grad=True)
+        p = torch.softmax(x, -1, dtype=torch.float32).to(dt)   # eager attention's upcast
+        g = torch.randn_like(p)
+        M.reset_peak()
+        before = M.live()
+        p.backward(g)
+        peak = M.reset_peak() - before
+        ref = x.detach().float().requires_grad_()
+        with torch.no_grad():
+            s = torch.softmax(ref, -1)
+            want = s * (g.float() - (g.float() * s).sum(-1, keepdim=True))
+        close(x.grad, want, 2e-2)
+        n = x.numel()
+        # ToCopyBackward: fp32 grad (bf16 case; the fp32 p has no copy), then grad_input and
+        # tmp (fp32 each) beside it, then the bf16 input gradient once they are gone
+        expect = (n * 4 if dt != torch.float32 else 0) + 2 * n * 4
+        assert peak == expect, (peak, expect)
+
+
 # ------------------------------------------------------------------ AdamW host steps
 @test
 def adamw_steps_moved_to_host():

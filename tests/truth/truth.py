@@ -897,6 +897,7 @@ def config_list(count=None):
     import feat_liger; [add(s) for s in feat_liger.setups()]  # Liger RMSNorm/SwiGLU/RoPE, emulated (issue 23)
     import feat_lorahead; [add(s) for s in feat_lorahead.all_setups()]  # LoRA on lm_head / embed_tokens (issue 23)
     list(map(add, __import__("tp").setups()))   # tensor parallelism, torchtitan's block plan (issue 23, tp.py)
+    import feat_eager_ckpt; [add(s) for s in feat_eager_ckpt.setups()]  # LLaVA stage 1, eager + checkpointing (issue 21/22)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

@@ -247,6 +247,31 @@ START_TEST(monotone_behaviour)
 }
 END_TEST
 
+/* issue 21 item 6b: LLaVA-1.5-7B stage 1 with eager attention and checkpointing
+ * (the H100 row llava7b-pretrain-eager-b4-s2048-ck1).  In the re-run last
+ * layer's backward four (B, H, S, S) fp32 blocks are alive at once - the
+ * fp32 gradient from ToCopyBackward, the kept softmax output, grad_input and
+ * the CUDA kernel's grad * output (SoftMax.cu softmax_backward_cuda_out) -
+ * beside the bf16 weights and every layer's checkpointed input but the
+ * running one's (the H200 allocator trace shows exactly these). */
+START_TEST(eager_checkpointed_softmax_backward_floor)
+{
+    mm_spec *s = load_contrib("llava-1.5-7b-pretrain");
+    const char *kv[] = {"training.micro_batch_size=4", "training.seq_len=2048",
+                        "training.data_parallel=1", "training.zero_stage=0",
+                        "training.attention=eager", "framework.transformers_version=5.17"};
+    for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
+        set(s, kv[i]);
+    mm_prediction p = predict(s);
+    uint64_t B = 4, H = 32, S = 2048, h = 4096, L = 32;
+    uint64_t floor = p.parameters_count * 2 + 4 * (B * H * S * S * 4) + (L - 1) * (B * S * h * 2);
+    ck_assert_uint_ge(p.allocated_peak_bytes, floor);
+    ck_assert_int_eq(p.peak_phase, MM_PHASE_BACKWARD);
+    mm_prediction_free(&p);
+    mm_spec_free(s);
+}
+END_TEST
+
 START_TEST(factors_sum_to_allocated)
 {
     const char *names[] = {"llava-1.5-7b-pretrain", "llava-1.5-7b-finetune", "llava-1.5-7b-lora",
@@ -537,6 +562,7 @@ Suite *predict_suite(void)
     TCase *tc = tcase_create("predict");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, llava7b_parameter_counts);
+    tcase_add_test(tc, eager_checkpointed_softmax_backward_floor);
     tcase_add_test(tc, llava13b_parameter_counts);
     tcase_add_test(tc, lora_parameter_counts);
     tcase_add_test(tc, pure_bf16_adamw_optimizer_phase);

@@ -10,6 +10,7 @@
  * from cudaMalloc get decreasing addresses, as the driver handed them out in
  * the recorded traces; they only decide ties between equal sizes. */
 #include "alloc.h"
+#include "alloc_internal.h"
 #include "util.h"
 
 #include <stdlib.h>
@@ -22,49 +23,6 @@
 #define kLargeBuffer (20ull * MiB)    /* 1-10 MiB requests share 20 MiB segments */
 #define kMinLargeAlloc (10ull * MiB)  /* allocations between 1 and 10 MiB may use kLargeBuffer */
 #define kRoundLarge (2ull * MiB)      /* round up large allocations to 2 MiB */
-#define ADDR_BASE 0x7f0000000000ull
-
-typedef struct blk {
-    uint64_t ptr, size, req;
-    int32_t prev, next;   /* neighbours in the segment, -1 none */
-    int32_t seg;          /* expandable segment (0 small, 1 large), -1 cudaMalloc'ed */
-    uint8_t small, allocated, mapped, in_use_slot;
-    int64_t gc_base;
-} blk;
-
-typedef struct ivec {
-    int32_t *v;
-    size_t n, cap;
-} ivec;
-
-typedef struct pool {
-    int small;
-    ivec blocks;          /* free mapped blocks, by (size, ptr) */
-    ivec unmapped;        /* expandable: unmapped ranges, by ptr */
-    int64_t gc_calls;     /* get_free_blocks_call_count */
-} pool;
-
-typedef struct xseg {     /* one ExpandableSegment per pool (one stream) */
-    int exists;
-    uint64_t base, page, size;
-} xseg;
-
-struct mm_allocator {
-    mm_alloc_conf conf;
-    uint64_t capacity, device_total, allowed_max;
-    uint64_t next_addr;   /* cudaMalloc: downwards from ADDR_BASE */
-    uint64_t xs_addr;     /* expandable segments' address space: upwards from it */
-    blk *b;
-    size_t nb, capb;
-    ivec freeslots;
-    pool pools[2];        /* 0 small, 1 large */
-    xseg xs[2];
-    mm_alloc_stats st;
-    int nomem;
-    mm_segment_cb seg_cb;
-    void *seg_ctx;
-    uint64_t hint;        /* address of the next cudaMalloc, 0 = invent one */
-};
 
 /* ---- small containers ----------------------------------------------------------------- */
 
@@ -147,7 +105,7 @@ static void unmapped_erase(mm_allocator *a, pool *p, int32_t i)
         ivec_erase_at(&p->unmapped, at);
 }
 
-static int32_t blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
+int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
 {
     int32_t i;
     if (a->freeslots.n) {
@@ -166,14 +124,36 @@ static int32_t blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, 
         i = (int32_t)a->nb++;
     }
     a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg,
-                    .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1};
+                    .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1,
+                    .stamp = ++a->clock};
     return i;
 }
 
-static void blk_delete(mm_allocator *a, int32_t i)
+/* block i's content changed (blk.stamp) */
+static void touch(mm_allocator *a, int32_t i)
+{
+    a->b[i].stamp = ++a->clock;
+}
+
+void alloc_blk_delete(mm_allocator *a, int32_t i)
 {
     a->b[i].in_use_slot = 0;
     ivec_insert_at(a, &a->freeslots, a->freeslots.n, i);
+}
+
+void alloc_rec_search(mm_allocator *a, int small, uint64_t req, uint64_t got)
+{
+    if (a->nrecs == a->caprecs) {
+        size_t cap = a->caprecs ? 2 * a->caprecs : 256;
+        struct rec_search *q = realloc(a->recs, cap * sizeof *q);
+        if (!q) {
+            a->nomem = 1;
+            return;
+        }
+        a->recs = q;
+        a->caprecs = cap;
+    }
+    a->recs[a->nrecs++] = (struct rec_search){req, got, small};
 }
 
 /* ---- statistics ------------------------------------------------------------------------ */
@@ -296,7 +276,8 @@ static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src)
     }
     uint64_t sub = s->size;
     d->size += sub;
-    blk_delete(a, src);
+    touch(a, dst);
+    alloc_blk_delete(a, src);
     return sub;
 }
 
@@ -306,7 +287,7 @@ static void release_block(mm_allocator *a, int32_t i)
     pool *p = &a->pools[a->b[i].small ? 0 : 1];
     pool_erase(a, p, i);
     reserved_sub(a, a->b[i].size);
-    blk_delete(a, i);
+    alloc_blk_delete(a, i);
 }
 
 static int is_split(const blk *b)
@@ -328,7 +309,7 @@ static void unmap_block(mm_allocator *a, int32_t i)
     uint64_t uptr = x->base + begin * x->page, usize = (end - begin) * x->page;
     uint64_t before = uptr - b->ptr, after = b->size - before - usize;
     if (before) {
-        int32_t f = blk_new(a, b->ptr, before, b->small, b->seg);
+        int32_t f = alloc_blk_new(a, b->ptr, before, b->small, b->seg);
         if (f < 0)
             return;
         b = &a->b[i];
@@ -340,7 +321,7 @@ static void unmap_block(mm_allocator *a, int32_t i)
         pool_insert(a, p, f);
     }
     if (after) {
-        int32_t f = blk_new(a, uptr + usize, after, b->small, b->seg);
+        int32_t f = alloc_blk_new(a, uptr + usize, after, b->small, b->seg);
         if (f < 0)
             return;
         b = &a->b[i];
@@ -353,6 +334,7 @@ static void unmap_block(mm_allocator *a, int32_t i)
     }
     b->ptr = uptr;
     b->size = usize;
+    touch(a, i);
     b->mapped = 0;
     try_merge(a, i, a->b[i].prev, p);
     try_merge(a, i, a->b[i].next, p);
@@ -372,7 +354,7 @@ static void maybe_drop_xseg(mm_allocator *a, int32_t i)
     pool *p = &a->pools[b->small ? 0 : 1];
     a->xs[b->seg].exists = 0;
     unmapped_erase(a, p, i);
-    blk_delete(a, i);
+    alloc_blk_delete(a, i);
 }
 
 /* release_blocks: cudaFree every unsplit free segment; unmap the free pages of
@@ -455,7 +437,7 @@ static int32_t xseg_create(mm_allocator *a, pool *p)
     x->base = mm_ceil_div(a->xs_addr, x->page) * x->page;
     a->xs_addr = mm_sat_add(x->base, x->size);
     x->exists = 1;
-    int32_t i = blk_new(a, x->base, x->size, p->small, p->small ? 0 : 1);
+    int32_t i = alloc_blk_new(a, x->base, x->size, p->small, p->small ? 0 : 1);
     if (i < 0)
         return -1;
     a->b[i].mapped = 0;
@@ -498,8 +480,9 @@ static int map_block(mm_allocator *a, pool *p, int32_t i, uint64_t size)
         return -1;
     unmapped_erase(a, p, i);
     a->b[i].mapped = 1;
+    touch(a, i);
     if (msize < a->b[i].size) {
-        int32_t r = blk_new(a, a->b[i].ptr + msize, a->b[i].size - msize, p->small, a->b[i].seg);
+        int32_t r = alloc_blk_new(a, a->b[i].ptr + msize, a->b[i].size - msize, p->small, a->b[i].seg);
         if (r < 0)
             return -1;
         a->b[r].mapped = 0;
@@ -571,7 +554,7 @@ static int32_t alloc_block(mm_allocator *a, pool *p, uint64_t size, uint64_t all
         a->next_addr -= span;
         addr = a->next_addr;
     }
-    int32_t i = blk_new(a, addr, alloc_size, p->small, -1);
+    int32_t i = alloc_blk_new(a, addr, alloc_size, p->small, -1);
     if (i < 0)
         return -1;
     reserved_add(a, alloc_size);
@@ -668,7 +651,7 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
 {
     int was_split = is_split(&a->b[i]);
     if (should_split(a, &a->b[i], size)) {
-        int32_t n = blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
+        int32_t n = alloc_blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
         if (n < 0) {
             if (at != NO_POS)
                 ivec_erase_at(&p->blocks, at);
@@ -682,6 +665,7 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
         rem->prev = n;
         rem->ptr += size;
         rem->size -= size;
+        touch(a, i);
         if (at != NO_POS)
             pool_reinsert_smaller(a, p, at);
         else
@@ -701,6 +685,7 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
     }
     a->b[i].allocated = 1;
     a->b[i].req = req;
+    touch(a, i);
     stat_add(&a->st.allocated, &a->st.allocated_peak, a->b[i].size);
     stat_add(&a->st.requested, &a->st.requested_peak, req);
     a->st.num_allocs++;
@@ -714,6 +699,8 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
     uint64_t alloc_size = get_allocation_size(size);
     size_t at = NO_POS;
     int32_t i = get_free_block(a, p, size, &at);
+    if (a->rec)
+        alloc_rec_search(a, p->small, size, i >= 0 ? a->b[i].size : UINT64_MAX);
     if (i < 0) {
         at = NO_POS;
         if (a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0)
@@ -775,6 +762,7 @@ void mm_allocator_release(mm_allocator *a, int64_t h)
     int32_t i = (int32_t)h;
     pool *p = &a->pools[a->b[i].small ? 0 : 1];
     a->b[i].allocated = 0;
+    touch(a, i);
     stat_sub(&a->st.allocated, a->b[i].size);
     stat_sub(&a->st.requested, a->b[i].req);
     int xs = a->b[i].seg >= 0;
@@ -821,6 +809,7 @@ void mm_allocator_free(mm_allocator *a)
         free(a->pools[k].unmapped.v);
     }
     free(a->freeslots.v);
+    free(a->recs);
     free(a->b);
     free(a);
 }

@@ -51,13 +51,39 @@ static void ivec_erase_at(ivec *v, size_t at)
     v->n--;
 }
 
+/* a pool's list: block i at `at`, its key read from the block */
+static int kvec_insert_at(mm_allocator *a, kvec *v, size_t at, int32_t i)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        pkey *p = realloc(v->v, cap * sizeof *p);
+        if (!p) {
+            a->nomem = 1;
+            return -1;
+        }
+        v->v = p;
+        v->cap = cap;
+    }
+    if (at < v->n)
+        memmove(&v->v[at + 1], &v->v[at], (v->n - at) * sizeof *v->v);
+    v->v[at] = (pkey){a->b[i].size, a->b[i].ptr, i};
+    v->n++;
+    return 0;
+}
+
+static void kvec_erase_at(kvec *v, size_t at)
+{
+    memmove(&v->v[at], &v->v[at + 1], (v->n - at - 1) * sizeof *v->v);
+    v->n--;
+}
+
 /* first position whose block is not less than (size, ptr) */
-static size_t lower_bound_size(const mm_allocator *a, const ivec *v, uint64_t size, uint64_t ptr)
+static size_t lower_bound_size(const kvec *v, uint64_t size, uint64_t ptr)
 {
     size_t lo = 0, hi = v->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        const blk *m = &a->b[v->v[mid]];
+        const pkey *m = &v->v[mid];
         if (m->size < size || (m->size == size && m->ptr < ptr))
             lo = mid + 1;
         else
@@ -83,14 +109,14 @@ static size_t lower_bound_addr(const mm_allocator *a, const ivec *v, uint64_t pt
 static void pool_insert(mm_allocator *a, pool *p, int32_t i)
 {
     a->b[i].gc_base = p->gc_calls;
-    ivec_insert_at(a, &p->blocks, lower_bound_size(a, &p->blocks, a->b[i].size, a->b[i].ptr), i);
+    kvec_insert_at(a, &p->blocks, lower_bound_size(&p->blocks, a->b[i].size, a->b[i].ptr), i);
 }
 
 static void pool_erase(mm_allocator *a, pool *p, int32_t i)
 {
-    size_t at = lower_bound_size(a, &p->blocks, a->b[i].size, a->b[i].ptr);
-    if (at < p->blocks.n && p->blocks.v[at] == i)
-        ivec_erase_at(&p->blocks, at);
+    size_t at = lower_bound_size(&p->blocks, a->b[i].size, a->b[i].ptr);
+    if (at < p->blocks.n && p->blocks.v[at].i == i)
+        kvec_erase_at(&p->blocks, at);
 }
 
 static void unmapped_insert(mm_allocator *a, pool *p, int32_t i)
@@ -125,14 +151,16 @@ int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, i
     }
     a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg,
                     .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1,
-                    .stamp = ++a->clock};
+                    .stamp = a->rec ? ++a->clock : a->clock};
     return i;
 }
 
-/* block i's content changed (blk.stamp) */
+/* block i's content changed (blk.stamp; counted only while a fold's mark is
+ * open: the fold asks what changed since the mark) */
 static void touch(mm_allocator *a, int32_t i)
 {
-    a->b[i].stamp = ++a->clock;
+    if (a->rec)
+        a->b[i].stamp = ++a->clock;
 }
 
 void alloc_blk_delete(mm_allocator *a, int32_t i)
@@ -363,7 +391,7 @@ static void release_pool(mm_allocator *a, pool *p)
 {
     ivec todo = {0};
     for (size_t k = 0; k < p->blocks.n;) {
-        int32_t i = p->blocks.v[k];
+        int32_t i = p->blocks.v[k].i;
         if (a->b[i].seg >= 0) {
             ivec_insert_at(a, &todo, todo.n, i);
             k++;
@@ -402,21 +430,22 @@ static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size, size_t *p
     const mm_alloc_conf *c = &a->conf;
     if (a->conf.memory_fraction > 0 && c->gc_threshold > 0)
         p->gc_calls++;
-    size_t at = lower_bound_size(a, &p->blocks, size, 0);
+    size_t at = lower_bound_size(&p->blocks, size, 0);
     if (at == p->blocks.n)
         return -1;
-    if (a->b[p->blocks.v[at]].seg >= 0 && c->expandable_segments) {
+    const pkey *v = p->blocks.v;
+    if (a->b[v[at].i].seg >= 0 && c->expandable_segments) {
         /* a block that can still grow counts as that large for "best fit" */
-        while (a->b[p->blocks.v[at]].seg >= 0 && at + 1 < p->blocks.n &&
-               expandable_size(a, p->blocks.v[at + 1]) < expandable_size(a, p->blocks.v[at]))
+        while (a->b[v[at].i].seg >= 0 && at + 1 < p->blocks.n &&
+               expandable_size(a, v[at + 1].i) < expandable_size(a, v[at].i))
             at++;
-    } else if (a->b[p->blocks.v[at]].seg >= 0) {
-        while (at < p->blocks.n && a->b[p->blocks.v[at]].seg >= 0)
+    } else if (a->b[v[at].i].seg >= 0) {
+        while (at < p->blocks.n && a->b[v[at].i].seg >= 0)
             at++;
         if (at == p->blocks.n)
             return -1;
     }
-    int32_t i = p->blocks.v[at];
+    int32_t i = v[at].i;
     if (size < c->max_split_size && a->b[i].size >= c->max_split_size)
         return -1; /* no oversized block for a small request */
     if (size >= c->max_split_size && a->b[i].size >= mm_sat_add(size, c->max_non_split_rounding))
@@ -568,14 +597,14 @@ static int release_available(mm_allocator *a, pool *p, uint64_t size)
     if (ms == UINT64_MAX)
         return 0;
     uint64_t key = size < ms ? ms : size;
-    size_t at = lower_bound_size(a, &p->blocks, key, 0);
+    size_t at = lower_bound_size(&p->blocks, key, 0);
     if (at < p->blocks.n) {
-        release_block(a, p->blocks.v[at]);
+        release_block(a, p->blocks.v[at].i);
         return 1;
     }
     uint64_t freed = 0;
     while (at > 0 && freed < key) {
-        int32_t i = p->blocks.v[at - 1];
+        int32_t i = p->blocks.v[at - 1].i;
         if (a->b[i].size < ms)
             break;
         freed += a->b[i].size;
@@ -596,8 +625,8 @@ static void garbage_collect(mm_allocator *a)
     double total_age = 0;
     int64_t n = 0;
     for (size_t k = 0; k < p->blocks.n; k++)
-        if (!is_split(&a->b[p->blocks.v[k]])) {
-            total_age += (double)(p->gc_calls - a->b[p->blocks.v[k]].gc_base);
+        if (!is_split(&a->b[p->blocks.v[k].i])) {
+            total_age += (double)(p->gc_calls - a->b[p->blocks.v[k].i].gc_base);
             n++;
         }
     int freed = 1;
@@ -605,7 +634,7 @@ static void garbage_collect(mm_allocator *a)
         double thr_age = total_age / (double)n;
         freed = 0;
         for (size_t k = 0; k < p->blocks.n;) {
-            int32_t i = p->blocks.v[k];
+            int32_t i = p->blocks.v[k].i;
             double age = (double)(p->gc_calls - a->b[i].gc_base);
             if (!is_split(&a->b[i]) && age >= thr_age) {
                 freed = 1;
@@ -635,12 +664,12 @@ static int should_split(const mm_allocator *a, const blk *b, uint64_t size)
  * before `at`); the same as erasing it and inserting it again */
 static void pool_reinsert_smaller(mm_allocator *a, pool *p, size_t at)
 {
-    int32_t i = p->blocks.v[at];
-    ivec head = {.v = p->blocks.v, .n = at};
-    size_t q = lower_bound_size(a, &head, a->b[i].size, a->b[i].ptr);
+    int32_t i = p->blocks.v[at].i;
+    kvec head = {.v = p->blocks.v, .n = at};
+    size_t q = lower_bound_size(&head, a->b[i].size, a->b[i].ptr);
     if (q < at)
         memmove(&p->blocks.v[q + 1], &p->blocks.v[q], (at - q) * sizeof *p->blocks.v);
-    p->blocks.v[q] = i;
+    p->blocks.v[q] = (pkey){a->b[i].size, a->b[i].ptr, i};
     a->b[i].gc_base = p->gc_calls;
 }
 
@@ -654,7 +683,7 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
         int32_t n = alloc_blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
         if (n < 0) {
             if (at != NO_POS)
-                ivec_erase_at(&p->blocks, at);
+                kvec_erase_at(&p->blocks, at);
             return -1;
         }
         blk *rem = &a->b[i];
@@ -679,7 +708,7 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
         i = n;
     } else {
         if (at != NO_POS)
-            ivec_erase_at(&p->blocks, at);
+            kvec_erase_at(&p->blocks, at);
         if (was_split && a->b[i].seg < 0)
             stat_sub(&a->st.inactive_split, a->b[i].size);
     }
@@ -733,11 +762,11 @@ static uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p, 
         !a->b[src].mapped)
         return try_merge(a, dst, src, p);
     if (*hole != NO_POS) {
-        ivec_erase_at(&p->blocks, *hole);
+        kvec_erase_at(&p->blocks, *hole);
         *hole = NO_POS;
     }
-    size_t at = lower_bound_size(a, &p->blocks, a->b[src].size, a->b[src].ptr);
-    if (at < p->blocks.n && p->blocks.v[at] == src)
+    size_t at = lower_bound_size(&p->blocks, a->b[src].size, a->b[src].ptr);
+    if (at < p->blocks.n && p->blocks.v[at].i == src)
         *hole = at;
     return merge_into(a, dst, src);
 }
@@ -746,11 +775,11 @@ static uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p, 
  * after the hole, and the entries between move down one */
 static void pool_fill_hole(mm_allocator *a, pool *p, int32_t i, size_t hole)
 {
-    ivec tail = {.v = p->blocks.v + hole + 1, .n = p->blocks.n - hole - 1};
-    size_t q = hole + lower_bound_size(a, &tail, a->b[i].size, a->b[i].ptr);
+    kvec tail = {.v = p->blocks.v + hole + 1, .n = p->blocks.n - hole - 1};
+    size_t q = hole + lower_bound_size(&tail, a->b[i].size, a->b[i].ptr);
     if (q > hole)
         memmove(&p->blocks.v[hole], &p->blocks.v[hole + 1], (q - hole) * sizeof *p->blocks.v);
-    p->blocks.v[q] = i;
+    p->blocks.v[q] = (pkey){a->b[i].size, a->b[i].ptr, i};
     a->b[i].gc_base = p->gc_calls;
 }
 
@@ -842,9 +871,9 @@ uint64_t mm_allocator_largest_free(const mm_allocator *a)
 {
     uint64_t m = 0;
     for (int k = 0; k < 2; k++) {
-        const ivec *v = &a->pools[k].blocks; /* sorted by size: the last is the largest */
-        if (v->n && a->b[v->v[v->n - 1]].size > m)
-            m = a->b[v->v[v->n - 1]].size;
+        const kvec *v = &a->pools[k].blocks; /* sorted by size: the last is the largest */
+        if (v->n && v->v[v->n - 1].size > m)
+            m = v->v[v->n - 1].size;
     }
     return m;
 }

@@ -117,7 +117,7 @@ int mm_alloc_mark_light(const mm_allocator *a, mm_alloc_mark *m)
         return -1;
     for (size_t k = 0, q = 0; k < 2; k++)
         for (size_t j = 0; j < m->npool[k]; j++)
-            m->psize[q++] = a->b[a->pools[k].blocks.v[j]].size;
+            m->psize[q++] = a->pools[k].blocks.v[j].size;
     return 0;
 }
 
@@ -172,9 +172,9 @@ int mm_alloc_fold_maybe(const mm_allocator *a, const mm_alloc_mark *m)
     for (size_t k = 0, q = 0; k < 2; k++) {
         size_t j = 0;
         for (size_t x = 0; x < m->npool[k]; x++, q++) {
-            while (j < a->pools[k].blocks.n && a->b[a->pools[k].blocks.v[j]].size < m->psize[q])
+            while (j < a->pools[k].blocks.n && a->pools[k].blocks.v[j].size < m->psize[q])
                 j++;
-            if (j == a->pools[k].blocks.n || a->b[a->pools[k].blocks.v[j]].size != m->psize[q])
+            if (j == a->pools[k].blocks.n || a->pools[k].blocks.v[j].size != m->psize[q])
                 return 0;
             j++;
         }
@@ -533,7 +533,7 @@ static int rebuild_pools(mm_allocator *a)
             return -1;
         }
         for (size_t k = 0; k < n; k++)
-            p->blocks.v[k] = keys[k].i;
+            p->blocks.v[k] = (pkey){keys[k].size, keys[k].ptr, keys[k].i};
         p->blocks.n = n;
     }
     free(keys);

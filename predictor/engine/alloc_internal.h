@@ -15,7 +15,8 @@ typedef struct blk {
     uint8_t small, allocated, mapped, in_use_slot;
     int64_t gc_base;
     uint64_t stamp;       /* a->clock when its content (ptr, size, req, allocated, mapped)
-                             last changed: what a fold compares (alloc_fold.c) */
+                             last changed while a fold's mark was open (a->rec), or
+                             when it was made: what a fold compares (alloc_fold.c) */
 } blk;
 
 typedef struct ivec {
@@ -23,9 +24,21 @@ typedef struct ivec {
     size_t n, cap;
 } ivec;
 
+/* a free block in its pool, with the key it is sorted by (kept beside the
+ * index: the best-fit searches read the keys alone) */
+typedef struct pkey {
+    uint64_t size, ptr;
+    int32_t i;
+} pkey;
+
+typedef struct kvec {
+    pkey *v;
+    size_t n, cap;
+} kvec;
+
 typedef struct pool {
     int small;
-    ivec blocks;          /* free mapped blocks, by (size, ptr) */
+    kvec blocks;          /* free mapped blocks, by (size, ptr) */
     ivec unmapped;        /* expandable: unmapped ranges, by ptr */
     int64_t gc_calls;     /* get_free_blocks_call_count */
 } pool;

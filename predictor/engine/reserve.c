@@ -437,6 +437,16 @@ static void step(replay *r, int first, int per_param)
 {
     int states = !first;
     size_t i = r->step_ev;
+    if (!r->fold) { /* one by one */
+        for (; i < r->nev && !r->failed; i++) {
+            if (!states && r->ev[i].phase == MM_PHASE_OPTIMIZER) {
+                model_states(r, F_OPT, per_param);
+                states = 1;
+            }
+            event(r, &r->ev[i]);
+        }
+        i = r->nev;
+    }
     while (i < r->nev && !r->failed) {
         const sim_ev *e = &r->ev[i];
         if (!states && e->phase == MM_PHASE_OPTIMIZER) {

@@ -52,6 +52,9 @@ def compare(case):
     folded, folds = run(args, True)
     if none:
         return name, "the unfolded run folded", folds
+    for out in (plain, folded):  # under ASan+UBSan: a report is a failure either way
+        if "Sanitizer" in out[2] or "runtime error:" in out[2]:
+            return name, "sanitizer: %s" % out[2][:300], folds
     if plain != folded:
         return name, "differs: rc %d/%d, stdout %d/%d bytes, stderr %r/%r" % (
             plain[0], folded[0], len(plain[1]), len(folded[1]), plain[2][:200],

@@ -10,6 +10,7 @@
  * from cudaMalloc get decreasing addresses, as the driver handed them out in
  * the recorded traces; they only decide ties between equal sizes. */
 #include "alloc.h"
+#include "alloc_internal.h"
 #include "util.h"
 
 #include <stdlib.h>
@@ -22,49 +23,6 @@
 #define kLargeBuffer (20ull * MiB)    /* 1-10 MiB requests share 20 MiB segments */
 #define kMinLargeAlloc (10ull * MiB)  /* allocations between 1 and 10 MiB may use kLargeBuffer */
 #define kRoundLarge (2ull * MiB)      /* round up large allocations to 2 MiB */
-#define ADDR_BASE 0x7f0000000000ull
-
-typedef struct blk {
-    uint64_t ptr, size, req;
-    int32_t prev, next;   /* neighbours in the segment, -1 none */
-    int32_t seg;          /* expandable segment (0 small, 1 large), -1 cudaMalloc'ed */
-    uint8_t small, allocated, mapped, in_use_slot;
-    int64_t gc_base;
-} blk;
-
-typedef struct ivec {
-    int32_t *v;
-    size_t n, cap;
-} ivec;
-
-typedef struct pool {
-    int small;
-    ivec blocks;          /* free mapped blocks, by (size, ptr) */
-    ivec unmapped;        /* expandable: unmapped ranges, by ptr */
-    int64_t gc_calls;     /* get_free_blocks_call_count */
-} pool;
-
-typedef struct xseg {     /* one ExpandableSegment per pool (one stream) */
-    int exists;
-    uint64_t base, page, size;
-} xseg;
-
-struct mm_allocator {
-    mm_alloc_conf conf;
-    uint64_t capacity, device_total, allowed_max;
-    uint64_t next_addr;   /* cudaMalloc: downwards from ADDR_BASE */
-    uint64_t xs_addr;     /* expandable segments' address space: upwards from it */
-    blk *b;
-    size_t nb, capb;
-    ivec freeslots;
-    pool pools[2];        /* 0 small, 1 large */
-    xseg xs[2];
-    mm_alloc_stats st;
-    int nomem;
-    mm_segment_cb seg_cb;
-    void *seg_ctx;
-    uint64_t hint;        /* address of the next cudaMalloc, 0 = invent one */
-};
 
 /* ---- small containers ----------------------------------------------------------------- */
 
@@ -93,13 +51,39 @@ static void ivec_erase_at(ivec *v, size_t at)
     v->n--;
 }
 
+/* a pool's list: block i at `at`, its key read from the block */
+static int kvec_insert_at(mm_allocator *a, kvec *v, size_t at, int32_t i)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        pkey *p = realloc(v->v, cap * sizeof *p);
+        if (!p) {
+            a->nomem = 1;
+            return -1;
+        }
+        v->v = p;
+        v->cap = cap;
+    }
+    if (at < v->n)
+        memmove(&v->v[at + 1], &v->v[at], (v->n - at) * sizeof *v->v);
+    v->v[at] = (pkey){a->b[i].size, a->b[i].ptr, i};
+    v->n++;
+    return 0;
+}
+
+static void kvec_erase_at(kvec *v, size_t at)
+{
+    memmove(&v->v[at], &v->v[at + 1], (v->n - at - 1) * sizeof *v->v);
+    v->n--;
+}
+
 /* first position whose block is not less than (size, ptr) */
-static size_t lower_bound_size(const mm_allocator *a, const ivec *v, uint64_t size, uint64_t ptr)
+static size_t lower_bound_size(const kvec *v, uint64_t size, uint64_t ptr)
 {
     size_t lo = 0, hi = v->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        const blk *m = &a->b[v->v[mid]];
+        const pkey *m = &v->v[mid];
         if (m->size < size || (m->size == size && m->ptr < ptr))
             lo = mid + 1;
         else
@@ -125,14 +109,14 @@ static size_t lower_bound_addr(const mm_allocator *a, const ivec *v, uint64_t pt
 static void pool_insert(mm_allocator *a, pool *p, int32_t i)
 {
     a->b[i].gc_base = p->gc_calls;
-    ivec_insert_at(a, &p->blocks, lower_bound_size(a, &p->blocks, a->b[i].size, a->b[i].ptr), i);
+    kvec_insert_at(a, &p->blocks, lower_bound_size(&p->blocks, a->b[i].size, a->b[i].ptr), i);
 }
 
 static void pool_erase(mm_allocator *a, pool *p, int32_t i)
 {
-    size_t at = lower_bound_size(a, &p->blocks, a->b[i].size, a->b[i].ptr);
-    if (at < p->blocks.n && p->blocks.v[at] == i)
-        ivec_erase_at(&p->blocks, at);
+    size_t at = lower_bound_size(&p->blocks, a->b[i].size, a->b[i].ptr);
+    if (at < p->blocks.n && p->blocks.v[at].i == i)
+        kvec_erase_at(&p->blocks, at);
 }
 
 static void unmapped_insert(mm_allocator *a, pool *p, int32_t i)
@@ -147,7 +131,7 @@ static void unmapped_erase(mm_allocator *a, pool *p, int32_t i)
         ivec_erase_at(&p->unmapped, at);
 }
 
-static int32_t blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
+int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
 {
     int32_t i;
     if (a->freeslots.n) {
@@ -166,14 +150,38 @@ static int32_t blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, 
         i = (int32_t)a->nb++;
     }
     a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg,
-                    .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1};
+                    .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1,
+                    .stamp = a->rec ? ++a->clock : a->clock};
     return i;
 }
 
-static void blk_delete(mm_allocator *a, int32_t i)
+/* block i's content changed (blk.stamp; counted only while a fold's mark is
+ * open: the fold asks what changed since the mark) */
+static void touch(mm_allocator *a, int32_t i)
+{
+    if (a->rec)
+        a->b[i].stamp = ++a->clock;
+}
+
+void alloc_blk_delete(mm_allocator *a, int32_t i)
 {
     a->b[i].in_use_slot = 0;
     ivec_insert_at(a, &a->freeslots, a->freeslots.n, i);
+}
+
+void alloc_rec_search(mm_allocator *a, int small, uint64_t req, uint64_t got)
+{
+    if (a->nrecs == a->caprecs) {
+        size_t cap = a->caprecs ? 2 * a->caprecs : 256;
+        struct rec_search *q = realloc(a->recs, cap * sizeof *q);
+        if (!q) {
+            a->nomem = 1;
+            return;
+        }
+        a->recs = q;
+        a->caprecs = cap;
+    }
+    a->recs[a->nrecs++] = (struct rec_search){req, got, small};
 }
 
 /* ---- statistics ------------------------------------------------------------------------ */
@@ -296,7 +304,8 @@ static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src)
     }
     uint64_t sub = s->size;
     d->size += sub;
-    blk_delete(a, src);
+    touch(a, dst);
+    alloc_blk_delete(a, src);
     return sub;
 }
 
@@ -306,7 +315,7 @@ static void release_block(mm_allocator *a, int32_t i)
     pool *p = &a->pools[a->b[i].small ? 0 : 1];
     pool_erase(a, p, i);
     reserved_sub(a, a->b[i].size);
-    blk_delete(a, i);
+    alloc_blk_delete(a, i);
 }
 
 static int is_split(const blk *b)
@@ -328,7 +337,7 @@ static void unmap_block(mm_allocator *a, int32_t i)
     uint64_t uptr = x->base + begin * x->page, usize = (end - begin) * x->page;
     uint64_t before = uptr - b->ptr, after = b->size - before - usize;
     if (before) {
-        int32_t f = blk_new(a, b->ptr, before, b->small, b->seg);
+        int32_t f = alloc_blk_new(a, b->ptr, before, b->small, b->seg);
         if (f < 0)
             return;
         b = &a->b[i];
@@ -340,7 +349,7 @@ static void unmap_block(mm_allocator *a, int32_t i)
         pool_insert(a, p, f);
     }
     if (after) {
-        int32_t f = blk_new(a, uptr + usize, after, b->small, b->seg);
+        int32_t f = alloc_blk_new(a, uptr + usize, after, b->small, b->seg);
         if (f < 0)
             return;
         b = &a->b[i];
@@ -353,6 +362,7 @@ static void unmap_block(mm_allocator *a, int32_t i)
     }
     b->ptr = uptr;
     b->size = usize;
+    touch(a, i);
     b->mapped = 0;
     try_merge(a, i, a->b[i].prev, p);
     try_merge(a, i, a->b[i].next, p);
@@ -372,7 +382,7 @@ static void maybe_drop_xseg(mm_allocator *a, int32_t i)
     pool *p = &a->pools[b->small ? 0 : 1];
     a->xs[b->seg].exists = 0;
     unmapped_erase(a, p, i);
-    blk_delete(a, i);
+    alloc_blk_delete(a, i);
 }
 
 /* release_blocks: cudaFree every unsplit free segment; unmap the free pages of
@@ -381,7 +391,7 @@ static void release_pool(mm_allocator *a, pool *p)
 {
     ivec todo = {0};
     for (size_t k = 0; k < p->blocks.n;) {
-        int32_t i = p->blocks.v[k];
+        int32_t i = p->blocks.v[k].i;
         if (a->b[i].seg >= 0) {
             ivec_insert_at(a, &todo, todo.n, i);
             k++;
@@ -420,21 +430,22 @@ static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size, size_t *p
     const mm_alloc_conf *c = &a->conf;
     if (a->conf.memory_fraction > 0 && c->gc_threshold > 0)
         p->gc_calls++;
-    size_t at = lower_bound_size(a, &p->blocks, size, 0);
+    size_t at = lower_bound_size(&p->blocks, size, 0);
     if (at == p->blocks.n)
         return -1;
-    if (a->b[p->blocks.v[at]].seg >= 0 && c->expandable_segments) {
+    const pkey *v = p->blocks.v;
+    if (a->b[v[at].i].seg >= 0 && c->expandable_segments) {
         /* a block that can still grow counts as that large for "best fit" */
-        while (a->b[p->blocks.v[at]].seg >= 0 && at + 1 < p->blocks.n &&
-               expandable_size(a, p->blocks.v[at + 1]) < expandable_size(a, p->blocks.v[at]))
+        while (a->b[v[at].i].seg >= 0 && at + 1 < p->blocks.n &&
+               expandable_size(a, v[at + 1].i) < expandable_size(a, v[at].i))
             at++;
-    } else if (a->b[p->blocks.v[at]].seg >= 0) {
-        while (at < p->blocks.n && a->b[p->blocks.v[at]].seg >= 0)
+    } else if (a->b[v[at].i].seg >= 0) {
+        while (at < p->blocks.n && a->b[v[at].i].seg >= 0)
             at++;
         if (at == p->blocks.n)
             return -1;
     }
-    int32_t i = p->blocks.v[at];
+    int32_t i = v[at].i;
     if (size < c->max_split_size && a->b[i].size >= c->max_split_size)
         return -1; /* no oversized block for a small request */
     if (size >= c->max_split_size && a->b[i].size >= mm_sat_add(size, c->max_non_split_rounding))
@@ -455,7 +466,7 @@ static int32_t xseg_create(mm_allocator *a, pool *p)
     x->base = mm_ceil_div(a->xs_addr, x->page) * x->page;
     a->xs_addr = mm_sat_add(x->base, x->size);
     x->exists = 1;
-    int32_t i = blk_new(a, x->base, x->size, p->small, p->small ? 0 : 1);
+    int32_t i = alloc_blk_new(a, x->base, x->size, p->small, p->small ? 0 : 1);
     if (i < 0)
         return -1;
     a->b[i].mapped = 0;
@@ -498,8 +509,9 @@ static int map_block(mm_allocator *a, pool *p, int32_t i, uint64_t size)
         return -1;
     unmapped_erase(a, p, i);
     a->b[i].mapped = 1;
+    touch(a, i);
     if (msize < a->b[i].size) {
-        int32_t r = blk_new(a, a->b[i].ptr + msize, a->b[i].size - msize, p->small, a->b[i].seg);
+        int32_t r = alloc_blk_new(a, a->b[i].ptr + msize, a->b[i].size - msize, p->small, a->b[i].seg);
         if (r < 0)
             return -1;
         a->b[r].mapped = 0;
@@ -571,7 +583,7 @@ static int32_t alloc_block(mm_allocator *a, pool *p, uint64_t size, uint64_t all
         a->next_addr -= span;
         addr = a->next_addr;
     }
-    int32_t i = blk_new(a, addr, alloc_size, p->small, -1);
+    int32_t i = alloc_blk_new(a, addr, alloc_size, p->small, -1);
     if (i < 0)
         return -1;
     reserved_add(a, alloc_size);
@@ -585,14 +597,14 @@ static int release_available(mm_allocator *a, pool *p, uint64_t size)
     if (ms == UINT64_MAX)
         return 0;
     uint64_t key = size < ms ? ms : size;
-    size_t at = lower_bound_size(a, &p->blocks, key, 0);
+    size_t at = lower_bound_size(&p->blocks, key, 0);
     if (at < p->blocks.n) {
-        release_block(a, p->blocks.v[at]);
+        release_block(a, p->blocks.v[at].i);
         return 1;
     }
     uint64_t freed = 0;
     while (at > 0 && freed < key) {
-        int32_t i = p->blocks.v[at - 1];
+        int32_t i = p->blocks.v[at - 1].i;
         if (a->b[i].size < ms)
             break;
         freed += a->b[i].size;
@@ -613,8 +625,8 @@ static void garbage_collect(mm_allocator *a)
     double total_age = 0;
     int64_t n = 0;
     for (size_t k = 0; k < p->blocks.n; k++)
-        if (!is_split(&a->b[p->blocks.v[k]])) {
-            total_age += (double)(p->gc_calls - a->b[p->blocks.v[k]].gc_base);
+        if (!is_split(&a->b[p->blocks.v[k].i])) {
+            total_age += (double)(p->gc_calls - a->b[p->blocks.v[k].i].gc_base);
             n++;
         }
     int freed = 1;
@@ -622,7 +634,7 @@ static void garbage_collect(mm_allocator *a)
         double thr_age = total_age / (double)n;
         freed = 0;
         for (size_t k = 0; k < p->blocks.n;) {
-            int32_t i = p->blocks.v[k];
+            int32_t i = p->blocks.v[k].i;
             double age = (double)(p->gc_calls - a->b[i].gc_base);
             if (!is_split(&a->b[i]) && age >= thr_age) {
                 freed = 1;
@@ -652,12 +664,12 @@ static int should_split(const mm_allocator *a, const blk *b, uint64_t size)
  * before `at`); the same as erasing it and inserting it again */
 static void pool_reinsert_smaller(mm_allocator *a, pool *p, size_t at)
 {
-    int32_t i = p->blocks.v[at];
-    ivec head = {.v = p->blocks.v, .n = at};
-    size_t q = lower_bound_size(a, &head, a->b[i].size, a->b[i].ptr);
+    int32_t i = p->blocks.v[at].i;
+    kvec head = {.v = p->blocks.v, .n = at};
+    size_t q = lower_bound_size(&head, a->b[i].size, a->b[i].ptr);
     if (q < at)
         memmove(&p->blocks.v[q + 1], &p->blocks.v[q], (at - q) * sizeof *p->blocks.v);
-    p->blocks.v[q] = i;
+    p->blocks.v[q] = (pkey){a->b[i].size, a->b[i].ptr, i};
     a->b[i].gc_base = p->gc_calls;
 }
 
@@ -668,10 +680,10 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
 {
     int was_split = is_split(&a->b[i]);
     if (should_split(a, &a->b[i], size)) {
-        int32_t n = blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
+        int32_t n = alloc_blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
         if (n < 0) {
             if (at != NO_POS)
-                ivec_erase_at(&p->blocks, at);
+                kvec_erase_at(&p->blocks, at);
             return -1;
         }
         blk *rem = &a->b[i];
@@ -682,6 +694,7 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
         rem->prev = n;
         rem->ptr += size;
         rem->size -= size;
+        touch(a, i);
         if (at != NO_POS)
             pool_reinsert_smaller(a, p, at);
         else
@@ -695,12 +708,13 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
         i = n;
     } else {
         if (at != NO_POS)
-            ivec_erase_at(&p->blocks, at);
+            kvec_erase_at(&p->blocks, at);
         if (was_split && a->b[i].seg < 0)
             stat_sub(&a->st.inactive_split, a->b[i].size);
     }
     a->b[i].allocated = 1;
     a->b[i].req = req;
+    touch(a, i);
     stat_add(&a->st.allocated, &a->st.allocated_peak, a->b[i].size);
     stat_add(&a->st.requested, &a->st.requested_peak, req);
     a->st.num_allocs++;
@@ -714,6 +728,8 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
     uint64_t alloc_size = get_allocation_size(size);
     size_t at = NO_POS;
     int32_t i = get_free_block(a, p, size, &at);
+    if (a->rec)
+        alloc_rec_search(a, p->small, size, i >= 0 ? a->b[i].size : UINT64_MAX);
     if (i < 0) {
         at = NO_POS;
         if (a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0)
@@ -746,11 +762,11 @@ static uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p, 
         !a->b[src].mapped)
         return try_merge(a, dst, src, p);
     if (*hole != NO_POS) {
-        ivec_erase_at(&p->blocks, *hole);
+        kvec_erase_at(&p->blocks, *hole);
         *hole = NO_POS;
     }
-    size_t at = lower_bound_size(a, &p->blocks, a->b[src].size, a->b[src].ptr);
-    if (at < p->blocks.n && p->blocks.v[at] == src)
+    size_t at = lower_bound_size(&p->blocks, a->b[src].size, a->b[src].ptr);
+    if (at < p->blocks.n && p->blocks.v[at].i == src)
         *hole = at;
     return merge_into(a, dst, src);
 }
@@ -759,11 +775,11 @@ static uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p, 
  * after the hole, and the entries between move down one */
 static void pool_fill_hole(mm_allocator *a, pool *p, int32_t i, size_t hole)
 {
-    ivec tail = {.v = p->blocks.v + hole + 1, .n = p->blocks.n - hole - 1};
-    size_t q = hole + lower_bound_size(a, &tail, a->b[i].size, a->b[i].ptr);
+    kvec tail = {.v = p->blocks.v + hole + 1, .n = p->blocks.n - hole - 1};
+    size_t q = hole + lower_bound_size(&tail, a->b[i].size, a->b[i].ptr);
     if (q > hole)
         memmove(&p->blocks.v[hole], &p->blocks.v[hole + 1], (q - hole) * sizeof *p->blocks.v);
-    p->blocks.v[q] = i;
+    p->blocks.v[q] = (pkey){a->b[i].size, a->b[i].ptr, i};
     a->b[i].gc_base = p->gc_calls;
 }
 
@@ -775,6 +791,7 @@ void mm_allocator_release(mm_allocator *a, int64_t h)
     int32_t i = (int32_t)h;
     pool *p = &a->pools[a->b[i].small ? 0 : 1];
     a->b[i].allocated = 0;
+    touch(a, i);
     stat_sub(&a->st.allocated, a->b[i].size);
     stat_sub(&a->st.requested, a->b[i].req);
     int xs = a->b[i].seg >= 0;
@@ -821,6 +838,7 @@ void mm_allocator_free(mm_allocator *a)
         free(a->pools[k].unmapped.v);
     }
     free(a->freeslots.v);
+    free(a->recs);
     free(a->b);
     free(a);
 }
@@ -853,9 +871,9 @@ uint64_t mm_allocator_largest_free(const mm_allocator *a)
 {
     uint64_t m = 0;
     for (int k = 0; k < 2; k++) {
-        const ivec *v = &a->pools[k].blocks; /* sorted by size: the last is the largest */
-        if (v->n && a->b[v->v[v->n - 1]].size > m)
-            m = a->b[v->v[v->n - 1]].size;
+        const kvec *v = &a->pools[k].blocks; /* sorted by size: the last is the largest */
+        if (v->n && v->v[v->n - 1].size > m)
+            m = v->v[v->n - 1].size;
     }
     return m;
 }

@@ -10,10 +10,33 @@
  * activations need new segments (verified on the H100 traces,
  * tests/gpu_data/traces). */
 #include "reserve.h"
+#include "alloc_fold.h"
 #include "util.h"
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+
+/* What folding the replay needs (see fold_at): for each event the next one
+ * that looks the same, for each tensor the event that allocates it, and a
+ * mark at each of the last FOLD_SPAN + 1 period starts of a region. */
+#define FOLD_SPAN 6 /* periods a repeating state may take (segments shared by layers) */
+typedef struct fold {
+    size_t *next_same;      /* next event with the same size, kind, class, phase, row */
+    size_t *phase_end;      /* the first event after each of another phase */
+    int64_t *born;          /* the step's event allocating each tensor, -1 none */
+    uint8_t *again;         /* a free of a tensor the step freed before: a no-op */
+    size_t next_try;        /* the first event to look for a period at again */
+    mm_alloc_mark *ring[FOLD_SPAN + 1]; /* light marks at the last period starts */
+    mm_alloc_mark *full;    /* the whole one a fold starts from */
+    uint64_t *ptr;          /* the region's blocks, by event (0: a free) */
+    int64_t *was;           /* the handle each free of the region gave back */
+    size_t capev;
+    mm_fold_pair *pairs;    /* the mark's tensors freed in the folded periods */
+    size_t *pair_ev;        /* ... and the events that free them */
+    size_t cappairs;
+    int verbose;            /* MMGUARD_REPLAY_FOLD=verbose: say what was folded */
+} fold;
 
 typedef struct replay {
     const sim *s;
@@ -28,6 +51,7 @@ typedef struct replay {
                             invented address space can run out, and the replay goes on) */
     uint64_t stop_above; /* end the steps once their reserved peak exceeds it */
     reserve_result *out;
+    fold *fold;          /* NULL: every event replayed one by one */
 } replay;
 
 /* The request of a (row, phase) found no room even after the cache was freed:
@@ -159,24 +183,395 @@ static void other_setup(replay *r)
     }
 }
 
+/* one event of the log: a block for an allocation, back to the cache for a free */
+static inline void event(replay *r, const sim_ev *e)
+{
+    if (e->is_free) {
+        mm_allocator_release(r->a, r->h[e->id]);
+        r->h[e->id] = -1;
+    } else {
+        r->h[e->id] = alloc_at(r, e->row, e->phase, e->bytes);
+    }
+}
+
+/* ---- folding repeated periods (alloc_fold.h) ------------------------------------------ */
+
+#define FOLD_STRIDE 16 /* events between two looks for a period where none was found */
+#define FOLD_PENDING(x) (-3 - (int64_t)(x))
+
+/* Events e and g = e + p do the same: the same request or free, and a free
+ * frees the tensor allocated p events after the first's (one allocated before
+ * `start`: one allocated before start + p). */
+static int alike(const replay *r, size_t start, size_t e, size_t p)
+{
+    const sim_ev *a = &r->ev[e], *b = &r->ev[e + p];
+    if (a->bytes != b->bytes || a->is_free != b->is_free || a->cls != b->cls ||
+        a->phase != b->phase || a->row != b->row)
+        return 0;
+    if (!a->is_free)
+        return 1;
+    if (r->fold->again[e] != r->fold->again[e + p])
+        return 0;
+    if (r->fold->again[e])
+        return 1;
+    int64_t x = r->fold->born[a->id], y = r->fold->born[b->id];
+    if (x > (int64_t)e)
+        return 0; /* freed before its step allocates it: an earlier step's */
+    return x >= (int64_t)start ? y == x + (int64_t)p : y < (int64_t)(start + p);
+}
+
+/* A region from event i: K >= 3 periods of P events, each like the one before,
+ * all of one phase. */
+static int find_period(const replay *r, size_t i, size_t *P, size_t *K)
+{
+    const fold *f = r->fold;
+    size_t j = f->next_same[i];
+    for (int c = 0; c < 8 && j != SIZE_MAX; c++, j = f->next_same[j]) {
+        size_t p = j - i, k = 1, ok = 1;
+        if (i + 3 * p > f->phase_end[i])
+            break; /* a region keeps to one phase */
+        while (ok && i + (k + 1) * p <= f->phase_end[i]) {
+            for (size_t e = i + (k - 1) * p; e < i + k * p && ok; e++)
+                ok = alike(r, i, e, p);
+            k += ok;
+        }
+        if (k >= 3) {
+            *P = p;
+            *K = k;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* the tensors that folded periods [b1, b1 + n Q) allocated and did not free:
+ * their blocks, those of the first period's (ptr0) shifted once per period */
+static int skip_handles(replay *r, const uint64_t *ptr0, size_t b1, size_t Q, size_t n,
+                        uint64_t shift, const mm_alloc_mark *m)
+{
+    size_t end = b1 + n * Q;
+    for (size_t e = b1; e < end; e++)
+        r->h[r->ev[e].id] = r->ev[e].is_free ? -1 : FOLD_PENDING(e - b1);
+    for (size_t e = b1; e < end; e++) {
+        const sim_ev *v = &r->ev[e];
+        if (v->is_free || r->h[v->id] != FOLD_PENDING(e - b1))
+            continue;
+        uint64_t j = (e - b1) / Q + 1;
+        int64_t k = mm_alloc_fold_block_at(m, ptr0[(e - b1) % Q] + j * shift);
+        if (k < 0)
+            return -1;
+        r->h[v->id] = k;
+    }
+    return 0;
+}
+
+static int grow_pairs(fold *f, size_t np)
+{
+    if (np < f->cappairs)
+        return 0;
+    size_t cap = f->cappairs ? 2 * f->cappairs : 64;
+    mm_fold_pair *q = realloc(f->pairs, cap * sizeof *q);
+    if (q)
+        f->pairs = q;
+    size_t *w = realloc(f->pair_ev, cap * sizeof *w);
+    if (w)
+        f->pair_ev = w;
+    if (!q || !w)
+        return -1;
+    f->cappairs = cap;
+    return 0;
+}
+
+/* The tensors allocated before b0 that [b0, end) frees, with their handles
+ * then and those now of the tensors freed Q events later: how many, -1 when
+ * the last period frees one (its partner is outside), -2 out of memory.
+ * `i`: the region's first event (was[] and ptr[] start there), `now`: the
+ * event reached. */
+static int64_t pair_frees(replay *r, size_t i, size_t b0, size_t now, size_t Q, size_t end)
+{
+    fold *f = r->fold;
+    size_t np = 0;
+    for (size_t e = b0; e < end; e++) {
+        const sim_ev *v = &r->ev[e];
+        if (!v->is_free || f->again[e] || f->born[v->id] >= (int64_t)b0)
+            continue;
+        if (e >= end - Q)
+            return -1;
+        if (grow_pairs(f, np))
+            return -2;
+        f->pairs[np].at_mark = e < now ? f->was[e - i] : r->h[v->id];
+        f->pairs[np].now = r->h[r->ev[e + Q].id];
+        f->pair_ev[np++] = e;
+    }
+    return (int64_t)np;
+}
+
+/* The region at i ran to b1 = b0 + Q from the full mark at b0 (closed, its
+ * maxima pmax): fold its next periods of Q events up to `end` when the
+ * state at b1 is the mark's shifted.  The periods folded (0 none), -1
+ * failure. */
+static int64_t try_fold(replay *r, size_t i, size_t b0, size_t Q, size_t end,
+                        const uint64_t pmax[4])
+{
+    fold *f = r->fold;
+    size_t b1 = b0 + Q, n = (end - b1) / Q;
+    uint64_t shift = 0;
+    if (!n || !mm_alloc_fold_maybe(r->a, f->full))
+        return 0;
+    int64_t np = pair_frees(r, i, b0, b1, Q, b0 + (n + 1) * Q);
+    if (np == -1)
+        return 0;
+    if (np < 0)
+        return -1;
+    int64_t got = mm_alloc_fold(r->a, f->full, pmax, f->pairs, (size_t)np, n, r->stop_above,
+                                &shift);
+    if (got > 0 && f->verbose) /* what tests/fold/fold.py counts */
+        fprintf(stderr, "mmguard: replay folded %lld periods of %zu events\n", (long long)got, Q);
+    if (got > 0 && skip_handles(r, f->ptr + (b0 - i), b1, Q, (size_t)got, shift, f->full))
+        return -1;
+    return got;
+}
+
+/* run period [b, b + P) of the region at i, keeping what a fold needs */
+static void run_period(replay *r, size_t i, size_t b, size_t P)
+{
+    fold *f = r->fold;
+    for (size_t e = b; e < b + P && !r->failed; e++) {
+        const sim_ev *v = &r->ev[e];
+        if (v->is_free)
+            f->was[e - i] = r->h[v->id];
+        event(r, v);
+        f->ptr[e - i] = v->is_free ? 0 : mm_allocator_block_ptr(r->a, r->h[v->id]);
+    }
+}
+
+/* The state at period t of the region at i looks like the one c periods
+ * before (its free blocks): mark it whole, run c periods more and fold the
+ * rest when the state then is the mark's shifted.  The event reached. */
+static size_t verify_fold(replay *r, size_t i, size_t P, size_t end, size_t t, size_t c)
+{
+    fold *f = r->fold;
+    size_t b0 = i + t * P, Q = c * P;
+    uint64_t pmax[4];
+    if (mm_alloc_mark_open(r->a, f->full)) {
+        r->failed = 1;
+        return b0;
+    }
+    for (size_t k = 0; k < c; k++) {
+        if (mm_alloc_mark_light(r->a, f->ring[(t + k) % (FOLD_SPAN + 1)]))
+            r->failed = 1;
+        run_period(r, i, b0 + k * P, P);
+    }
+    mm_alloc_mark_close(r->a, f->full, pmax);
+    if (r->failed)
+        return b0 + Q;
+    int64_t n = try_fold(r, i, b0, Q, end, pmax);
+    if (n < 0)
+        r->failed = 1;
+    return b0 + Q + (n > 0 ? (size_t)n * Q : 0);
+}
+
+/* At period t of a region: how many periods back (at most FOLD_SPAN, none
+ * that failed already: `failed` bit c) the state looked like this one (its
+ * light mark passes mm_alloc_fold_maybe), 0 none. */
+static size_t repeats_back(replay *r, size_t t, unsigned failed)
+{
+    const size_t R = FOLD_SPAN + 1;
+    for (size_t c = 1; c <= FOLD_SPAN && c <= t; c++)
+        if (!(failed >> c & 1) && mm_alloc_fold_maybe(r->a, r->fold->ring[(t - c) % R]))
+            return c;
+    return 0;
+}
+
+/* At event i: when a region of repeated periods starts here, run its periods
+ * one by one with a light mark (free bytes and blocks) at each start, until
+ * the state at one start looks like an earlier one's (at most FOLD_SPAN
+ * periods back); then verify it over as many periods with a whole mark and
+ * fold the rest.  The event to go on from (i: none run). */
+static size_t fold_at(replay *r, size_t i)
+{
+    fold *f = r->fold;
+    const size_t R = FOLD_SPAN + 1;
+    size_t P, K;
+    if (!find_period(r, i, &P, &K)) {
+        f->next_try = i + FOLD_STRIDE;
+        return i;
+    }
+    size_t end = i + K * P;
+    f->next_try = end;
+    if (K * P > f->capev) {
+        uint64_t *q = realloc(f->ptr, K * P * sizeof *q);
+        if (q)
+            f->ptr = q;
+        int64_t *w = realloc(f->was, K * P * sizeof *w);
+        if (w)
+            f->was = w;
+        if (!q || !w) {
+            r->failed = 1;
+            return i;
+        }
+        f->capev = K * P;
+    }
+    unsigned failed = 0; /* the spans whose verification failed */
+    size_t t = 0;
+    while (t < K && !r->failed) {
+        size_t c = repeats_back(r, t, failed);
+        if (c && (end - (i + t * P)) / (c * P) >= 2) {
+            size_t got = verify_fold(r, i, P, end, t, c);
+            if (got != i + (t + c) * P || r->failed)
+                return got;
+            failed |= 1u << c; /* not folded: look on, for another span */
+            t += c;
+            continue;
+        }
+        if (mm_alloc_mark_light(r->a, f->ring[t % R]))
+            r->failed = 1;
+        for (size_t e = i + t * P; e < i + (t + 1) * P && !r->failed; e++)
+            event(r, &r->ev[e]);
+        t++;
+    }
+    return end;
+}
+
 static void step(replay *r, int first, int per_param)
 {
     int states = !first;
-    for (size_t i = r->step_ev; i < r->nev && !r->failed; i++) {
+    size_t i = r->step_ev;
+    if (!r->fold) { /* one by one */
+        for (; i < r->nev && !r->failed; i++) {
+            if (!states && r->ev[i].phase == MM_PHASE_OPTIMIZER) {
+                model_states(r, F_OPT, per_param);
+                states = 1;
+            }
+            event(r, &r->ev[i]);
+        }
+        i = r->nev;
+    }
+    while (i < r->nev && !r->failed) {
         const sim_ev *e = &r->ev[i];
         if (!states && e->phase == MM_PHASE_OPTIMIZER) {
             model_states(r, F_OPT, per_param);
             states = 1;
         }
-        if (e->is_free) {
-            mm_allocator_release(r->a, r->h[e->id]);
-            r->h[e->id] = -1;
-        } else {
-            r->h[e->id] = alloc_at(r, e->row, e->phase, e->bytes);
+        if (r->fold && i >= r->fold->next_try) {
+            size_t j = fold_at(r, i);
+            if (j != i) {
+                i = j;
+                continue;
+            }
         }
+        event(r, e);
+        i++;
     }
     if (!states && !r->failed)
         model_states(r, F_OPT, per_param);
+}
+
+static uint64_t ev_token(const sim_ev *e)
+{
+    uint64_t h = e->bytes * 0x9E3779B97F4A7C15ull;
+    h ^= ((uint64_t)e->row << 24 | (uint64_t)e->phase << 16 | (uint64_t)e->cls << 8 | e->is_free) *
+         0xC2B2AE3D27D4EB4Full;
+    return (h ^ (h >> 29)) | 1;
+}
+
+static void fold_free(fold *f)
+{
+    if (!f)
+        return;
+    free(f->next_same);
+    free(f->phase_end);
+    free(f->born);
+    free(f->again);
+    for (int k = 0; k <= FOLD_SPAN; k++)
+        mm_alloc_mark_free(f->ring[k]);
+    mm_alloc_mark_free(f->full);
+    free(f->ptr);
+    free(f->was);
+    free(f->pairs);
+    free(f->pair_ev);
+    free(f);
+}
+
+/* next_same and phase_end over the step's events (a table of tokens, walked
+ * backwards; a token stands for an event only to propose periods, which
+ * alike() then checks) */
+static int link_same(fold *f, const replay *r)
+{
+    size_t cap = 256;
+    while (cap < r->nev - r->step_ev + (r->nev - r->step_ev) / 2 + 16)
+        cap *= 2;
+    uint32_t *key = calloc(cap, sizeof *key);
+    size_t *val = malloc(cap * sizeof *val);
+    if (!key || !val) {
+        free(key);
+        free(val);
+        return -1;
+    }
+    for (size_t i = r->nev; i-- > r->step_ev;) {
+        uint32_t t = (uint32_t)(ev_token(&r->ev[i]) >> 32) | 1;
+        size_t s = (size_t)t & (cap - 1);
+        while (key[s] && key[s] != t)
+            s = (s + 1) & (cap - 1);
+        f->next_same[i] = key[s] ? val[s] : SIZE_MAX;
+        key[s] = t;
+        val[s] = i;
+        int same = i + 1 < r->nev && r->ev[i + 1].phase == r->ev[i].phase;
+        f->phase_end[i] = same ? f->phase_end[i + 1] : i + 1;
+    }
+    free(key);
+    free(val);
+    return 0;
+}
+
+/* What a fold needs of the log; NULL when a tensor is allocated twice in a
+ * step (then nothing is folded) or out of memory (*nomem). */
+static fold *fold_new(const replay *r, int *nomem)
+{
+    fold *f = calloc(1, sizeof *f);
+    *nomem = 1;
+    if (!f)
+        return NULL;
+    f->next_same = malloc((r->nev + 1) * sizeof *f->next_same);
+    f->phase_end = malloc((r->nev + 1) * sizeof *f->phase_end);
+    f->born = malloc((r->s->nt + 1) * sizeof *f->born);
+    f->again = malloc(r->nev + 1);
+    int marks = 1;
+    for (int k = 0; k <= FOLD_SPAN; k++)
+        marks &= (f->ring[k] = mm_alloc_mark_new()) != NULL;
+    marks &= (f->full = mm_alloc_mark_new()) != NULL;
+    if (!f->next_same || !f->phase_end || !f->born || !f->again || !marks ||
+        link_same(f, r)) {
+        fold_free(f);
+        return NULL;
+    }
+    *nomem = 0;
+    for (size_t i = r->step_ev; i < r->nev; i++)
+        f->born[r->ev[i].id] = -1;
+    for (size_t i = r->step_ev; i < r->nev; i++) {
+        const sim_ev *e = &r->ev[i];
+        if (!e->is_free && f->born[e->id] >= 0) {
+            fold_free(f);
+            return NULL;
+        }
+        if (!e->is_free)
+            f->born[e->id] = (int64_t)i;
+    }
+    /* a second free of a tensor (since the step allocated it) frees nothing */
+    uint8_t *freed = calloc(r->s->nt + 1, 1);
+    if (!freed) {
+        *nomem = 1;
+        fold_free(f);
+        return NULL;
+    }
+    for (size_t i = r->step_ev; i < r->nev; i++) {
+        const sim_ev *e = &r->ev[i];
+        f->again[i] = e->is_free && freed[e->id];
+        freed[e->id] = e->is_free;
+    }
+    free(freed);
+    f->next_try = r->step_ev;
+    return f;
 }
 
 static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
@@ -237,6 +632,14 @@ static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per
         mm_allocator_on_segment(r.a, watch_segment, &r);
     for (size_t i = 0; i <= s->nt; i++)
         r.h[i] = -1;
+    int nomem = 0;
+    const char *on = getenv("MMGUARD_REPLAY_FOLD");
+    if (on && *on && strcmp(on, "0"))
+        r.fold = fold_new(&r, &nomem);
+    if (nomem)
+        r.failed = 1;
+    if (r.fold)
+        r.fold->verbose = !strcmp(on, "verbose");
     model_states(&r, F_PARAM, 1);
     if (!r.failed)
         other_setup(&r);
@@ -255,6 +658,7 @@ static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per
     out->retries_step = st->num_alloc_retries - before;
     int rc = r.failed && !out->oom && !out->stopped ? -1 : 0;
     mm_allocator_free(r.a);
+    fold_free(r.fold);
     free(r.h);
     free(copy);
     return rc;

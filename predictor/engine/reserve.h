@@ -36,6 +36,12 @@ typedef struct reserve_result {
  * memory. */
 int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                    int pairs, reserve_result *out);
+/* With MMGUARD_REPLAY_FOLD=1 in the environment ("verbose": say each fold on
+ * stderr) the replays fast-forward the repeated periods of the log whose
+ * allocator state provably repeats (alloc_fold.h), with the same results
+ * (tests/fold/fold.py holds them to it).  Off by default: on the shipped
+ * presets the search for such periods costs more than the fold saves
+ * (bench/instructions.sh, issue 24). */
 /* The same on a card: the allocator may reserve at most `capacity` bytes (the
  * card less the CUDA context, NCCL and the admin's margin); `device_total` is
  * the card's memory (a memory fraction's base; 0 = 80 GiB).  When a request

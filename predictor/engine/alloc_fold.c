@@ -1,0 +1,658 @@
+/* alloc_fold.c - the exact fold of the caching-allocator model over repeated
+ * periods (see alloc_fold.h).
+ *
+ * What the next period sees of the allocator (alloc.c): the free blocks (best
+ * fit by size, then address: get_free_block), the blocks it frees (their
+ * size, and which neighbours are free to merge with: free_block), whether a
+ * block has neighbours at all (is_split: inactive_split, empty_cache), the
+ * next segment's address (below every other: alloc_block) and the reserved
+ * bytes against a capacity.  Every other block is allocated and stays so
+ * through the folded periods ("opaque"): only its being there counts.
+ *
+ * The check, between the mark (period start) and now (its end), with
+ * down = the bytes of address space the period's segments took:
+ *   - no expandable segments, memory fraction or address hint; the period
+ *     got no retry, no OOM and gave nothing back to the driver; the reserved
+ *     bytes of the last folded period stay within the capacity (and the
+ *     caller's bound), so no later period would have met a failing cudaMalloc;
+ *   - every free block is either "fixed" (free at the mark, untouched since,
+ *     still free) or "moving": the free blocks now that are not fixed are
+ *     exactly the mark's moving ones shifted down by `down`, of equal size;
+ *   - each block the folded periods free that existed at the mark (pairs) has
+ *     its partner now at its address - down, equal size and request;
+ *   - each moving or freed block's neighbours (prev, next) correspond: none
+ *     and none, opaque and opaque, the same fixed block, or the shifted
+ *     partner of a moving or freed one;
+ *   - a free block now that is no moving one's partner is "dead" (dead_ones):
+ *     the period made it between blocks that stay allocated, and every search
+ *     of its pool the period made that it could have served found a smaller
+ *     block, so neither it nor its copies are ever taken.
+ * A fixed block can tie with a moving one in best fit only by size; moving
+ * blocks move down, so a fixed block that lost a tie to one still loses it,
+ * and one that came first fails the same size test the moving one then
+ * meets.  So the next period repeats this one, shifted, and then leaves the
+ * same relation behind: by induction every later period does.
+ *
+ * Applying period j (1..n): the blocks the first period changed or removed
+ * (X, from the mark's copy) are found shifted by j * down and removed, the
+ * blocks it made or changed (T, stamp after the mark) are added shifted; then
+ * the neighbour links are set again from the addresses, the free lists
+ * rebuilt and the statistics moved by n times the period's difference (a
+ * peak: the period's own maximum plus n differences, when they grow). */
+#include "alloc_fold.h"
+#include "alloc_internal.h"
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { T_NONE = 0, T_OPAQUE, T_MOVING, T_FIXED, T_FREED, T_HIT /* a moving one's partner */ };
+
+struct mm_alloc_mark {
+    blk *b;                 /* the blocks at the mark */
+    size_t nb, capb;
+    mm_alloc_stats st;      /* the statistics at the mark (the peaks as they were) */
+    uint64_t clock, next_addr;
+    int full;               /* the blocks were copied (mm_alloc_mark_open) */
+    size_t npool[2];        /* free blocks, small and large pool */
+    uint64_t *psize;        /* their sizes, in pool order (small pool first) */
+    size_t cappsize;
+    int open;
+    uint8_t *type0, *type1; /* T_* of the mark's blocks and of now's */
+    size_t cap0, cap1;
+    uint64_t *hk;           /* ptr + 1 -> block index, open addressing (0: empty) */
+    int32_t *hv;
+    size_t hcap;
+    blk *x, *t;             /* the period's removed / made blocks */
+    size_t nx, nt, capx, capt;
+};
+
+mm_alloc_mark *mm_alloc_mark_new(void)
+{
+    return calloc(1, sizeof(mm_alloc_mark));
+}
+
+void mm_alloc_mark_free(mm_alloc_mark *m)
+{
+    if (!m)
+        return;
+    free(m->b);
+    free(m->psize);
+    free(m->type0);
+    free(m->type1);
+    free(m->hk);
+    free(m->hv);
+    free(m->x);
+    free(m->t);
+    free(m);
+}
+
+/* grow *p (elements of `size` bytes) to hold n; 0 or -1 */
+static int reserve_n(void **p, size_t *cap, size_t n, size_t size)
+{
+    if (n <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 64;
+    while (c < n)
+        c *= 2;
+    void *q = realloc(*p, c * size);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+int mm_alloc_mark_light(const mm_allocator *a, mm_alloc_mark *m)
+{
+    m->full = 0;
+    m->open = 0;
+    m->st = a->st;
+    m->clock = a->clock;
+    m->next_addr = a->next_addr;
+    m->npool[0] = a->pools[0].blocks.n;
+    m->npool[1] = a->pools[1].blocks.n;
+    if (reserve_n((void **)&m->psize, &m->cappsize, m->npool[0] + m->npool[1] + 1,
+                  sizeof *m->psize))
+        return -1;
+    for (size_t k = 0, q = 0; k < 2; k++)
+        for (size_t j = 0; j < m->npool[k]; j++)
+            m->psize[q++] = a->pools[k].blocks.v[j].size;
+    return 0;
+}
+
+int mm_alloc_mark_open(mm_allocator *a, mm_alloc_mark *m)
+{
+    if (reserve_n((void **)&m->b, &m->capb, a->nb, sizeof *m->b) || mm_alloc_mark_light(a, m))
+        return -1;
+    memcpy(m->b, a->b, a->nb * sizeof *a->b);
+    m->nb = a->nb;
+    m->full = 1;
+    a->st.allocated_peak = a->st.allocated;
+    a->st.requested_peak = a->st.requested;
+    a->st.reserved_peak = a->st.reserved;
+    a->st.segments_peak = a->st.segments;
+    a->rec = 1;
+    a->nrecs = 0;
+    m->open = 1;
+    return 0;
+}
+
+static uint64_t max_u64(uint64_t x, uint64_t y)
+{
+    return x > y ? x : y;
+}
+
+void mm_alloc_mark_close(mm_allocator *a, mm_alloc_mark *m, uint64_t pmax[4])
+{
+    if (!m->open)
+        return;
+    pmax[0] = a->st.allocated_peak;
+    pmax[1] = a->st.requested_peak;
+    pmax[2] = a->st.reserved_peak;
+    pmax[3] = a->st.segments_peak;
+    a->st.allocated_peak = max_u64(m->st.allocated_peak, pmax[0]);
+    a->st.requested_peak = max_u64(m->st.requested_peak, pmax[1]);
+    a->st.reserved_peak = max_u64(m->st.reserved_peak, pmax[2]);
+    a->st.segments_peak = max_u64(m->st.segments_peak, pmax[3]);
+    a->rec = 0;
+    m->open = 0;
+}
+
+int mm_alloc_fold_maybe(const mm_allocator *a, const mm_alloc_mark *m)
+{
+    const mm_alloc_stats *s0 = &m->st, *s1 = &a->st;
+    if (m->open || s1->reserved - s1->allocated < s0->reserved - s0->allocated ||
+        a->pools[0].blocks.n < m->npool[0] || a->pools[1].blocks.n < m->npool[1] ||
+        s1->num_alloc_retries != s0->num_alloc_retries ||
+        s1->num_device_free != s0->num_device_free)
+        return 0;
+    /* the mark's free blocks' sizes are among now's (sorted both): moving ones
+     * keep theirs, fixed ones stay; the others now would be dead ones */
+    for (size_t k = 0, q = 0; k < 2; k++) {
+        size_t j = 0;
+        for (size_t x = 0; x < m->npool[k]; x++, q++) {
+            while (j < a->pools[k].blocks.n && a->pools[k].blocks.v[j].size < m->psize[q])
+                j++;
+            if (j == a->pools[k].blocks.n || a->pools[k].blocks.v[j].size != m->psize[q])
+                return 0;
+            j++;
+        }
+    }
+    return 1;
+}
+
+uint64_t mm_allocator_block_ptr(const mm_allocator *a, int64_t h)
+{
+    return h >= 0 && (size_t)h < a->nb ? a->b[h].ptr : 0;
+}
+
+/* ---- address -> block -------------------------------------------------------------------- */
+
+static size_t hslot(const mm_alloc_mark *m, uint64_t key)
+{
+    return (size_t)(((key >> 9) * 0x9E3779B97F4A7C15ull) >> 20) & (m->hcap - 1);
+}
+
+/* an empty table for n blocks */
+static int hash_init(mm_alloc_mark *m, size_t n)
+{
+    size_t c = 1024;
+    while (c < 2 * n + 16)
+        c *= 2;
+    if (c > m->hcap) {
+        uint64_t *k = realloc(m->hk, c * sizeof *k);
+        if (k)
+            m->hk = k;
+        int32_t *v = realloc(m->hv, c * sizeof *v);
+        if (v)
+            m->hv = v;
+        if (!k || !v)
+            return -1;
+    }
+    m->hcap = c;
+    memset(m->hk, 0, c * sizeof *m->hk);
+    return 0;
+}
+
+static void hput(mm_alloc_mark *m, uint64_t ptr, int32_t v)
+{
+    size_t s = hslot(m, ptr + 1);
+    while (m->hk[s] && m->hk[s] != ptr + 1)
+        s = (s + 1) & (m->hcap - 1);
+    m->hk[s] = ptr + 1;
+    m->hv[s] = v;
+}
+
+int64_t mm_alloc_fold_block_at(const mm_alloc_mark *m, uint64_t ptr)
+{
+    if (!m->hcap)
+        return -1;
+    for (size_t s = hslot(m, ptr + 1); m->hk[s]; s = (s + 1) & (m->hcap - 1))
+        if (m->hk[s] == ptr + 1)
+            return m->hv[s];
+    return -1;
+}
+
+/* remove ptr (linear probing: the entries after it move back into the gap) */
+static void hdel(mm_alloc_mark *m, uint64_t ptr)
+{
+    size_t mask = m->hcap - 1, s = hslot(m, ptr + 1);
+    while (m->hk[s] && m->hk[s] != ptr + 1)
+        s = (s + 1) & mask;
+    if (!m->hk[s])
+        return;
+    for (size_t j = (s + 1) & mask; m->hk[j]; j = (j + 1) & mask) {
+        size_t home = hslot(m, m->hk[j]);
+        /* j's entry may fill the gap at s unless its home lies in (s, j] */
+        if ((j > s && (home <= s || home > j)) || (j < s && home <= s && home > j)) {
+            m->hk[s] = m->hk[j];
+            m->hv[s] = m->hv[j];
+            s = j;
+        }
+    }
+    m->hk[s] = 0;
+}
+
+/* ---- the check --------------------------------------------------------------------------- */
+
+static int in_use_now(const mm_allocator *a, size_t k)
+{
+    return k < a->nb && a->b[k].in_use_slot;
+}
+
+/* the mark's block k as it is now: not changed since the mark */
+static int untouched(const mm_allocator *a, const mm_alloc_mark *m, size_t k)
+{
+    return in_use_now(a, k) && a->b[k].stamp <= m->clock;
+}
+
+/* how many more periods the global conditions allow (0 none), and the shift */
+static uint64_t periods_allowed(const mm_allocator *a, const mm_alloc_mark *m, uint64_t periods,
+                                uint64_t limit, uint64_t *down)
+{
+    const mm_alloc_stats *s0 = &m->st, *s1 = &a->st;
+    if (m->open || !m->full || a->conf.expandable_segments || a->allowed_max || a->hint || a->nomem ||
+        m->next_addr < a->next_addr || s1->num_alloc_retries != s0->num_alloc_retries ||
+        s1->num_ooms != s0->num_ooms || s1->num_device_free != s0->num_device_free ||
+        s1->reserved < s0->reserved)
+        return 0;
+    *down = m->next_addr - a->next_addr;
+    if (a->capacity && a->capacity < limit)
+        limit = a->capacity;
+    uint64_t grow = s1->reserved - s0->reserved, n = periods;
+    if (grow) {
+        if (s1->reserved > limit)
+            return 0;
+        if ((limit - s1->reserved) / grow < n)
+            n = (limit - s1->reserved) / grow;
+    }
+    if (*down && a->next_addr / *down < n)
+        n = a->next_addr / *down;
+    return n;
+}
+
+/* the kinds of the mark's blocks and of now's, and the table of now's */
+static int classify(const mm_allocator *a, mm_alloc_mark *m)
+{
+    if (reserve_n((void **)&m->type0, &m->cap0, m->nb + 1, 1) ||
+        reserve_n((void **)&m->type1, &m->cap1, a->nb + 1, 1) || hash_init(m, a->nb))
+        return -1;
+    for (size_t k = 0; k < m->nb; k++)
+        m->type0[k] = !m->b[k].in_use_slot ? T_NONE : m->b[k].allocated ? T_OPAQUE : T_MOVING;
+    for (size_t k = 0; k < a->nb; k++) {
+        m->type1[k] = !a->b[k].in_use_slot ? T_NONE : a->b[k].allocated ? T_OPAQUE : T_MOVING;
+        if (a->b[k].in_use_slot)
+            hput(m, a->b[k].ptr, (int32_t)k);
+    }
+    for (size_t k = 0; k < m->nb; k++)
+        if (m->type0[k] == T_MOVING && untouched(a, m, k) && !a->b[k].allocated)
+            m->type0[k] = m->type1[k] = T_FIXED;
+    return 0;
+}
+
+static int same_shape(const blk *x, const blk *y, uint64_t shift)
+{
+    return y->ptr == x->ptr + shift && y->size == x->size && y->req == x->req &&
+           y->small == x->small && y->allocated == x->allocated && y->mapped == x->mapped &&
+           y->seg == x->seg;
+}
+
+/* the partner now of the mark's block k (moving or freed): at its address + shift */
+static int64_t partner(const mm_alloc_mark *m, size_t k, uint64_t shift)
+{
+    return mm_alloc_fold_block_at(m, m->b[k].ptr + shift);
+}
+
+/* the pairs' blocks shifted, before the whole check (most periods fail here) */
+static int pairs_shifted(const mm_allocator *a, const mm_alloc_mark *m,
+                         const mm_fold_pair *pairs, size_t np, uint64_t shift)
+{
+    for (size_t i = 0; i < np; i++) {
+        int64_t x = pairs[i].at_mark, y = pairs[i].now;
+        if ((x < 0) != (y < 0))
+            return 0;
+        if (x >= 0 && ((size_t)x >= m->nb || (size_t)y >= a->nb ||
+                       !same_shape(&m->b[x], &a->b[y], shift)))
+            return 0;
+    }
+    return 1;
+}
+
+static int pairs_match(const mm_allocator *a, mm_alloc_mark *m, const mm_fold_pair *pairs,
+                       size_t np, uint64_t shift)
+{
+    for (size_t i = 0; i < np; i++) {
+        int64_t x = pairs[i].at_mark, y = pairs[i].now;
+        if (x < 0 || y < 0) {
+            if (x >= 0 || y >= 0)
+                return 0;
+            continue;
+        }
+        if ((size_t)x >= m->nb || (size_t)y >= a->nb || m->type0[x] != T_OPAQUE ||
+            m->type1[y] != T_OPAQUE || !same_shape(&m->b[x], &a->b[y], shift))
+            return 0;
+        m->type0[x] = m->type1[y] = T_FREED;
+    }
+    return 1;
+}
+
+/* neighbour w0 of a mark's block against neighbour w1 of its partner */
+static int side_ok(const mm_allocator *a, const mm_alloc_mark *m, int32_t w0, int32_t w1,
+                   uint64_t shift)
+{
+    if (w0 < 0 || w1 < 0)
+        return w0 < 0 && w1 < 0;
+    switch (m->type0[w0]) {
+    case T_OPAQUE:
+        return m->type1[w1] == T_OPAQUE;
+    case T_FIXED:
+        return w1 == w0;
+    default: /* a moving one's partner may be marked already */
+        return (m->type1[w1] == m->type0[w0] ||
+                (m->type1[w1] == T_HIT && m->type0[w0] == T_MOVING)) &&
+               a->b[w1].ptr == m->b[w0].ptr + shift;
+    }
+}
+
+/* A free block now that is no moving one's partner: one the period made
+ * and left (a segment's remainder no request fits), to stay free through
+ * the folded periods, as its copies do: it must be new, free between
+ * allocated blocks that stay (or none), and every search of the cache the
+ * period made in its pool that could take it (request no larger) found a
+ * smaller block.  The folded periods search alike (shifted), so they never
+ * reach it or its copies, which are as large. */
+static int dead_ones(const mm_allocator *a, mm_alloc_mark *m)
+{
+    for (size_t k = 0; k < a->nb; k++) {
+        if (m->type1[k] == T_HIT) {
+            m->type1[k] = T_MOVING;
+            continue;
+        }
+        if (m->type1[k] != T_MOVING)
+            continue;
+        const blk *d = &a->b[k];
+        if (d->stamp <= m->clock || (d->prev >= 0 && m->type1[d->prev] != T_OPAQUE) ||
+            (d->next >= 0 && m->type1[d->next] != T_OPAQUE))
+            return 0;
+        for (size_t s = 0; s < a->nrecs; s++) {
+            const struct rec_search *q = &a->recs[s];
+            if (q->small == d->small && q->req <= d->size && q->got >= d->size)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* the moving and freed blocks: partners of equal shape with matching
+ * neighbours, as many moving ones now as at the mark; and nothing else of
+ * the mark's changed */
+static int blocks_match(const mm_allocator *a, mm_alloc_mark *m, uint64_t shift)
+{
+    for (size_t k = 0; k < m->nb; k++) {
+        uint8_t t = m->type0[k];
+        if (t != T_MOVING && t != T_FREED) {
+            if (t == T_OPAQUE && !untouched(a, m, k))
+                return 0; /* an allocated block changed without being freed */
+            continue;
+        }
+        int64_t y = partner(m, k, shift);
+        if (y < 0 || m->type1[y] != t || !same_shape(&m->b[k], &a->b[y], shift) ||
+            !side_ok(a, m, m->b[k].prev, a->b[y].prev, shift) ||
+            !side_ok(a, m, m->b[k].next, a->b[y].next, shift))
+            return 0;
+        if (t == T_MOVING)
+            m->type1[y] = T_HIT;
+    }
+    return dead_ones(a, m);
+}
+
+/* ---- applying the periods ---------------------------------------------------------------- */
+
+/* X: the mark's blocks changed or gone; T: now's blocks made or changed */
+static int collect_changes(const mm_allocator *a, mm_alloc_mark *m)
+{
+    m->nx = m->nt = 0;
+    for (size_t k = 0; k < m->nb; k++)
+        if (m->b[k].in_use_slot && !untouched(a, m, k)) {
+            if (reserve_n((void **)&m->x, &m->capx, m->nx + 1, sizeof *m->x))
+                return -1;
+            m->x[m->nx++] = m->b[k];
+        }
+    for (size_t k = 0; k < a->nb; k++)
+        if (a->b[k].in_use_slot && a->b[k].stamp > m->clock) {
+            if (reserve_n((void **)&m->t, &m->capt, m->nt + 1, sizeof *m->t))
+                return -1;
+            m->t[m->nt++] = a->b[k];
+        }
+    return 0;
+}
+
+/* period j: X shifted out, T shifted in (links only say "has a neighbour":
+ * relink sets them) */
+static int apply_period(mm_allocator *a, mm_alloc_mark *m, uint64_t shift)
+{
+    for (size_t i = 0; i < m->nx; i++) {
+        const blk *x = &m->x[i];
+        int64_t k = mm_alloc_fold_block_at(m, x->ptr + shift);
+        if (k < 0 || !same_shape(x, &a->b[k], shift))
+            return -1;
+        hdel(m, x->ptr + shift);
+        alloc_blk_delete(a, (int32_t)k);
+    }
+    for (size_t i = 0; i < m->nt; i++) {
+        const blk *t = &m->t[i];
+        int32_t k = alloc_blk_new(a, t->ptr + shift, t->size, t->small, t->seg);
+        if (k < 0)
+            return -1;
+        blk *b = &a->b[k];
+        b->req = t->req;
+        b->allocated = t->allocated;
+        b->mapped = t->mapped;
+        b->gc_base = t->gc_base;
+        b->prev = t->prev >= 0 ? 0 : -1;
+        b->next = t->next >= 0 ? 0 : -1;
+        hput(m, b->ptr, k);
+    }
+    return 0;
+}
+
+/* the neighbour links from the addresses: next at ptr + size */
+static int relink(mm_allocator *a, const mm_alloc_mark *m)
+{
+    size_t had_prev = 0, links = 0;
+    for (size_t k = 0; k < a->nb; k++)
+        if (a->b[k].in_use_slot && a->b[k].prev >= 0)
+            had_prev++;
+    for (size_t k = 0; k < a->nb; k++)
+        a->b[k].prev = -1;
+    for (size_t k = 0; k < a->nb; k++) {
+        blk *b = &a->b[k];
+        if (!b->in_use_slot || b->next < 0)
+            continue;
+        int64_t n = mm_alloc_fold_block_at(m, b->ptr + b->size);
+        if (n < 0 || a->b[n].prev >= 0)
+            return -1;
+        b->next = (int32_t)n;
+        a->b[n].prev = (int32_t)k;
+        links++;
+    }
+    return links == had_prev ? 0 : -1;
+}
+
+typedef struct pool_key {
+    uint64_t size, ptr;
+    int32_t i;
+} pool_key;
+
+static int by_size_ptr(const void *x, const void *y)
+{
+    const pool_key *p = x, *q = y;
+    if (p->size != q->size)
+        return p->size < q->size ? -1 : 1;
+    return p->ptr < q->ptr ? -1 : p->ptr > q->ptr;
+}
+
+/* the free lists again, sorted like BlockComparatorSize */
+static int rebuild_pools(mm_allocator *a)
+{
+    pool_key *keys = malloc((a->nb + 1) * sizeof *keys);
+    if (!keys)
+        return -1;
+    for (int small = 0; small < 2; small++) {
+        pool *p = &a->pools[small ? 0 : 1];
+        size_t n = 0;
+        for (size_t k = 0; k < a->nb; k++) {
+            const blk *b = &a->b[k];
+            if (b->in_use_slot && !b->allocated && b->mapped && b->small == small)
+                keys[n++] = (pool_key){b->size, b->ptr, (int32_t)k};
+        }
+        qsort(keys, n, sizeof *keys, by_size_ptr);
+        if (reserve_n((void **)&p->blocks.v, &p->blocks.cap, n, sizeof *p->blocks.v)) {
+            free(keys);
+            return -1;
+        }
+        for (size_t k = 0; k < n; k++)
+            p->blocks.v[k] = (pkey){keys[k].size, keys[k].ptr, keys[k].i};
+        p->blocks.n = n;
+    }
+    free(keys);
+    return 0;
+}
+
+/* now + n (now - mark), in two's complement (a difference may be negative) */
+static uint64_t ahead(uint64_t now, uint64_t mark, uint64_t n)
+{
+    return now + n * (now - mark);
+}
+
+static void peak_ahead(uint64_t *peak, uint64_t now, uint64_t mark, uint64_t pmax, uint64_t n)
+{
+    if (now > mark)
+        *peak = max_u64(*peak, pmax + n * (now - mark));
+}
+
+static void stats_ahead(mm_allocator *a, const mm_alloc_mark *m, const uint64_t pmax[4],
+                        uint64_t n)
+{
+    mm_alloc_stats *s = &a->st;
+    const mm_alloc_stats *s0 = &m->st;
+    peak_ahead(&s->allocated_peak, s->allocated, s0->allocated, pmax[0], n);
+    peak_ahead(&s->requested_peak, s->requested, s0->requested, pmax[1], n);
+    peak_ahead(&s->reserved_peak, s->reserved, s0->reserved, pmax[2], n);
+    peak_ahead(&s->segments_peak, s->segments, s0->segments, pmax[3], n);
+    s->allocated = ahead(s->allocated, s0->allocated, n);
+    s->requested = ahead(s->requested, s0->requested, n);
+    s->reserved = ahead(s->reserved, s0->reserved, n);
+    s->segments = ahead(s->segments, s0->segments, n);
+    s->inactive_split = ahead(s->inactive_split, s0->inactive_split, n);
+    s->num_device_alloc = ahead(s->num_device_alloc, s0->num_device_alloc, n);
+    s->num_allocs = ahead(s->num_allocs, s0->num_allocs, n);
+}
+
+/* a current statistic that n more periods would take below zero: the
+ * periods cannot all be the same (stat_sub would clamp) */
+static int stats_stay(const mm_allocator *a, const mm_alloc_mark *m, uint64_t n)
+{
+    const uint64_t now[3] = {a->st.allocated, a->st.requested, a->st.inactive_split};
+    const uint64_t then[3] = {m->st.allocated, m->st.requested, m->st.inactive_split};
+    for (int i = 0; i < 3; i++)
+        if (now[i] < then[i] && (then[i] - now[i]) > now[i] / n)
+            return 0;
+    return 1;
+}
+
+/* The shift of one period: down the new segments' bytes when it got any,
+ * else from the first freed pair (0 when none). */
+static uint64_t pick_shift(const mm_allocator *a, const mm_alloc_mark *m,
+                           const mm_fold_pair *pairs, size_t np, uint64_t down)
+{
+    if (down)
+        return (uint64_t)0 - down;
+    for (size_t i = 0; i < np; i++)
+        if (pairs[i].at_mark >= 0 && (size_t)pairs[i].at_mark < m->nb && pairs[i].now >= 0 &&
+            (size_t)pairs[i].now < a->nb)
+            return a->b[pairs[i].now].ptr - m->b[pairs[i].at_mark].ptr;
+    return 0;
+}
+
+/* An upward shift: a moving block could pass a fixed one of its size, so
+ * every fixed free block must lie outside all that the n periods change
+ * (below it, or above where it ends). */
+static int fixed_clear(const mm_allocator *a, const mm_alloc_mark *m, uint64_t shift, uint64_t n)
+{
+    if ((int64_t)shift <= 0)
+        return 1;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t k = 0; k < m->nb; k++)
+        if (m->type0[k] == T_MOVING || m->type0[k] == T_FREED || (m->b[k].in_use_slot &&
+                                                                  !untouched(a, m, k))) {
+            lo = m->b[k].ptr < lo ? m->b[k].ptr : lo;
+            hi = max_u64(hi, m->b[k].ptr + m->b[k].size);
+        }
+    for (size_t k = 0; k < a->nb; k++)
+        if (a->b[k].in_use_slot && (a->b[k].stamp > m->clock || m->type1[k] == T_FREED)) {
+            lo = a->b[k].ptr < lo ? a->b[k].ptr : lo;
+            hi = max_u64(hi, a->b[k].ptr + a->b[k].size);
+        }
+    hi += n * shift;
+    for (size_t k = 0; k < a->nb; k++)
+        if (m->type1[k] == T_FIXED && a->b[k].ptr + a->b[k].size > lo && a->b[k].ptr < hi)
+            return 0;
+    return 1;
+}
+
+int64_t mm_alloc_fold(mm_allocator *a, mm_alloc_mark *m, const uint64_t pmax[4],
+                      const mm_fold_pair *pairs, size_t npairs, uint64_t periods,
+                      uint64_t reserved_limit, uint64_t *shift)
+{
+    uint64_t down = 0, n = periods_allowed(a, m, periods, reserved_limit, &down);
+    if (!n || !stats_stay(a, m, n))
+        return 0;
+    uint64_t d = pick_shift(a, m, pairs, npairs, down);
+    if (!pairs_shifted(a, m, pairs, npairs, d))
+        return 0;
+    if (classify(a, m))
+        return -1;
+    if (!pairs_match(a, m, pairs, npairs, d) || !blocks_match(a, m, d) ||
+        !fixed_clear(a, m, d, n))
+        return 0;
+    if (collect_changes(a, m))
+        return -1;
+    size_t grow = m->nt > m->nx ? m->nt - m->nx : 0;
+    if (hash_init(m, a->nb + n * grow))
+        return -1;
+    for (size_t k = 0; k < a->nb; k++)
+        if (a->b[k].in_use_slot)
+            hput(m, a->b[k].ptr, (int32_t)k);
+    for (uint64_t j = 1; j <= n; j++)
+        if (apply_period(a, m, j * d))
+            return -1;
+    if (relink(a, m) || rebuild_pools(a) || a->nomem)
+        return -1;
+    stats_ahead(a, m, pmax, n);
+    a->next_addr -= n * down;
+    *shift = d;
+    return (int64_t)n;
+}
+

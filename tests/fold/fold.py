@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The allocator replay's fold is exact (issue 24; predictor/engine/alloc_fold.c).
+
+Every spec below is predicted twice, with the fold (MMGUARD_REPLAY_FOLD=verbose)
+and without it, and the two outputs must be byte-identical:
+  - every shipped preset (contrib/models/*.yaml) and bench spec (bench/*.yaml):
+    `mmguard predict --json`, and `mmguard check --gpu-mem G --margin 0 --json` at
+    a card of the preset's own boundaries (the capacity-limited replay, with its
+    retries and OOMs) and `mmguard fit --gpu-mem 81559MiB --json` (the searches'
+    early-stopped replays);
+  - every truth row spec (tests/truth/data/truth.jsonl, as tests/accuracy/accuracy.py
+    writes it);
+  - every GPU row spec (tests/gpu_data/*.jsonl, with its PYTORCH_CUDA_ALLOC_CONF,
+    as contrib/calibrate/compare.py writes it).
+The fold must also fire somewhere (else the comparison proves nothing): the
+number of folds (the verbose lines) is printed and must be > 0.
+
+  MMGUARD=build/mmguard python3 tests/fold/fold.py [--only REGEX] [--jobs N]
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "accuracy"))
+import accuracy  # noqa: E402  (make_spec: a truth row's spec)
+
+MM = os.environ.get("MMGUARD", os.path.join(ROOT, "build", "mmguard"))
+FOLDED = re.compile(r"^mmguard: replay folded (\d+) periods[^\n]*\n?", re.M)
+
+
+def run(args, fold):
+    env = dict(os.environ)
+    env.pop("MMGUARD_REPLAY_FOLD", None)
+    if fold:
+        env["MMGUARD_REPLAY_FOLD"] = "verbose"
+    p = subprocess.run([MM] + args, capture_output=True, text=True, env=env, timeout=600)
+    folds = [int(n) for n in FOLDED.findall(p.stderr)]
+    err = FOLDED.sub("", p.stderr).strip()
+    return (p.returncode, p.stdout, err), folds
+
+
+def compare(case):
+    name, args = case
+    plain, none = run(args, False)
+    folded, folds = run(args, True)
+    if none:
+        return name, "the unfolded run folded", folds
+    for out in (plain, folded):  # under ASan+UBSan: a report is a failure either way
+        if "Sanitizer" in out[2] or "runtime error:" in out[2]:
+            return name, "sanitizer: %s" % out[2][:300], folds
+    if plain != folded:
+        return name, "differs: rc %d/%d, stdout %d/%d bytes, stderr %r/%r" % (
+            plain[0], folded[0], len(plain[1]), len(folded[1]), plain[2][:200],
+            folded[2][:200]), folds
+    return name, None, folds
+
+
+def preset_cases(tmp):
+    cases = []
+    for p in sorted(glob.glob(os.path.join(ROOT, "contrib", "models", "*.yaml")) +
+                    glob.glob(os.path.join(ROOT, "bench", "*.yaml"))):
+        n = os.path.basename(p)
+        cases.append(("preset %s predict" % n, ["predict", p, "--json"]))
+        cases.append(("preset %s fit" % n, ["fit", p, "--gpu-mem", "81559MiB", "--json"]))
+        base = subprocess.run([MM, "check", p, "--gpu-mem", str(1 << 50), "--margin", "0",
+                               "--json"], capture_output=True, text=True)
+        if base.returncode in (0, 1):
+            b = json.loads(base.stdout)
+            lo, hi = b["min_usable_runs"], b["min_usable_no_flush"]
+            for size in sorted({lo - 2 * 1024 * 1024, (lo + hi) // 2, hi}):
+                if size > 0:
+                    cases.append(("preset %s check %d" % (n, size),
+                                  ["check", p, "--gpu-mem", str(size), "--margin", "0", "--json"]))
+    return cases
+
+
+def truth_cases(tmp, only):
+    cases = []
+    for row in accuracy.load(os.path.join(ROOT, "tests", "truth", "data", "truth.jsonl")):
+        if only and not re.search(only, row["id"]):
+            continue
+        d = tempfile.mkdtemp(prefix="truth-", dir=tmp)
+        cases.append(("truth %s" % row["id"], ["predict", accuracy.make_spec(row, d), "--json"]))
+    return cases
+
+
+def gpu_cases(tmp, only):
+    cases = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "gpu_data", "*.jsonl"))):
+        with open(path) as f:
+            for k, line in enumerate(f):
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                if not isinstance(r.get("spec"), dict):
+                    continue
+                rid = r.get("id") or "%s:%d" % (os.path.basename(path), k + 1)
+                if only and not re.search(only, rid):
+                    continue
+                spec = json.loads(json.dumps(r["spec"]))
+                for m in spec.get("modules", []):  # as compare.py's predict()
+                    if isinstance(m.get("lora"), dict):
+                        m["lora"].setdefault("autocast_adapter_dtype", False)
+                conf = (r.get("config") or {}).get("alloc_conf")
+                if conf and "alloc_conf" not in spec.get("device", {}):
+                    spec.setdefault("device", {})["alloc_conf"] = conf
+                fd, sp = tempfile.mkstemp(prefix="gpu-", suffix=".json", dir=tmp)
+                with os.fdopen(fd, "w") as f2:
+                    json.dump(spec, f2)
+                cases.append(("gpu %s" % rid, ["predict", sp, "--json"]))
+    return cases
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", help="regex on truth and GPU row ids (presets always run)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="mmfold-") as tmp:
+        cases = preset_cases(tmp) + truth_cases(tmp, a.only) + gpu_cases(tmp, a.only)
+        with ThreadPoolExecutor(max_workers=a.jobs) as ex:
+            results = list(ex.map(compare, cases))
+    bad = [(n, why) for n, why, _ in results if why]
+    folds = sum(len(f) for _, _, f in results)
+    periods = sum(sum(f) for _, _, f in results)
+    cases_folded = sum(1 for _, _, f in results if f)
+    for n, why in bad:
+        print("fold: FAIL %s: %s" % (n, why))
+    print("fold: %d cases (%d presets' runs, truth and GPU rows), %d of them folded: %d folds, "
+          "%d periods fast-forwarded" % (len(results), sum(1 for n, _, _ in results
+                                                           if n.startswith("preset")),
+                                         cases_folded, folds, periods))
+    if not folds:
+        print("fold: FAIL: nothing was folded, the comparison proves nothing")
+        return 1
+    print("fold: %s" % ("FAILED" if bad else "passed: folded and unfolded replays byte-identical"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

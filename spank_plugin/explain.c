@@ -119,6 +119,9 @@ static void effect(const mm_fit_judged *j, char *buf, size_t n)
         snprintf(buf, n, "%s", "");
     else if (j->kind == MM_VERDICT_FITS)
         snprintf(buf, n, "predicted: fits, peak %s", pk);
+    else if (j->kind == MM_VERDICT_FLUSHES && !j->retries_step)
+        snprintf(buf, n, "predicted: fits with cache flushes (cudaMalloc retries in the first "
+                 "step only), peak %s", pk);
     else if (j->kind == MM_VERDICT_FLUSHES)
         snprintf(buf, n, "predicted: fits with cache flushes (%" PRIu64 " cudaMalloc retr%s per "
                  "step: slower), peak %s", j->retries_step, j->retries_step == 1 ? "y" : "ies", pk);
@@ -178,7 +181,7 @@ static void suggest_type(struct mmg_check *chk, const struct mmg_reqin *in,
         if (!acceptable(chk, v[i].kind) || (best && cand[i]->bytes >= best->bytes))
             continue;
         best = cand[i];
-        j = (mm_fit_judged){1, v[i].kind, v[i].retries_step,
+        j = (mm_fit_judged){1, v[i].kind, v[i].retries_step, v[i].retries,
                             v[i].reserved_peak + v[i].context_bytes, v[i].allocated_peak};
     }
     if (!best || !mmg_request_spell(in, g, g->gpus_min, best->name, chk->cfg.max_gpus_per_node,

@@ -56,6 +56,7 @@ static void summarize(const mm_verdict *v, mm_fit_judged *out)
     out->judged = 1;
     out->kind = v->kind;
     out->retries_step = v->retries_step;
+    out->retries = v->retries;
     out->live_bytes = v->allocated_peak;
     out->peak_bytes =
         v->kind == MM_VERDICT_OOM ? 0 : mm_sat_add(v->reserved_peak, v->context_bytes);
@@ -348,6 +349,11 @@ static void more_gpus(const fitctx *c, const mm_spec *spec, mm_fit_result *out)
     int from = spec->training.zero_stage >= 1 ? spec->training.zero_stage : 1;
     int only_from = spec->training.zero_stage >= 1;
     int stage = -1;
+    if (spec->fsdp.version) { /* FSDP shards by itself; ZeRO would exclude it */
+        from = spec->training.zero_stage;
+        only_from = 1;
+        out->min_data_parallel_fsdp = spec->fsdp.version;
+    }
     uint32_t n = smallest_dp(c, spec, from, only_from, &stage, &at);
     if (!n && !spec->training.ckpt.enabled) {
         c->s->training.ckpt.enabled = 1;
@@ -386,7 +392,7 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     else
         out->max_micro_batch_ckpt = out->max_micro_batch;
     with_expandable(&c, spec, out);
-    out->min_zero_stage = smallest_zero(&c, spec, &at);
+    out->min_zero_stage = spec->fsdp.version ? -1 : smallest_zero(&c, spec, &at);
     if (out->min_zero_stage >= 0)
         summarize(&at, &out->zero);
     reset(&c, spec);

@@ -261,7 +261,8 @@ int mm_predict_verdict(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
 typedef struct mm_fit_judged {   /* one suggested configuration on the card */
     int judged;                  /* 0: not asked (the suggestion does not apply) */
     mm_verdict_kind kind;
-    uint64_t retries_step;       /* cudaMalloc retries (cache flushes) per step */
+    uint64_t retries_step;       /* cudaMalloc retries (cache flushes) per steady step */
+    uint64_t retries;            /* the same over the first two steps (> 0 with flushes) */
     uint64_t peak_bytes;         /* on the card: reserved + CUDA context (+ NCCL); 0 = OOM */
     uint64_t live_bytes;         /* live tensors at the peak (allocated) */
 } mm_fit_judged;
@@ -280,10 +281,12 @@ typedef struct mm_fit_result {
     uint32_t max_micro_batch_expandable; /* with PYTORCH_CUDA_ALLOC_CONF expandable_segments:True */
     mm_fit_judged expandable;    /* the spec with expandable_segments:True (judged = 0 when
                                     it uses them already) */
-    int min_zero_stage;          /* smallest ZeRO stage that fits at the spec's N, -1 none */
+    int min_zero_stage;          /* smallest ZeRO stage that fits at the spec's N, -1 none
+                                    (not judged under FSDP: the two exclude each other) */
     mm_fit_judged zero;
     uint32_t min_data_parallel;  /* smallest N (<= 1024) that fits at max(zero,1), 0 none */
     int min_data_parallel_zero;  /* the ZeRO stage min_data_parallel was computed for */
+    int min_data_parallel_fsdp;  /* or the spec's own FSDP version (it shards by itself) */
     int min_data_parallel_ckpt;  /* min_data_parallel needs gradient checkpointing on
                                     (activations are not sharded: without it no N fits) */
     mm_fit_judged dp;

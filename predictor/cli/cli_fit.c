@@ -24,6 +24,9 @@ static void judged_text(const mm_fit_judged *j, char *buf, size_t n)
     mm_format_bytes(j->live_bytes, lv, sizeof lv);
     if (j->kind == MM_VERDICT_FITS)
         snprintf(buf, n, "fits, peak %s", pk);
+    else if (j->kind == MM_VERDICT_FLUSHES && !j->retries_step)
+        snprintf(buf, n, "fits with cache flushes (cudaMalloc retries in the first step only), "
+                 "peak %s", pk);
     else if (j->kind == MM_VERDICT_FLUSHES)
         snprintf(buf, n, "fits with cache flushes (%" PRIu64 " cudaMalloc retr%s per step: "
                  "slower), peak %s", j->retries_step, j->retries_step == 1 ? "y" : "ies", pk);
@@ -35,7 +38,8 @@ static void spec_line(const mm_spec *s, const mm_fit_result *f, uint64_t gpu, ui
 {
     const mm_verdict *v = &f->verdict;
     char gm[32], us[32], what[256];
-    mm_fit_judged j = {1, v->kind, v->retries_step, f->peak_bytes, v->allocated_peak};
+    mm_fit_judged j = {1, v->kind, v->retries_step, v->retries, f->peak_bytes,
+                       v->allocated_peak};
     mm_format_bytes(gpu, gm, sizeof gm);
     mm_format_bytes(usable, us, sizeof us);
     if (v->kind == MM_VERDICT_OOM)
@@ -67,33 +71,50 @@ static void batch_lines(const mm_spec *s, const mm_fit_result *f)
     }
 }
 
+static void largest(uint32_t mb)
+{
+    if (mb)
+        printf("; largest micro-batch %u\n", mb);
+    else
+        printf("; no micro-batch runs\n");
+}
+
 static void remedy_lines(const mm_spec *s, const mm_fit_result *f)
 {
     char a[192];
+    uint32_t n = mm_spec_data_parallel(s);
     if (f->expandable.judged) {
         judged_text(&f->expandable, a, sizeof a);
-        printf("  with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: %s; largest "
-               "micro-batch %u\n", a, f->max_micro_batch_expandable);
+        printf("  with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: %s", a);
+        largest(f->max_micro_batch_expandable);
     }
     if (f->ckpt.judged) {
         judged_text(&f->ckpt, a, sizeof a);
-        printf("  with gradient checkpointing: %s; largest micro-batch %u\n", a,
-               f->max_micro_batch_ckpt);
+        printf("  with gradient checkpointing: %s", a);
+        largest(f->max_micro_batch_ckpt);
     }
-    if (f->min_zero_stage >= 0) {
+    if (f->min_data_parallel_fsdp) {
+        /* FSDP and ZeRO exclude each other: no stage to try */
+    } else if (f->min_zero_stage >= 0) {
         judged_text(&f->zero, a, sizeof a);
-        printf("  smallest ZeRO stage that runs at %u GPUs: %d: %s\n", mm_spec_data_parallel(s),
+        printf("  smallest ZeRO stage that runs at %u GPU%s: %d: %s\n", n, n == 1 ? "" : "s",
                f->min_zero_stage, a);
     } else {
-        printf("  no ZeRO stage runs at %u GPUs\n", mm_spec_data_parallel(s));
+        printf("  no ZeRO stage runs at %u GPU%s\n", n, n == 1 ? "" : "s");
     }
+    char how[32];
+    if (f->min_data_parallel_fsdp)
+        snprintf(how, sizeof how, "FSDP%d", f->min_data_parallel_fsdp);
+    else
+        snprintf(how, sizeof how, "ZeRO-%d", f->min_data_parallel_zero);
     if (f->min_data_parallel) {
         judged_text(&f->dp, a, sizeof a);
-        printf("  smallest number of GPUs with ZeRO-%d%s: %u: %s\n", f->min_data_parallel_zero,
+        printf("  smallest number of GPUs with %s%s: %u: %s\n", how,
                f->min_data_parallel_ckpt ? " and gradient checkpointing" : "",
                f->min_data_parallel, a);
     } else {
-        printf("  no number of GPUs up to 1024 runs with ZeRO\n");
+        printf("  no number of GPUs up to 1024 runs with %s\n",
+               f->min_data_parallel_fsdp ? how : "ZeRO");
     }
 }
 
@@ -104,8 +125,9 @@ static void judged_json(const char *key, const mm_fit_judged *j)
         return;
     }
     printf(", \"%s\": {\"verdict\": \"%s\", \"alloc_retries_per_step\": %" PRIu64
-           ", \"peak_bytes\": %" PRIu64 ", \"allocated_peak_bytes\": %" PRIu64 "}",
-           key, kind_key(j->kind), j->retries_step, j->peak_bytes, j->live_bytes);
+           ", \"alloc_retries\": %" PRIu64 ", \"peak_bytes\": %" PRIu64
+           ", \"allocated_peak_bytes\": %" PRIu64 "}",
+           key, kind_key(j->kind), j->retries_step, j->retries, j->peak_bytes, j->live_bytes);
 }
 
 static void print_json(const mm_fit_result *f, uint64_t gpu, uint64_t usable)
@@ -128,8 +150,9 @@ static void print_json(const mm_fit_result *f, uint64_t gpu, uint64_t usable)
     printf(", \"min_zero_stage\": %d", f->min_zero_stage);
     judged_json("min_zero_stage_verdict", &f->zero);
     printf(", \"min_data_parallel\": %u, \"min_data_parallel_zero_stage\": %d, "
+           "\"min_data_parallel_fsdp_version\": %d, "
            "\"min_data_parallel_needs_checkpointing\": %s",
-           f->min_data_parallel, f->min_data_parallel_zero,
+           f->min_data_parallel, f->min_data_parallel_zero, f->min_data_parallel_fsdp,
            f->min_data_parallel_ckpt ? "true" : "false");
     judged_json("min_data_parallel_verdict", &f->dp);
     printf("}\n");

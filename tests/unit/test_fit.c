@@ -308,6 +308,7 @@ static void assert_judged(const mm_fit_judged *j, const mm_verdict *v)
     ck_assert(j->judged);
     ck_assert_int_eq(j->kind, v->kind);
     ck_assert_uint_eq(j->retries_step, v->retries_step);
+    ck_assert_uint_eq(j->retries, v->retries);
     ck_assert_uint_eq(j->live_bytes, v->allocated_peak);
     if (v->kind != MM_VERDICT_OOM)
         ck_assert_uint_eq(j->peak_bytes, v->reserved_peak + v->context_bytes);

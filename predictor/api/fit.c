@@ -117,13 +117,15 @@ static uint64_t next_guess(const bracket *b, uint64_t x, uint64_t pk, uint64_t p
  * (activations do, model states do not), so secant guesses converge in a
  * few simulations; a step that fails to halve the bracket is followed by a
  * bisection, so the worst case stays logarithmic. */
-static uint32_t live_search(const fitctx *c, uint64_t x)
+static uint32_t live_search(const fitctx *c, uint64_t x, uint64_t *x_live, uint64_t *lo_live)
 {
     bracket bk = {0}, *b = &bk;
     uint64_t width = UINT64_MAX;
     int bisect = 0;
     for (int iter = 0; iter < 64; iter++) {
         uint64_t pk = probe_live(c, x);
+        if (!iter)
+            *x_live = pk;
         int fits = pk <= c->usable;
         /* the previous sample on the same side, for a slope before a bracket */
         uint64_t px = fits ? b->lo : b->hi, px_pk = fits ? b->lo_pk : b->hi_pk;
@@ -138,34 +140,54 @@ static uint32_t live_search(const fitctx *c, uint64_t x)
         width = w;
         x = next_guess(b, x, pk, px, px_pk, bisect, c->usable);
     }
+    *lo_live = b->lo_pk;
     return (uint32_t)b->lo;
 }
 
 /* Largest x in (lo, hi) whose verdict fits, else lo (lo: known to fit, or
- * 0; hi: known not to).  From hi - 1 down in doubling steps - the answer is
- * usually just below the live-bytes bound, the allocator's cache costing a
- * few samples -, then bisection; *at becomes the verdict at the answer.  The
+ * 0; hi: known not to), first judging `guess` when it lies inside, else
+ * hi - 1 (the answer is often just below the live-bytes bound: a small
+ * cache), then by bisection; *at becomes the verdict at the answer.  The
  * verdict is not strictly monotone in the micro-batch (fragmentation), so
  * the answer is one that fits whose successor does not, as any bisection
  * finds it. */
-static uint32_t largest_ok(const fitctx *c, uint64_t lo, uint64_t hi, mm_verdict *at)
+static uint32_t largest_ok(const fitctx *c, uint64_t lo, uint64_t hi, uint64_t guess,
+                           mm_verdict *at)
 {
-    uint64_t step = 1;
-    int gallop = 1;
     mm_verdict v;
+    uint64_t x = guess > lo && guess < hi ? guess : hi - 1;
     while (hi > lo + 1) {
-        uint64_t x = gallop && hi - lo > step ? hi - step : lo + (hi - lo) / 2;
         c->s->training.micro_batch_size = x;
         if (judge(c, &v)) {
             lo = x;
             *at = v;
-            gallop = 0;
         } else {
             hi = x;
-            step *= 2;
         }
+        x = lo + (hi - lo) / 2;
     }
     return (uint32_t)lo;
+}
+
+/* Where the answer probably is: the largest x whose uncapped peak fits,
+ * taking the allocator's cache to grow with the live bytes as it stands at
+ * x0 (its verdict's uncapped reserved peak) and the live bytes to grow
+ * linearly (their two samples).  Below it a job runs without a flush; the
+ * runs-at-all answer lies between it and the live bound.  Only a first
+ * guess: every answer is judged.  0 when there is nothing to go on. */
+static uint64_t guess_uncapped(const fitctx *c, const mm_verdict *v0, uint64_t x0, uint64_t live0,
+                               uint64_t xl, uint64_t live_l)
+{
+    /* only from a verdict that fits: its uncapped peak is known the same
+     * whoever judged it (mm_verdict_for or verdict_quick), so the answer does
+     * not depend on who asks */
+    if (!v0 || v0->kind != MM_VERDICT_FITS || !v0->reserved_uncapped || !live0 || xl <= x0 ||
+        live_l <= live0)
+        return 0;
+    double rho = ((double)v0->reserved_uncapped + (double)v0->context_bytes) / (double)live0;
+    double slope = (double)(live_l - live0) / (double)(xl - x0);
+    double g = (double)x0 + ((double)c->usable / (rho < 1 ? 1 : rho) - (double)live0) / slope;
+    return g >= 1 && g < (double)xl ? (uint64_t)g : 0;
 }
 
 /* The largest micro-batch that fits, from the micro-batch c->s has (at: its
@@ -173,10 +195,10 @@ static uint32_t largest_ok(const fitctx *c, uint64_t lo, uint64_t hi, mm_verdict
 static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec, mm_verdict *out)
 {
     uint64_t mb = c->s->training.micro_batch_size;
-    uint64_t x0 = mb < 1 ? 1 : mb > MM_MB_CAP ? MM_MB_CAP : mb;
+    uint64_t x0 = mb < 1 ? 1 : mb > MM_MB_CAP ? MM_MB_CAP : mb, live0 = 0, live_l = 0;
     mm_verdict own;
     memset(out, 0, sizeof *out);
-    uint32_t xl = live_search(c, x0);
+    uint32_t xl = live_search(c, x0, &live0, &live_l);
     if (!xl)
         return 0;
     uint64_t lo = 0, hi = (uint64_t)xl + 1;
@@ -191,7 +213,8 @@ static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec, mm_verdict
         else
             hi = x0;
     }
-    uint32_t r = largest_ok(c, lo, hi, out);
+    uint64_t g = x0 == mb ? guess_uncapped(c, at_spec, x0, live0, xl, live_l) : 0;
+    uint32_t r = largest_ok(c, lo, hi, g, out);
     c->s->training.micro_batch_size = mb;
     return r;
 }
@@ -228,7 +251,7 @@ static uint32_t max_batch_no_flush(const fitctx *c, uint32_t max, const mm_verdi
         lo = mb, *out = *at_spec;
     else if (mb < max)
         hi = mb;
-    uint32_t r = largest_ok(&nf, lo, hi, out);
+    uint32_t r = largest_ok(&nf, lo, hi, 0, out);
     c->s->training.micro_batch_size = mb;
     return r;
 }
@@ -383,10 +406,19 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     out->fits = acceptable(&c, v->kind);
     out->peak_bytes = v->kind == MM_VERDICT_OOM ? 0 : mm_sat_add(v->reserved_peak,
                                                                  v->context_bytes);
-    out->max_micro_batch = max_batch(&c, v, &at);
-    summarize(&at, &out->at_max);
+    /* the plugin's own search (mm_max_micro_batch: what it publishes for an
+     * accepted job is the same answer), then the verdict at the answer */
+    out->max_micro_batch = mm_max_micro_batch(spec, gpu_bytes, usable, no_flush, v);
+    memset(&at, 0, sizeof at);
+    c.s->training.micro_batch_size = out->max_micro_batch;
+    if (out->max_micro_batch)
+        judge(&c, &at);
+    reset(&c, spec);
+    if (out->max_micro_batch)
+        summarize(&at, &out->at_max);
     out->max_micro_batch_no_flush = max_batch_no_flush(&c, out->max_micro_batch, &at, v, &at_nf);
-    summarize(&at_nf, &out->at_max_no_flush);
+    if (out->max_micro_batch_no_flush)
+        summarize(&at_nf, &out->at_max_no_flush);
     if (!spec->training.ckpt.enabled)
         with_checkpointing(&c, spec, out);
     else

@@ -151,9 +151,8 @@ static void suggest_gpus(struct mmg_check *chk, const struct mmg_reqin *in,
         snprintf(with + strlen(with), sizeof(with) - strlen(with), "%s"
                  "training.gradient_checkpointing=true", with[0] ? " and " : " with ");
     effect(&f->dp, eff, sizeof(eff));
-    mmg_check_line(chk, "to fit: ask for %" PRIu32 " GPUs (%s)%s%s; %s at %" PRIu32 " GPUs", total,
-                   spelled, with, mmg_opts.gpus ? " and --mm-gpus to match" : "", eff,
-                   f->min_data_parallel);
+    mmg_check_line(chk, "to fit: ask for %" PRIu32 " GPUs (%s)%s%s; %s", total, spelled, with,
+                   mmg_opts.gpus ? " and --mm-gpus to match" : "", eff);
 }
 
 /* The smallest GPU type of the site's table on which the job fits, by its

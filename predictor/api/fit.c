@@ -351,7 +351,10 @@ static void with_expandable(const fitctx *c, const mm_spec *spec, mm_fit_result 
     mm_verdict v, at;
     char *conf = c->s->device.alloc_conf;
     size_t used = strlen(conf);
-    if (strstr(conf, "expandable_segments:True") ||
+    /* not with max_split_size_mb: the allocator model's capped replay of that
+     * pair does not finish (release_available on expandable blocks; left to
+     * the engine), and a suggestion must not hang fit or the plugin */
+    if (strstr(conf, "expandable_segments:True") || strstr(conf, "max_split_size_mb") ||
         used + sizeof ",expandable_segments:True" > sizeof c->s->device.alloc_conf)
         return;
     snprintf(conf + used, sizeof c->s->device.alloc_conf - used, "%sexpandable_segments:True",

@@ -16,9 +16,11 @@ H100 allocator traces (tests/gpu_data/traces) and on every shipped preset:
             reserved peak on the card never exceeds the allocator's capacity.
   fit     - `mmguard fit --gpu-mem SIZE --json`'s answers hold by `mmguard check` on
             every preset on a 40 GiB and an 80 GiB card: its largest micro-batch runs
-            and one more does not; its largest without a flush fits and one more does
-            not; its GPU count (with its ZeRO stage and checkpointing) runs and one
-            GPU fewer does not; its verdict of the spec is check's.
+            and one more does not (as given, with expandable segments, with
+            checkpointing); its largest without a flush fits and one more does not;
+            its verdicts of those remedies are check's; its GPU count (with its ZeRO
+            stage and checkpointing) runs and one GPU fewer does not; its verdict of
+            the spec is check's.
 MMGUARD=path/to/mmguard.  Prints "capacity: N passed, N failed".
 """
 import glob
@@ -124,14 +126,27 @@ def fit_answers(p, size):
         raise SystemExit(f"mmguard fit {p} --gpu-mem {size}: {r.stderr}")
     f = json.loads(r.stdout)
     ok(f["verdict"] == check(p, size)["verdict"], f"{name} at {size}: fit's verdict {f['verdict']}")
-    for key, worst in (("max_micro_batch", "flushes"), ("max_micro_batch_no_flush", "fits")):
+    xs = "device.alloc_conf=expandable_segments:True"
+    for key, worst, sets, judged in (
+            ("max_micro_batch", "flushes", [], True),
+            ("max_micro_batch_no_flush", "fits", [], True),
+            ("max_micro_batch_expandable_segments", "flushes", [xs], f["expandable_segments"]),
+            ("max_micro_batch_checkpointing", "flushes", ["training.gradient_checkpointing=true"],
+             f["checkpointing"])):
         m = f[key]
+        if not judged:
+            continue
         if m:
-            v = check(p, size, f"training.micro_batch_size={m}")["verdict"]
+            v = check(p, size, *sets, f"training.micro_batch_size={m}")["verdict"]
             ok(RANK[v] >= RANK[worst], f"{name} at {size}: {key} {m} is {v}")
         if m < 65536:
-            v = check(p, size, f"training.micro_batch_size={m + 1}")["verdict"]
+            v = check(p, size, *sets, f"training.micro_batch_size={m + 1}")["verdict"]
             ok(RANK[v] < RANK[worst], f"{name} at {size}: {key} {m} + 1 is {v}")
+    for key, sets in (("expandable_segments", [xs]),
+                      ("checkpointing", ["training.gradient_checkpointing=true"])):
+        if f[key]:
+            v = check(p, size, *sets)["verdict"]
+            ok(v == f[key]["verdict"], f"{name} at {size}: fit says {key} {f[key]}, check {v}")
     n = f["min_data_parallel"]
     if n:
         sets = [f"training.zero_stage={f['min_data_parallel_zero_stage']}"]

@@ -1338,7 +1338,8 @@ function M.decide(ctx, text)
         local hint = ""
         local g = req.kind == "node" and first_fit(m, req, req.count + 1, gtype, usable, conf.max_gpus_per_node, conf)
         if g then hint = string.format("; to fit: ask for %s GPUs per node (%s)", istr(g), gpu_text(req.type, g)) end
-        if m.dp == req.gpus and m.mmb and m.mmb > 0 then
+        -- the record's micro-batch is the plugin's answer on its own card and count
+        if m.dp == req.gpus and m.gpu == gtype and m.usable == usable and m.mmb and m.mmb > 0 then
             hint = hint .. "; to fit: training.micro_batch_size=" .. istr(m.mmb)
         end
         log_user("mmguard: job rejected: " .. what .. hint)

@@ -408,8 +408,13 @@ void mmg_check_run(struct mmg_check *chk, mmg_tool tool, int ac, char **av)
     decide(chk);
     if (!chk->misfit) {
         /* only the largest micro-batch: a full mm_fit also searches
-         * checkpointing, ZeRO stages and GPU counts, which only a misfit needs */
-        uint32_t mb = mm_max_micro_batch(chk->spec, chk->usable, &chk->pred);
+         * checkpointing, ZeRO stages and GPU counts, which only a misfit
+         * needs.  Judged as this job is, on the card (its capacity-aware
+         * verdict; under flush=reject a flush does not fit); the verdict at
+         * the job's own count seeds the search */
+        uint32_t mb = mm_max_micro_batch(chk->spec, chk->gpu->bytes, chk->usable,
+                                         chk->cfg.flush == MMG_FLUSH_REJECT,
+                                         chk->worst_dp == chk->dp ? &chk->verdict : NULL);
         chk->fit.fits = 1;
         chk->fit.max_micro_batch = mb;
         chk->have_fit = mb > 0;

@@ -17,8 +17,8 @@ static uint64_t module_total(const mm_module_result *m)
     return s;
 }
 
-/* Where the peak goes: the five tensor factors, then what the predictor's
- * "overhead" is on this card - the CUDA context (and NCCL's buffers, N > 1)
+/* Where the peak goes: the five tensor factors, then what lies beyond the
+ * live tensors on this card - the CUDA context (and NCCL's buffers, N > 1)
  * outside the allocator, and the allocator's cache (reserved - allocated,
  * without a limit) - by name, largest first. */
 static void explain_factors(struct mmg_check *chk)
@@ -102,16 +102,43 @@ static void suggest_base(const struct mmg_check *chk, struct mmg_reqin *in, stru
     snprintf(g->type, sizeof(g->type), "%s", chk->gpu->name);
 }
 
+/* whether a verdict fits under the site's flush= policy */
+static int acceptable(const struct mmg_check *chk, mm_verdict_kind k)
+{
+    return k == MM_VERDICT_FITS || (k == MM_VERDICT_FLUSHES && chk->cfg.flush != MMG_FLUSH_REJECT);
+}
+
+/* A suggestion's predicted effect, judged as the job is (the capacity-aware
+ * verdict on the card): "predicted: fits, peak 38.1 GiB" or "predicted: fits
+ * with cache flushes (2 cudaMalloc retries per step: slower)". */
+static void effect(const mm_fit_judged *j, char *buf, size_t n)
+{
+    char pk[32];
+    mm_format_bytes(j->peak_bytes, pk, sizeof(pk));
+    if (!j->judged)
+        snprintf(buf, n, "%s", "");
+    else if (j->kind == MM_VERDICT_FITS)
+        snprintf(buf, n, "predicted: fits, peak %s", pk);
+    else if (j->kind == MM_VERDICT_FLUSHES && !j->retries_step)
+        snprintf(buf, n, "predicted: fits with cache flushes (cudaMalloc retries in the first "
+                 "step only), peak %s", pk);
+    else if (j->kind == MM_VERDICT_FLUSHES)
+        snprintf(buf, n, "predicted: fits with cache flushes (%" PRIu64 " cudaMalloc retr%s per "
+                 "step: slower), peak %s", j->retries_step, j->retries_step == 1 ? "y" : "ies", pk);
+    else
+        snprintf(buf, n, "predicted: out of memory");
+}
+
 /* More GPUs of the same type (with a ZeRO stage that shards over them). */
 static void suggest_gpus(struct mmg_check *chk, const struct mmg_reqin *in,
                          const struct mmg_gpureq *g)
 {
     const mm_fit_result *f = &chk->fit;
-    char spelled[MMG_LINE_MAX / 2], with[160] = "";
+    char spelled[MMG_LINE_MAX / 2], with[160] = "", eff[160];
     uint32_t total;
     int zero = mm_spec_zero_stage(chk->spec);
 
-    /* mm_fit's count is the smallest that a prediction at that count fits */
+    /* mm_fit's count is the smallest whose verdict on this card fits */
     if (f->min_data_parallel <= chk->dp)
         return;
     total = mmg_request_spell(in, g, f->min_data_parallel, "", chk->cfg.max_gpus_per_node, spelled,
@@ -123,47 +150,77 @@ static void suggest_gpus(struct mmg_check *chk, const struct mmg_reqin *in,
     if (f->min_data_parallel_ckpt)
         snprintf(with + strlen(with), sizeof(with) - strlen(with), "%s"
                  "training.gradient_checkpointing=true", with[0] ? " and " : " with ");
-    mmg_check_line(chk, "to fit: ask for %" PRIu32 " GPUs (%s)%s%s", total, spelled, with,
-                   mmg_opts.gpus ? " and --mm-gpus to match" : "");
+    effect(&f->dp, eff, sizeof(eff));
+    mmg_check_line(chk, "to fit: ask for %" PRIu32 " GPUs (%s)%s%s; %s", total, spelled, with,
+                   mmg_opts.gpus ? " and --mm-gpus to match" : "", eff);
 }
 
-/* The smallest GPU type of the site's table that holds the peak. */
+/* The smallest GPU type of the site's table on which the job fits, by its
+ * verdict on that card (one simulated step for all of them). */
 static void suggest_type(struct mmg_check *chk, const struct mmg_reqin *in,
                          const struct mmg_gpureq *g)
 {
-    const struct mmg_gpu *best = NULL;
-    char b[32], spelled[MMG_LINE_MAX / 2];
-    for (size_t i = 0; i < chk->cfg.n_gpus; i++) {
+    const struct mmg_gpu *best = NULL, *cand[MMG_MAX_GPU_TYPES];
+    uint64_t mem[MMG_MAX_GPU_TYPES], usable[MMG_MAX_GPU_TYPES];
+    mm_verdict v[MMG_MAX_GPU_TYPES];
+    mm_fit_judged j = {0};
+    char b[32], spelled[MMG_LINE_MAX / 2], eff[160];
+    size_t k = 0;
+    mm_error e;
+    for (size_t i = 0; i < chk->cfg.n_gpus && k < MMG_MAX_GPU_TYPES; i++) {
         const struct mmg_gpu *t = &chk->cfg.gpus[i];
-        if (t == chk->gpu || mmg_config_usable(&chk->cfg, t->bytes) < chk->peak)
+        if (t == chk->gpu || t->bytes <= chk->gpu->bytes)
+            continue; /* a smaller card than the one it does not fit */
+        cand[k] = t, mem[k] = t->bytes, usable[k++] = mmg_config_usable(&chk->cfg, t->bytes);
+    }
+    memset(&e, 0, sizeof(e));
+    if (!k || mm_verdict_cards(chk->spec, k, mem, usable, v, &e) != 0)
+        return;
+    for (size_t i = 0; i < k; i++) {
+        if (!acceptable(chk, v[i].kind) || (best && cand[i]->bytes >= best->bytes))
             continue;
-        if (!best || t->bytes < best->bytes)
-            best = t;
+        best = cand[i];
+        j = (mm_fit_judged){1, v[i].kind, v[i].retries_step, v[i].retries,
+                            v[i].reserved_peak + v[i].context_bytes, v[i].allocated_peak};
     }
     if (!best || !mmg_request_spell(in, g, g->gpus_min, best->name, chk->cfg.max_gpus_per_node,
                                     spelled, sizeof(spelled)))
         return;
     mm_format_bytes(mmg_config_usable(&chk->cfg, best->bytes), b, sizeof(b));
-    mmg_check_line(chk, "to fit: a larger GPU: %s (%s usable)%s%s", spelled, b,
-                   mmg_opts.gpu ? " and --mm-gpu=" : "", mmg_opts.gpu ? best->name : "");
+    effect(&j, eff, sizeof(eff));
+    mmg_check_line(chk, "to fit: a larger GPU: %s (%s usable)%s%s; %s", spelled, b,
+                   mmg_opts.gpu ? " and --mm-gpu=" : "", mmg_opts.gpu ? best->name : "", eff);
 }
 
+/* Changes to the spec itself, each with its verdict on this card. */
 static void suggest_spec(struct mmg_check *chk)
 {
     const mm_fit_result *f = &chk->fit;
     uint32_t mb = mm_spec_micro_batch(chk->spec);
-    if (f->max_micro_batch > 0 && f->max_micro_batch < mb)
+    char eff[160];
+    if (f->max_micro_batch > 0 && f->max_micro_batch < mb) {
+        effect(&f->at_max, eff, sizeof(eff));
         mmg_check_line(chk, "to fit: training.micro_batch_size=%" PRIu32 " (largest that fits; "
-                       "raise gradient_accumulation_steps to keep the global batch)",
-                       f->max_micro_batch);
-    else if (f->max_micro_batch == 0)
+                       "raise gradient_accumulation_steps to keep the global batch); %s",
+                       f->max_micro_batch, eff);
+    } else if (f->max_micro_batch == 0) {
         mmg_check_line(chk, "to fit: no micro_batch_size fits as configured, not even 1");
-    if (f->checkpointing_helps)
+    }
+    if (f->expandable_helps) {
+        effect(&f->expandable, eff, sizeof(eff));
+        mmg_check_line(chk, "to fit: export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in "
+                       "the job (and device.alloc_conf in the spec); %s", eff);
+    }
+    if (f->checkpointing_helps) {
+        effect(&f->ckpt, eff, sizeof(eff));
         mmg_check_line(chk, "to fit: training.gradient_checkpointing=true (then micro_batch_size "
-                       "up to %" PRIu32 " fits)", f->max_micro_batch_ckpt);
-    if (f->min_zero_stage > mm_spec_zero_stage(chk->spec))
-        mmg_check_line(chk, "to fit: training.zero_stage=%d on the same %" PRIu32 " GPUs",
-                       f->min_zero_stage, chk->dp);
+                       "up to %" PRIu32 " fits); %s", f->max_micro_batch_ckpt, eff);
+    }
+    if (f->min_zero_stage > mm_spec_zero_stage(chk->spec)) {
+        effect(&f->zero, eff, sizeof(eff));
+        mmg_check_line(chk, "to fit: training.zero_stage=%d on the same %" PRIu32 " GPUs; %s",
+                       f->min_zero_stage, chk->dp, eff);
+    }
 }
 
 void mmg_explain_misfit(struct mmg_check *chk)
@@ -173,7 +230,8 @@ void mmg_explain_misfit(struct mmg_check *chk)
     mm_error e;
 
     memset(&e, 0, sizeof(e));
-    chk->have_fit = mm_fit(chk->spec, chk->usable, &chk->fit, &e) == 0;
+    chk->have_fit = mm_fit(chk->spec, chk->gpu->bytes, chk->usable,
+                           chk->cfg.flush == MMG_FLUSH_REJECT, &chk->fit, &e) == 0;
     explain_factors(chk);
     explain_modules(chk);
     suggest_base(chk, &in, &g);

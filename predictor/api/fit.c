@@ -1,69 +1,92 @@
-/* fit.c - "what would fit": the largest micro-batch, whether gradient
- * checkpointing helps, the smallest ZeRO stage and data-parallel degree.
+/* fit.c - "what would fit" on a card: the largest micro-batch, and whether
+ * gradient checkpointing, expandable segments, a ZeRO stage or more GPUs make
+ * the job run.  API layer: uses the spec, the allocated peak (predict.h) and
+ * the capacity-aware verdict (verdict.h).
  *
- * Every answer is checked by predicting the very configuration it names.
- * What keeps that cheap: the allocated peak (a folded simulation) is a small
- * fraction of a prediction, the caching-allocator replay most of it, and
- * the peak never lies below the allocated one plus the constant overheads
- * ("lower").  So the searches first narrow on the lower bound and replay the
- * allocator only for the candidates the lower bound cannot rule out. */
+ * Every answer is the capacity-aware verdict (verdict.c: the caching
+ * allocator replayed at the capacity the card leaves it, freeing its cache
+ * and retrying before it gives up, as DeviceCachingAllocator::malloc does) of
+ * the very configuration it names - the same verdict `mmguard check` gives -,
+ * never the uncapped peak against the usable bytes: a job whose uncapped
+ * reserved peak exceeds the card usually still runs, with cache flushes.
+ *
+ * What keeps it cheap: one decoded copy of the spec, changed in place; the
+ * live tensors (the allocated peak, a folded simulation without a replay)
+ * bound every search from above - a configuration whose live bytes exceed
+ * the allocator's capacity runs out of memory -, so the micro-batch search
+ * narrows on them with secant guesses first and replays the allocator only
+ * for the candidates below that bound, from the bound downwards. */
 #include "dp.h"
 #include "predict.h"
 #include "util.h"
+#include "verdict.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Bytes of device-level peak per sample of micro-batch, estimated from one
- * prediction: the activations and temporaries at the peak scale with the
- * micro-batch, scaled like the allocated peak is to the device-level one.
- * Only a first guess for the searches; 0 when there is nothing to go on. */
-static double slope_hint(const mm_prediction *p)
-{
-    double act = (double)p->factors.activations + (double)p->factors.temporaries;
-    if (!p->micro_batch_size || !p->allocated_peak_bytes || act <= 0)
-        return 0;
-    return act / p->micro_batch_size * ((double)p->peak_bytes / (double)p->allocated_peak_bytes);
-}
-
-/* The device-level peak of `s` at micro-batch x (lower: its lower bound, no
- * allocator replay); UINT64_MAX when the prediction fails (sizes that
- * overflow), which never fits. */
-static uint64_t probe(mm_spec *s, uint64_t x, int lower)
-{
-    mm_peak_only q;
-    mm_error e;
-    s->training.micro_batch_size = x;
-    if (mm_predict_peak(s, &q, lower, &e))
-        return UINT64_MAX;
-    return lower ? q.lower : q.peak;
-}
-
-/* Whether `s` fits `usable` at micro-batch x: its peak when it does, else
- * UINT64_MAX (the replay ends once the peak is known to exceed usable). */
-static uint64_t probe_fits(mm_spec *s, uint64_t x, uint64_t usable)
-{
-    mm_peak_only q;
-    mm_error e;
-    s->training.micro_batch_size = x;
-    if (mm_predict_peak_fits(s, &q, usable, &e))
-        return UINT64_MAX;
-    return q.peak;
-}
-
 #define MM_MB_CAP 65536u
 
-/* A bracket of the search: the largest x known to fit and the smallest known
- * not to (0 = none known), with their peaks (0 = unknown). */
+typedef struct fitctx {
+    mm_spec *s;       /* the working copy, changed in place */
+    uint64_t gpu, usable;
+    int no_flush;     /* a cache flush does not count as fitting (flush=reject) */
+} fitctx;
+
+static int acceptable(const fitctx *c, mm_verdict_kind k)
+{
+    return k == MM_VERDICT_FITS || (k == MM_VERDICT_FLUSHES && !c->no_flush);
+}
+
+/* The verdict of c->s as it stands; whether it fits.  A configuration the
+ * model refuses (sizes that overflow) never fits. */
+static int judge(const fitctx *c, mm_verdict *v)
+{
+    mm_error e;
+    if (verdict_quick(c->s, c->gpu, c->usable, v, &e)) {
+        memset(v, 0, sizeof *v);
+        v->kind = MM_VERDICT_OOM;
+        snprintf(v->oom_event, sizeof v->oom_event, "%.150s", e.msg);
+    }
+    return acceptable(c, v->kind);
+}
+
+static void summarize(const mm_verdict *v, mm_fit_judged *out)
+{
+    out->judged = 1;
+    out->kind = v->kind;
+    out->retries_step = v->retries_step;
+    out->retries = v->retries;
+    out->live_bytes = v->allocated_peak;
+    out->peak_bytes =
+        v->kind == MM_VERDICT_OOM ? 0 : mm_sat_add(v->reserved_peak, v->context_bytes);
+}
+
+/* Live bytes of c->s at micro-batch x on the card: the allocated peak plus
+ * what is outside the allocator (CUDA context, NCCL); UINT64_MAX when the
+ * model refuses the size.  Above the usable bytes it runs out of memory. */
+static uint64_t probe_live(const fitctx *c, uint64_t x)
+{
+    mm_peak_only q;
+    mm_error e;
+    c->s->training.micro_batch_size = x;
+    if (mm_predict_peak(c->s, &q, 1, &e))
+        return UINT64_MAX;
+    mm_overheads o = predict_overheads(c->s);
+    return mm_sat_add(q.allocated,
+                      verdict_outside(&o, q.allocated, mm_spec_data_parallel(c->s)));
+}
+
+/* A bracket of the live-bytes search: the largest x known to fit and the
+ * smallest known not to (0 = none known), with their bytes (0 = unknown). */
 typedef struct bracket {
     uint64_t lo, lo_pk, hi, hi_pk;
 } bracket;
 
 /* The next guess: through two samples (the bracket, else the last two on one
- * side), else the hint from x, else halving or doubling; strictly inside. */
+ * side), else halving or doubling; strictly inside the bracket. */
 static uint64_t next_guess(const bracket *b, uint64_t x, uint64_t pk, uint64_t px,
-                           uint64_t px_pk, int bisect, double hint, uint64_t usable)
+                           uint64_t px_pk, int bisect, uint64_t usable)
 {
     double g;
     uint64_t a = 0, a_pk = 0, c = 0, c_pk = 0; /* two samples, a < c */
@@ -76,8 +99,6 @@ static uint64_t next_guess(const bracket *b, uint64_t x, uint64_t pk, uint64_t p
     if (!bisect && c && c_pk > a_pk) {
         double slope = (double)(c_pk - a_pk) / (double)(c - a);
         g = (double)a + ((double)usable - (double)a_pk) / slope;
-    } else if (hint > 0 && pk && pk != UINT64_MAX) {
-        g = (double)x + ((double)usable - (double)pk) / hint;
     } else if (b->hi) {
         g = (double)b->lo + (double)(b->hi - b->lo) / 2.0;
     } else {
@@ -91,160 +112,196 @@ static uint64_t next_guess(const bracket *b, uint64_t x, uint64_t pk, uint64_t p
     return (uint64_t)g;
 }
 
-/* Largest micro-batch in [1, MM_MB_CAP] whose peak (or lower bound) fits
- * `usable`, inside bracket b, starting at x (pk: its peak, 0 = not yet
- * predicted; hint: bytes per sample, used while the bracket is open).  The
- * peak is monotone and nearly linear in the micro-batch (activations grow
- * with it, model states do not), so secant guesses converge in a few
- * predictions; a step that fails to halve the bracket is followed by a
- * bisection, so the worst case stays logarithmic.  *b ends as the final
- * bracket. */
-static uint32_t search(mm_spec *s, uint64_t usable, int lower, bracket *b, uint64_t x,
-                       uint64_t pk, double hint)
+/* Largest micro-batch in [1, MM_MB_CAP] whose live bytes fit the usable
+ * bytes, from x.  They grow with the micro-batch, nearly linearly
+ * (activations do, model states do not), so secant guesses converge in a
+ * few simulations; a step that fails to halve the bracket is followed by a
+ * bisection, so the worst case stays logarithmic. */
+static uint32_t live_search(const fitctx *c, uint64_t x, uint64_t *x_live, uint64_t *lo_live)
 {
+    bracket bk = {0}, *b = &bk;
     uint64_t width = UINT64_MAX;
     int bisect = 0;
-    if ((b->hi && b->hi <= b->lo + 1) || b->hi == 1 || (!b->hi && b->lo >= MM_MB_CAP))
-        return (uint32_t)b->lo;
     for (int iter = 0; iter < 64; iter++) {
-        /* x right above the largest that fits: a miss ends the search, so
-         * only whether it fits matters, not by how much */
-        if (!pk)
-            pk = !lower && x == b->lo + 1 ? probe_fits(s, x, usable) : probe(s, x, lower);
-        int fits = pk <= usable;
+        uint64_t pk = probe_live(c, x);
+        if (!iter)
+            *x_live = pk;
+        int fits = pk <= c->usable;
         /* the previous sample on the same side, for a slope before a bracket */
         uint64_t px = fits ? b->lo : b->hi, px_pk = fits ? b->lo_pk : b->hi_pk;
-        if (fits) {
-            b->lo = x;
-            b->lo_pk = pk;
-        } else {
-            b->hi = x;
-            b->hi_pk = pk;
-        }
+        if (fits)
+            b->lo = x, b->lo_pk = pk;
+        else
+            b->hi = x, b->hi_pk = pk;
         if ((b->hi && b->hi == b->lo + 1) || (!b->hi && b->lo >= MM_MB_CAP) || b->hi == 1)
             break;
         uint64_t w = b->hi ? b->hi - b->lo : UINT64_MAX;
         bisect = !bisect && b->hi && w > width / 2;
         width = w;
-        x = next_guess(b, x, pk, px, px_pk, bisect, b->hi ? 0 : hint, usable);
-        pk = 0;
+        x = next_guess(b, x, pk, px, px_pk, bisect, c->usable);
     }
+    *lo_live = b->lo_pk;
     return (uint32_t)b->lo;
 }
 
-/* From the spec's micro-batch (at_spec: its prediction, or NULL): first the
- * largest x whose lower bound fits - nothing above it can fit -, then the
- * largest whose peak fits, searched below it from a guess that adds the
- * spec's allocator slack to the lower bound's slope. */
-static uint32_t max_batch(mm_spec *s, uint64_t usable, const mm_prediction *at_spec)
+/* Largest x in (lo, hi) whose verdict fits, else lo (lo: known to fit, or
+ * 0; hi: known not to), first judging `guess` when it lies inside, else
+ * hi - 1 (the answer is often just below the live-bytes bound: a small
+ * cache), then by bisection; *at becomes the verdict at the answer.  The
+ * verdict is not strictly monotone in the micro-batch (fragmentation), so
+ * the answer is one that fits whose successor does not, as any bisection
+ * finds it. */
+static uint32_t largest_ok(const fitctx *c, uint64_t lo, uint64_t hi, uint64_t guess,
+                           mm_verdict *at)
 {
-    uint64_t x0 = s->training.micro_batch_size;
-    x0 = x0 < 1 ? 1 : x0 > MM_MB_CAP ? MM_MB_CAP : x0;
-    uint64_t pk0 = 0, lo0 = 0, slack = 0;
-    double hint = 0;
-    if (at_spec && x0 == s->training.micro_batch_size) {
-        lo0 = mm_sat_add(dp_device_level(&at_spec->overheads, at_spec->allocated_peak_bytes, 0,
-                                         at_spec->data_parallel),
-                         at_spec->paged_bytes);
-        pk0 = at_spec->peak_bytes;
-        slack = pk0 > lo0 ? pk0 - lo0 : 0;
-        hint = slope_hint(at_spec);
+    mm_verdict v;
+    uint64_t x = guess > lo && guess < hi ? guess : hi - 1;
+    while (hi > lo + 1) {
+        c->s->training.micro_batch_size = x;
+        if (judge(c, &v)) {
+            lo = x;
+            *at = v;
+        } else {
+            hi = x;
+        }
+        x = lo + (hi - lo) / 2;
     }
-    bracket lb = {0};
-    uint32_t xl = search(s, usable, 1, &lb, x0, lo0, hint);
+    return (uint32_t)lo;
+}
+
+/* Where the answer probably is: the largest x whose uncapped peak fits,
+ * taking the allocator's cache to grow with the live bytes as it stands at
+ * x0 (its verdict's uncapped reserved peak) and the live bytes to grow
+ * linearly (their two samples).  Below it a job runs without a flush; the
+ * runs-at-all answer lies between it and the live bound.  Only a first
+ * guess: every answer is judged.  0 when there is nothing to go on. */
+static uint64_t guess_uncapped(const fitctx *c, const mm_verdict *v0, uint64_t x0, uint64_t live0,
+                               uint64_t xl, uint64_t live_l)
+{
+    /* only from a verdict that fits: its uncapped peak is known the same
+     * whoever judged it (mm_verdict_for or verdict_quick), so the answer does
+     * not depend on who asks */
+    if (!v0 || v0->kind != MM_VERDICT_FITS || !v0->reserved_uncapped || !live0 || xl <= x0 ||
+        live_l <= live0)
+        return 0;
+    double rho = ((double)v0->reserved_uncapped + (double)v0->context_bytes) / (double)live0;
+    double slope = (double)(live_l - live0) / (double)(xl - x0);
+    double g = (double)x0 + ((double)c->usable / (rho < 1 ? 1 : rho) - (double)live0) / slope;
+    return g >= 1 && g < (double)xl ? (uint64_t)g : 0;
+}
+
+/* The largest micro-batch that fits, from the micro-batch c->s has (at: its
+ * verdict, found here when NULL); *out: the verdict at the answer. */
+static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec, mm_verdict *out)
+{
+    uint64_t mb = c->s->training.micro_batch_size;
+    uint64_t x0 = mb < 1 ? 1 : mb > MM_MB_CAP ? MM_MB_CAP : mb, live0 = 0, live_l = 0;
+    mm_verdict own;
+    memset(out, 0, sizeof *out);
+    uint32_t xl = live_search(c, x0, &live0, &live_l);
     if (!xl)
         return 0;
-    bracket fb = {.hi = lb.hi};
-    uint64_t x = xl, pk = 0;
-    if (pk0 && x0 <= xl) { /* the spec's own sample, on its side */
-        if (pk0 <= usable)
-            fb.lo = x0, fb.lo_pk = pk0;
+    uint64_t lo = 0, hi = (uint64_t)xl + 1;
+    if (x0 <= xl) { /* the spec's own micro-batch, on its side */
+        c->s->training.micro_batch_size = x0;
+        if (!at_spec || x0 != mb) {
+            judge(c, &own);
+            at_spec = &own;
+        }
+        if (acceptable(c, at_spec->kind))
+            lo = x0, *out = *at_spec;
         else
-            fb.hi = x0, fb.hi_pk = pk0;
+            hi = x0;
     }
-    double per = xl > x0 && lb.lo_pk > lo0 && lo0 ? (double)(lb.lo_pk - lo0) / (double)(xl - x0)
-                                                  : hint;
-    if (per > 0 && lb.lo_pk) /* largest x with lower(x) + slack <= usable, linearly */
-        x = (uint64_t)((double)xl - ((double)lb.lo_pk + (double)slack - (double)usable) / per);
-    if (x <= fb.lo || (fb.hi && x >= fb.hi) || x > xl)
-        x = fb.lo + 1 <= xl ? xl : fb.lo + 1;
-    if (fb.hi && x >= fb.hi)
-        return (uint32_t)fb.lo;
-    if (x == x0 && pk0)
-        pk = pk0;
-    return search(s, usable, 0, &fb, x, pk, 0);
+    uint64_t g = x0 == mb ? guess_uncapped(c, at_spec, x0, live0, xl, live_l) : 0;
+    uint32_t r = largest_ok(c, lo, hi, g, out);
+    c->s->training.micro_batch_size = mb;
+    return r;
 }
 
-/* max_batch from the spec's own prediction (made here when not given: the
- * search's path, and with a peak that is not quite monotone its answer,
- * must not depend on who asks) */
-static uint32_t max_batch_from(mm_spec *s, uint64_t usable, const mm_prediction *at_spec)
+uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
+                            int no_flush, const mm_verdict *at_spec)
 {
-    mm_prediction own;
-    mm_error e;
-    if (at_spec)
-        return max_batch(s, usable, at_spec);
-    if (mm_predict(s, &own, &e))
-        return max_batch(s, usable, NULL);
-    uint32_t mb = max_batch(s, usable, &own);
-    mm_prediction_free(&own);
-    return mb;
-}
-
-uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t usable, const mm_prediction *at_spec)
-{
-    mm_spec *s = mm_spec_copy_decoded(spec);
-    if (!s)
+    mm_verdict at;
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush};
+    if (!c.s)
         return 0;
-    uint32_t mb = max_batch_from(s, usable, at_spec);
-    mm_spec_free(s);
+    uint32_t mb = max_batch(&c, at_spec, &at);
+    mm_spec_free(c.s);
     return mb;
 }
 
-/* Smallest N (1..1024) at which `s` fits, by what a prediction at N gives:
- * one prediction at N = 2 gives the allocated peak at every N (its dp
- * terms); an N whose lower bound fits is checked with an allocator replay
- * of one simulated step at that N.  0 if none. */
-static uint32_t first_fitting_dp(mm_spec *s, uint64_t usable)
+/* the largest micro-batch without a flush, below the largest that runs
+ * (max, its verdict at_max): max + 1 runs out of memory */
+static uint32_t max_batch_no_flush(const fitctx *c, uint32_t max, const mm_verdict *at_max,
+                                   const mm_verdict *at_spec, mm_verdict *out)
+{
+    fitctx nf = *c;
+    uint64_t mb = c->s->training.micro_batch_size;
+    nf.no_flush = 1;
+    memset(out, 0, sizeof *out);
+    if (!max)
+        return 0;
+    if (at_max->kind == MM_VERDICT_FITS) {
+        *out = *at_max;
+        return max;
+    }
+    uint64_t lo = 0, hi = max; /* max itself needs a flush */
+    if (at_spec->kind == MM_VERDICT_FITS && mb < max)
+        lo = mb, *out = *at_spec;
+    else if (mb < max)
+        hi = mb;
+    uint32_t r = largest_ok(&nf, lo, hi, 0, out);
+    c->s->training.micro_batch_size = mb;
+    return r;
+}
+
+/* Smallest N (1..1024) at which c->s fits, by its verdict at N; *at: that
+ * verdict.  One prediction at N = 2 gives the allocated peak at every N (its
+ * dp terms, when exact): an N whose live tensors exceed the card is skipped
+ * without a replay.  0 if none. */
+static uint32_t first_fitting_dp(const fitctx *c, mm_verdict *at)
 {
     mm_prediction q;
     mm_error e;
-    steplog L;
-    int have_log = 0;
     uint32_t found = 0;
-    s->training.data_parallel = 2;
-    if (mm_predict(s, &q, &e))
-        return 0;
+    c->s->training.data_parallel = 2;
+    int have_q = mm_predict(c->s, &q, &e) == 0;
+    mm_overheads o = predict_overheads(c->s);
     for (uint32_t n = 1; n <= 1024 && !found; n++) {
-        uint64_t lower = dp_device_level(&q.overheads, dp_allocated(&q, n), 0, n);
-        if (lower > usable)
-            continue;
-        if (!dp_covered(&q, n)) {
-            if (!have_log && steplog_run(s, NULL, 0, 2, 0, &L, &e))
-                break;
-            have_log = 1;
-            if (dp_cover_at(s, &L, &q, n, &e))
-                break;
+        if (have_q && q.terms_exact) {
+            uint64_t a = dp_allocated(&q, n);
+            if (mm_sat_add(a, verdict_outside(&o, a, n)) > c->usable)
+                continue;
         }
-        if (mm_peak_for_dp(&q, n) <= usable)
+        c->s->training.data_parallel = n;
+        if (judge(c, at))
             found = n;
     }
-    if (have_log)
-        steplog_free(&L);
-    mm_prediction_free(&q);
+    if (have_q)
+        mm_prediction_free(&q);
     return found;
 }
 
-/* Smallest N at which `s` fits with a ZeRO stage from `from` up (only `from`
+/* DeepSpeed (and the spec's own mixed precision) keeps fp32 master weights */
+static void set_zero(mm_spec *s, const mm_spec *spec, int z)
+{
+    s->training.zero_stage = z;
+    s->training.master_weights =
+        (z >= 1 || spec->training.zero_stage >= 1) && s->training.precision != PREC_FP32
+            ? MASTER_FP32
+            : spec->training.master_weights;
+    spec_derive(s);
+}
+
+/* Smallest N at which c->s fits with a ZeRO stage from `from` up (only `from`
  * when only_from); its stage in *stage, 0 if none. */
-static uint32_t smallest_dp(mm_spec *s, int from, int only_from, uint64_t usable, int *stage)
+static uint32_t smallest_dp(const fitctx *c, const mm_spec *spec, int from, int only_from,
+                            int *stage, mm_verdict *at)
 {
     for (int z = from; z <= 3; z++) {
-        s->training.zero_stage = z;
-        if (s->training.precision != PREC_FP32)
-            s->training.master_weights = MASTER_FP32;
-        spec_derive(s);
-        uint32_t n = first_fitting_dp(s, usable);
+        set_zero(c->s, spec, z);
+        uint32_t n = first_fitting_dp(c, at);
         if (n) {
             *stage = z;
             return n;
@@ -256,63 +313,125 @@ static uint32_t smallest_dp(mm_spec *s, int from, int only_from, uint64_t usable
 }
 
 /* the smallest ZeRO stage that fits at the spec's N, -1 none */
-static int smallest_zero(mm_spec *s, const mm_spec *spec, uint64_t usable)
+static int smallest_zero(const fitctx *c, const mm_spec *spec, mm_verdict *at)
 {
     for (int z = 0; z <= 3; z++) {
-        s->training.zero_stage = z;
-        /* DeepSpeed (and the spec's own mixed precision) keeps fp32 master weights */
-        s->training.master_weights =
-            (z >= 1 || spec->training.zero_stage >= 1) && s->training.precision != PREC_FP32
-                ? MASTER_FP32
-                : spec->training.master_weights;
-        spec_derive(s);
-        if (probe_fits(s, s->training.micro_batch_size, usable) <= usable)
+        set_zero(c->s, spec, z);
+        if (judge(c, at))
             return z;
     }
     return -1;
 }
 
-int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *err)
+/* back to the spec as given */
+static void reset(const fitctx *c, const mm_spec *spec)
 {
-    memset(out, 0, sizeof *out);
-    mm_prediction p;
-    if (mm_predict(spec, &p, err))
-        return -1;
-    out->peak_bytes = p.peak_bytes;
-    out->fits = p.peak_bytes <= usable;
-    out->max_micro_batch = mm_max_micro_batch(spec, usable, &p);
-    mm_prediction_free(&p);
-    mm_spec *s = mm_spec_copy_decoded(spec);
-    if (!s) {
-        mm_err(err, "out of memory");
-        return -1;
-    }
-    if (!spec->training.ckpt.enabled) {
-        s->training.ckpt.enabled = 1;
-        out->max_micro_batch_ckpt = max_batch_from(s, usable, NULL);
-        out->checkpointing_helps = out->max_micro_batch_ckpt >= spec->training.micro_batch_size &&
-                                   !out->fits;
-        *s = *spec;
-        s->doc = NULL;
-    } else {
-        out->max_micro_batch_ckpt = out->max_micro_batch;
-    }
-    out->min_zero_stage = smallest_zero(s, spec, usable);
-    s->training.micro_batch_size = spec->training.micro_batch_size;
-    /* smallest N at max(zero, 1), first with the spec's checkpointing; if no N
-     * fits and it was off, with it on: ZeRO shards model states, never activations */
+    *c->s = *spec;
+    c->s->doc = NULL;
+}
+
+/* With checkpointing on (the spec has it off): its verdict at the spec's
+ * micro-batch and the largest micro-batch then. */
+static void with_checkpointing(const fitctx *c, const mm_spec *spec, mm_fit_result *out)
+{
+    mm_verdict v, at;
+    c->s->training.ckpt.enabled = 1;
+    judge(c, &v);
+    summarize(&v, &out->ckpt);
+    out->max_micro_batch_ckpt = max_batch(c, &v, &at);
+    out->checkpointing_helps = !out->fits && acceptable(c, v.kind);
+    reset(c, spec);
+}
+
+/* With PYTORCH_CUDA_ALLOC_CONF expandable_segments:True added to the job's
+ * (when it does not use them): the same model, its pages unmapped instead of
+ * segments freed when the cache is flushed. */
+static void with_expandable(const fitctx *c, const mm_spec *spec, mm_fit_result *out)
+{
+    mm_verdict v, at;
+    char *conf = c->s->device.alloc_conf;
+    size_t used = strlen(conf);
+    /* not with max_split_size_mb: the allocator model's capped replay of that
+     * pair does not finish (release_available on expandable blocks; left to
+     * the engine), and a suggestion must not hang fit or the plugin */
+    if (strstr(conf, "expandable_segments:True") || strstr(conf, "max_split_size_mb") ||
+        used + sizeof ",expandable_segments:True" > sizeof c->s->device.alloc_conf)
+        return;
+    snprintf(conf + used, sizeof c->s->device.alloc_conf - used, "%sexpandable_segments:True",
+             used ? "," : "");
+    judge(c, &v);
+    summarize(&v, &out->expandable);
+    out->expandable_helps = !out->fits && acceptable(c, v.kind);
+    out->max_micro_batch_expandable = max_batch(c, &v, &at);
+    reset(c, spec);
+}
+
+/* the smallest N at max(zero, 1), first with the spec's checkpointing; if no
+ * N fits and it was off, with it on: ZeRO shards model states, never
+ * activations */
+static void more_gpus(const fitctx *c, const mm_spec *spec, mm_fit_result *out)
+{
+    mm_verdict at;
     int from = spec->training.zero_stage >= 1 ? spec->training.zero_stage : 1;
     int only_from = spec->training.zero_stage >= 1;
     int stage = -1;
-    s->training.ckpt.enabled = spec->training.ckpt.enabled;
-    uint32_t n = smallest_dp(s, from, only_from, usable, &stage);
+    if (spec->fsdp.version) { /* FSDP shards by itself; ZeRO would exclude it */
+        from = spec->training.zero_stage;
+        only_from = 1;
+        out->min_data_parallel_fsdp = spec->fsdp.version;
+    }
+    uint32_t n = smallest_dp(c, spec, from, only_from, &stage, &at);
     if (!n && !spec->training.ckpt.enabled) {
-        s->training.ckpt.enabled = 1;
-        n = smallest_dp(s, from, only_from, usable, &stage);
+        c->s->training.ckpt.enabled = 1;
+        n = smallest_dp(c, spec, from, only_from, &stage, &at);
         out->min_data_parallel_ckpt = n != 0;
     }
     out->min_data_parallel = n;
     out->min_data_parallel_zero = n ? stage : -1;
-    mm_spec_free(s);
+    if (n)
+        summarize(&at, &out->dp);
+    reset(c, spec);
+}
+
+int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flush,
+           mm_fit_result *out, mm_error *err)
+{
+    mm_verdict at, at_nf;
+    memset(out, 0, sizeof *out);
+    if (mm_verdict_for(spec, gpu_bytes, usable, 0, &out->verdict, err))
+        return -1;
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush};
+    if (!c.s) {
+        mm_err(err, "out of memory");
+        return -1;
+    }
+    const mm_verdict *v = &out->verdict;
+    out->fits = acceptable(&c, v->kind);
+    out->peak_bytes = v->kind == MM_VERDICT_OOM ? 0 : mm_sat_add(v->reserved_peak,
+                                                                 v->context_bytes);
+    /* the plugin's own search (mm_max_micro_batch: what it publishes for an
+     * accepted job is the same answer), then the verdict at the answer */
+    out->max_micro_batch = mm_max_micro_batch(spec, gpu_bytes, usable, no_flush, v);
+    memset(&at, 0, sizeof at);
+    c.s->training.micro_batch_size = out->max_micro_batch;
+    if (out->max_micro_batch)
+        judge(&c, &at);
+    reset(&c, spec);
+    if (out->max_micro_batch)
+        summarize(&at, &out->at_max);
+    out->max_micro_batch_no_flush = max_batch_no_flush(&c, out->max_micro_batch, &at, v, &at_nf);
+    if (out->max_micro_batch_no_flush)
+        summarize(&at_nf, &out->at_max_no_flush);
+    if (!spec->training.ckpt.enabled)
+        with_checkpointing(&c, spec, out);
+    else
+        out->max_micro_batch_ckpt = out->max_micro_batch;
+    with_expandable(&c, spec, out);
+    out->min_zero_stage = spec->fsdp.version ? -1 : smallest_zero(&c, spec, &at);
+    if (out->min_zero_stage >= 0)
+        summarize(&at, &out->zero);
+    reset(&c, spec);
+    more_gpus(&c, spec, out);
+    mm_spec_free(c.s);
     return 0;
 }

@@ -142,16 +142,25 @@ static void oom_event(const judge *j, const reserve_result *r, mm_verdict *v)
     v->oom_largest_free = r->oom_largest_free;
 }
 
-static int judge_open(judge *j, const mm_spec *sp, uint64_t gpu, mm_error *err)
+/* the step at the spec's N (its allocated peak), not yet its log */
+static int judge_step(judge *j, const mm_spec *sp, uint64_t gpu, mm_error *err)
 {
     memset(j, 0, sizeof *j);
     j->sp = sp;
     j->gpu = gpu;
     j->n = mm_spec_data_parallel(sp);
     step_cfg cfg = {.dp = j->n ? j->n : 1};
-    if (step_run(sp, &j->s, &cfg, err))
-        return -1;
-    return steplog_run(sp, &j->s, j->s.largest_param, cfg.dp, 0, &j->L, err);
+    return step_run(sp, &j->s, &cfg, err);
+}
+
+static int judge_log(judge *j, mm_error *err)
+{
+    return steplog_run(j->sp, &j->s, j->s.largest_param, j->n ? j->n : 1, 0, &j->L, err);
+}
+
+static int judge_open(judge *j, const mm_spec *sp, uint64_t gpu, mm_error *err)
+{
+    return judge_step(j, sp, gpu, err) ? -1 : judge_log(j, err);
 }
 
 static void judge_close(judge *j)
@@ -174,14 +183,22 @@ static int boundaries(const judge *j, const reserve_result *free_run, mm_verdict
     return 0;
 }
 
-/* the verdict on one card from an opened judge and its uncapped replay */
-static int judge_card(judge *j, const reserve_result *free_run, uint64_t gpu_bytes,
-                      uint64_t usable, int want_bounds, mm_verdict *v, mm_error *err)
+/* what the replay at the card's capacity says */
+static void replay_verdict(const judge *j, const reserve_result *r, mm_verdict *v)
 {
-    reserve_result r;
+    v->reserved_peak = r->reserved_peak;
+    v->retries = r->retries;
+    v->retries_step = r->retries_step;
+    v->kind = r->oom ? MM_VERDICT_OOM : r->retries ? MM_VERDICT_FLUSHES : MM_VERDICT_FITS;
+    if (r->oom)
+        oom_event(j, r, v);
+}
+
+/* the card's figures that need no replay */
+static void card_figures(const judge *j, uint64_t gpu_bytes, uint64_t usable, mm_verdict *v)
+{
     mm_overheads o = predict_overheads(j->sp);
     memset(v, 0, sizeof *v);
-    j->gpu = gpu_bytes;
     v->n = j->n;
     v->gpu_bytes = gpu_bytes;
     v->usable_bytes = usable;
@@ -189,6 +206,15 @@ static int judge_card(judge *j, const reserve_result *free_run, uint64_t gpu_byt
     v->paged_bytes = j->s.outside_bytes;
     v->context_bytes = outside_allocator(&o, j->s.peak, j->n);
     v->capacity = verdict_capacity(&o, usable, j->s.peak, j->n);
+}
+
+/* the verdict on one card from an opened judge and its uncapped replay */
+static int judge_card(judge *j, const reserve_result *free_run, uint64_t gpu_bytes,
+                      uint64_t usable, int want_bounds, mm_verdict *v, mm_error *err)
+{
+    reserve_result r;
+    j->gpu = gpu_bytes;
+    card_figures(j, gpu_bytes, usable, v);
     v->reserved_uncapped = free_run->reserved_peak > j->s.peak ? free_run->reserved_peak
                                                                : j->s.peak;
     /* a capacity holding the uncapped peak never fails a cudaMalloc: the replay
@@ -197,12 +223,7 @@ static int judge_card(judge *j, const reserve_result *free_run, uint64_t gpu_byt
         r = *free_run;
     else if (replay_at(j, v->capacity ? v->capacity : 1, &r, err))
         return -1;
-    v->reserved_peak = r.reserved_peak;
-    v->retries = r.retries;
-    v->retries_step = r.retries_step;
-    v->kind = r.oom ? MM_VERDICT_OOM : r.retries ? MM_VERDICT_FLUSHES : MM_VERDICT_FITS;
-    if (r.oom)
-        oom_event(j, &r, v);
+    replay_verdict(j, &r, v);
     return want_bounds ? boundaries(j, free_run, v, err) : 0;
 }
 
@@ -271,4 +292,39 @@ int mm_verdict_cards(const mm_spec *sp, size_t n_cards, const uint64_t *gpu_byte
                      const uint64_t *usable, mm_verdict *out, mm_error *err)
 {
     return verdicts(sp, n_cards, gpu_bytes, usable, 0, out, err);
+}
+
+uint64_t verdict_outside(const mm_overheads *o, uint64_t allocated, uint32_t n)
+{
+    return outside_allocator(o, allocated, n);
+}
+
+/* One replay, at the capacity only: a capacity that holds the uncapped peak
+ * replays exactly as without a limit (tests/alloc/capacity.py), so the kind,
+ * retries and reserved peak are mm_verdict_for's.  Live tensors above the
+ * capacity need no replay: the allocator's reserved bytes hold every live
+ * block and never exceed the capacity, so that replay runs out of memory
+ * (capacity.py: OOM below the live peak; its boundaries never below live +
+ * context). */
+int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_verdict *v,
+                  mm_error *err)
+{
+    judge j;
+    reserve_result r;
+    int rc = judge_step(&j, sp, gpu_bytes, err);
+    if (!rc) {
+        card_figures(&j, gpu_bytes, usable, v);
+        if (j.s.peak > v->capacity) {
+            v->kind = MM_VERDICT_OOM;
+            v->oom_allocated = j.s.peak;
+            snprintf(v->oom_event, sizeof v->oom_event, "live tensors above the capacity");
+        } else if (!(rc = judge_log(&j, err)) &&
+                   !(rc = replay_at(&j, v->capacity ? v->capacity : 1, &r, err))) {
+            replay_verdict(&j, &r, v);
+            if (v->kind == MM_VERDICT_FITS)
+                v->reserved_uncapped = r.reserved_peak > j.s.peak ? r.reserved_peak : j.s.peak;
+        }
+    }
+    judge_close(&j);
+    return rc;
 }

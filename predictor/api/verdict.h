@@ -13,4 +13,17 @@
 uint64_t verdict_capacity(const mm_overheads *o, uint64_t usable, uint64_t allocated,
                           uint32_t n);
 
+/* The CUDA context, NCCL (n > 1) and the spec's extra slack: the bytes on
+ * the card outside the caching allocator at an allocated peak. */
+uint64_t verdict_outside(const mm_overheads *o, uint64_t allocated, uint32_t n);
+
+/* mm_verdict_for(sp, gpu_bytes, usable, 0, v)'s kind, retries, reserved
+ * peak, capacity and context bytes, for searches that ask many candidates
+ * (fit.c): one replay at the capacity, none when the live tensors alone
+ * exceed it (then oom_event says so and oom_request is 0).  reserved_uncapped
+ * is known only when it fits (else 0).  0, or -1 with err (a spec the model
+ * refuses, e.g. sizes that overflow). */
+int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_verdict *v,
+                  mm_error *err);
+
 #endif

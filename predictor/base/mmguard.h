@@ -253,25 +253,53 @@ int mm_verdict_cards(const mm_spec *spec, size_t n_cards, const uint64_t *gpu_by
 int mm_predict_verdict(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
                        mm_prediction *pred, mm_verdict *v, mm_error *err);
 
-/* What would fit in `usable` bytes per GPU (device-level peak_bytes). */
+/* What would fit on a card, every answer judged by the capacity-aware
+ * verdict (mm_verdict_for) of the configuration it names, at the card of
+ * `gpu_bytes` with `usable` bytes (less margin and reserve).  What counts as
+ * fitting: the job runs (not out of memory); with no_flush, without a cache
+ * flush either (the plugin's flush=reject). */
+typedef struct mm_fit_judged {   /* one suggested configuration on the card */
+    int judged;                  /* 0: not asked (the suggestion does not apply) */
+    mm_verdict_kind kind;
+    uint64_t retries_step;       /* cudaMalloc retries (cache flushes) per steady step */
+    uint64_t retries;            /* the same over the first two steps (> 0 with flushes) */
+    uint64_t peak_bytes;         /* on the card: reserved + CUDA context (+ NCCL); 0 = OOM */
+    uint64_t live_bytes;         /* live tensors at the peak (allocated) */
+} mm_fit_judged;
 typedef struct mm_fit_result {
-    int fits;                    /* the spec as given fits */
-    uint64_t peak_bytes;         /* of the spec as given */
+    int fits;                    /* the spec as given fits (runs; with no_flush: without flushes) */
+    uint64_t peak_bytes;         /* the spec as given, on the card (reserved + context), 0 = OOM */
+    mm_verdict verdict;          /* the spec as given (mm_verdict_for, no boundaries) */
     uint32_t max_micro_batch;    /* largest micro-batch that fits, 0 = none */
+    mm_fit_judged at_max;        /* its verdict */
+    uint32_t max_micro_batch_no_flush; /* largest micro-batch that fits without a flush */
+    mm_fit_judged at_max_no_flush;
     int checkpointing_helps;     /* spec has no checkpointing and turning it on fits */
     uint32_t max_micro_batch_ckpt; /* largest micro-batch with checkpointing on */
-    int min_zero_stage;          /* smallest ZeRO stage that fits at the spec's N, -1 none */
+    mm_fit_judged ckpt;          /* the spec's micro-batch with checkpointing on */
+    int expandable_helps;        /* the spec does not fit, with expandable segments it does */
+    uint32_t max_micro_batch_expandable; /* with PYTORCH_CUDA_ALLOC_CONF expandable_segments:True */
+    mm_fit_judged expandable;    /* the spec with expandable_segments:True (judged = 0 when
+                                    it uses them already) */
+    int min_zero_stage;          /* smallest ZeRO stage that fits at the spec's N, -1 none
+                                    (not judged under FSDP: the two exclude each other) */
+    mm_fit_judged zero;
     uint32_t min_data_parallel;  /* smallest N (<= 1024) that fits at max(zero,1), 0 none */
     int min_data_parallel_zero;  /* the ZeRO stage min_data_parallel was computed for */
+    int min_data_parallel_fsdp;  /* or the spec's own FSDP version (it shards by itself) */
     int min_data_parallel_ckpt;  /* min_data_parallel needs gradient checkpointing on
                                     (activations are not sharded: without it no N fits) */
+    mm_fit_judged dp;
 } mm_fit_result;
-int mm_fit(const mm_spec *spec, uint64_t usable, mm_fit_result *out, mm_error *err);
-/* Only the largest micro-batch (1..65536) that fits `usable` at the spec's
- * own data-parallel degree, 0 if none: mm_fit's max_micro_batch in a few
- * predictions.  at_spec, when not NULL, is mm_predict(spec)'s result and
- * saves one.  0 also when out of memory. */
-uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t usable, const mm_prediction *at_spec);
+int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flush,
+           mm_fit_result *out, mm_error *err);
+/* Only the largest micro-batch (1..65536) that fits the card (as mm_fit, at
+ * the spec's own data-parallel degree), 0 if none: mm_fit's max_micro_batch
+ * (or max_micro_batch_no_flush).  at_spec, when not NULL, is the verdict of
+ * the spec as given on that card (mm_predict_verdict's) and saves one.  0
+ * also when out of memory. */
+uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
+                            int no_flush, const mm_verdict *at_spec);
 
 /* ---- the CUDA caching allocator (alloc.c, alloc_conf.c, alloc_trace.c) ---- */
 

@@ -3,6 +3,7 @@
 #include "mmguard.h"
 #include "cli.h"
 #include "cli_html.h"
+#include "cli_fit.h"
 #include "cli_verdict.h"
 #include "import.h"
 
@@ -74,8 +75,12 @@ static void usage_cmd(const char *cmd, FILE *f)
     else if (!strcmp(cmd, "fit"))
         fprintf(f,
                 "usage: mmguard fit SPEC --gpu-mem SIZE [--margin PCT|SIZE] [--set KEY=VALUE]... [--json]\n"
-                "  What fits: the largest micro-batch, whether gradient checkpointing is\n"
-                "  needed, the smallest ZeRO stage and data-parallel degree.\n");
+                "  What fits on the card: the largest micro-batch (that runs, and that runs\n"
+                "  without cache flushes), and whether expandable segments, gradient\n"
+                "  checkpointing, a ZeRO stage or more GPUs make the job run.  Each answer is\n"
+                "  `mmguard check`'s verdict of that configuration on the card: fits, fits with\n"
+                "  cache flushes, or out of memory.  Exit 0 if the spec runs, 1 if not, 2 for\n"
+                "  bad input.\n");
     else if (!strcmp(cmd, "bench"))
         fprintf(f,
                 "usage: mmguard bench SPEC [--iterations N]\n"
@@ -353,53 +358,9 @@ static int cmd_fit(int argc, char **argv)
     mm_spec *s = load(&o, "fit");
     if (!s)
         return 2;
-    mm_fit_result f;
-    mm_error err;
-    if (mm_fit(s, usable, &f, &err)) {
-        fprintf(stderr, "mmguard fit: %s\n", err.msg);
-        mm_spec_free(s);
-        return 2;
-    }
-    char pk[32], us[32];
-    fmt(f.peak_bytes, pk);
-    fmt(usable, us);
-    if (o.json) {
-        printf("{\"fits\": %s, \"peak_bytes\": %llu, \"usable_bytes\": %llu, "
-               "\"max_micro_batch\": %u, \"checkpointing_helps\": %s, "
-               "\"max_micro_batch_checkpointing\": %u, \"min_zero_stage\": %d, "
-               "\"min_data_parallel\": %u, \"min_data_parallel_zero_stage\": %d, "
-               "\"min_data_parallel_needs_checkpointing\": %s}\n",
-               f.fits ? "true" : "false", (unsigned long long)f.peak_bytes,
-               (unsigned long long)usable, f.max_micro_batch,
-               f.checkpointing_helps ? "true" : "false", f.max_micro_batch_ckpt,
-               f.min_zero_stage, f.min_data_parallel, f.min_data_parallel_zero,
-               f.min_data_parallel_ckpt ? "true" : "false");
-    } else {
-        printf("%s: predicted peak %s per GPU, usable %s: %s\n", mm_spec_name(s), pk, us,
-               f.fits ? "fits" : "does not fit");
-        if (f.max_micro_batch)
-            printf("  largest micro-batch that fits: %u (spec: %u)\n", f.max_micro_batch,
-                   mm_spec_micro_batch(s));
-        else
-            printf("  no micro-batch fits with the current settings\n");
-        if (!mm_spec_checkpointing(s))
-            printf("  with gradient checkpointing: largest micro-batch %u%s\n",
-                   f.max_micro_batch_ckpt,
-                   f.checkpointing_helps ? " (turning it on makes the spec fit)" : "");
-        if (f.min_zero_stage >= 0)
-            printf("  smallest ZeRO stage that fits at %u GPUs: %d\n", mm_spec_data_parallel(s),
-                   f.min_zero_stage);
-        else
-            printf("  no ZeRO stage fits at %u GPUs\n", mm_spec_data_parallel(s));
-        if (f.min_data_parallel)
-            printf("  smallest number of GPUs with ZeRO-%d%s: %u\n", f.min_data_parallel_zero,
-                   f.min_data_parallel_ckpt ? " and gradient checkpointing" : "",
-                   f.min_data_parallel);
-        else
-            printf("  no number of GPUs up to 1024 fits with ZeRO\n");
-    }
+    int rc = mm_cli_fit(s, gpu, usable, o.json);
     mm_spec_free(s);
-    return f.fits ? 0 : 1;
+    return rc;
 }
 
 static double now_s(void)

@@ -14,6 +14,13 @@ H100 allocator traces (tests/gpu_data/traces) and on every shipped preset:
             plus context/NCCL and the uncapped peak; a direct verdict at each size
             agrees with those boundaries (what job_submit.lua may rely on); the
             reserved peak on the card never exceeds the allocator's capacity.
+  fit     - `mmguard fit --gpu-mem SIZE --json`'s answers hold by `mmguard check` on
+            every preset on a 40 GiB and an 80 GiB card: its largest micro-batch runs
+            and one more does not (as given, with expandable segments, with
+            checkpointing); its largest without a flush fits and one more does not;
+            its verdicts of those remedies are check's; its GPU count (with its ZeRO
+            stage and checkpointing) runs and one GPU fewer does not; its verdict of
+            the spec is check's.
 MMGUARD=path/to/mmguard.  Prints "capacity: N passed, N failed".
 """
 import glob
@@ -71,8 +78,9 @@ def traces():
         ok(all(ran[first:]), f"{name}: OOM is not monotone in capacity: {list(zip(caps, ran))}")
 
 
-def check(preset, size):
-    r = subprocess.run([MM, "check", preset, "--gpu-mem", str(size), "--margin", "0", "--json"],
+def check(preset, size, *sets):
+    r = subprocess.run([MM, "check", preset, "--gpu-mem", str(size), "--margin", "0", "--json"]
+                       + [a for kv in sets for a in ("--set", kv)],
                        capture_output=True, text=True)
     if r.returncode not in (0, 1):
         raise SystemExit(f"mmguard check {preset} --gpu-mem {size}: {r.stderr}")
@@ -110,11 +118,60 @@ def presets():
                f"{v['allocator_capacity']}")
 
 
+def fit_answers(p, size):
+    name = os.path.basename(p)
+    r = subprocess.run([MM, "fit", p, "--gpu-mem", str(size), "--margin", "0", "--json"],
+                       capture_output=True, text=True)
+    if r.returncode not in (0, 1):
+        raise SystemExit(f"mmguard fit {p} --gpu-mem {size}: {r.stderr}")
+    f = json.loads(r.stdout)
+    ok(f["verdict"] == check(p, size)["verdict"], f"{name} at {size}: fit's verdict {f['verdict']}")
+    xs = "device.alloc_conf=expandable_segments:True"
+    for key, worst, sets, judged in (
+            ("max_micro_batch", "flushes", [], True),
+            ("max_micro_batch_no_flush", "fits", [], True),
+            ("max_micro_batch_expandable_segments", "flushes", [xs], f["expandable_segments"]),
+            ("max_micro_batch_checkpointing", "flushes", ["training.gradient_checkpointing=true"],
+             f["checkpointing"])):
+        m = f[key]
+        if not judged:
+            continue
+        if m:
+            v = check(p, size, *sets, f"training.micro_batch_size={m}")["verdict"]
+            ok(RANK[v] >= RANK[worst], f"{name} at {size}: {key} {m} is {v}")
+        if m < 65536:
+            v = check(p, size, *sets, f"training.micro_batch_size={m + 1}")["verdict"]
+            ok(RANK[v] < RANK[worst], f"{name} at {size}: {key} {m} + 1 is {v}")
+    for key, sets in (("expandable_segments", [xs]),
+                      ("checkpointing", ["training.gradient_checkpointing=true"])):
+        if f[key]:
+            v = check(p, size, *sets)["verdict"]
+            ok(v == f[key]["verdict"], f"{name} at {size}: fit says {key} {f[key]}, check {v}")
+    n = f["min_data_parallel"]
+    if n:
+        sets = [f"training.zero_stage={f['min_data_parallel_zero_stage']}"]
+        if f["min_data_parallel_needs_checkpointing"]:
+            sets.append("training.gradient_checkpointing=true")
+        v = check(p, size, *sets, f"training.data_parallel={n}")["verdict"]
+        ok(v != "oom", f"{name} at {size}: fit's {n} GPUs ({sets}) are {v}")
+        if n > 1:
+            v = check(p, size, *sets, f"training.data_parallel={n - 1}")["verdict"]
+            ok(v == "oom", f"{name} at {size}: {n - 1} GPUs, one fewer than fit's, are {v}")
+
+
+def fits():
+    for p in sorted(glob.glob("contrib/models/*.yaml")):
+        for size in (40 << 30, 80 << 30):
+            fit_answers(p, size)
+
+
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["traces", "presets"]
+    which = sys.argv[1:] or ["traces", "presets", "fit"]
     if "traces" in which:
         traces()
     if "presets" in which:
         presets()
+    if "fit" in which:
+        fits()
     print(f"capacity: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)

@@ -51,7 +51,7 @@ expect 2 "$M" check $D/llava-1.5-7b-finetune.yaml --gpu-mem 80GiB --margin 120%;
 
 # fit: answers the three questions
 expect 1 "$M" fit $D/llava-1.5-7b-finetune.yaml --gpu-mem 48GiB --set training.data_parallel=1
-has "no micro-batch fits"; has "smallest number of GPUs with ZeRO-3: "
+has "no micro-batch runs"; has "smallest number of GPUs with ZeRO-3: "
 expect 0 "$M" fit $D/llava-1.5-7b-lora.yaml --gpu-mem 80GiB --json;           has '"max_micro_batch"'
 
 # bad specs: one line naming file:line:col and the key, exit 2

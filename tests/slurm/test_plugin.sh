@@ -72,8 +72,10 @@ expect "srun step inside the job sees MMGUARD_PEAK_BYTES" has "$work/small.out" 
 expect "job sees the GPU type and the model name" has "$work/small.out" 'MMGUARD_GPU=h100 .*MMGUARD_MODEL=llava-1.5-7b-lora-small'
 # the plugin's fast search for the largest micro-batch must agree with mm_fit
 if [ -x "$cli" ]; then
+    # the same card: its memory, and the margin + reserve that leave the usable bytes
     usable=$(sed -n 's/^batch: .*MMGUARD_USABLE_BYTES=\([0-9]*\).*/\1/p' "$work/small.out")
-    want=$("$cli" fit "$SMALL" --gpu-mem "$usable" --json | sed -n 's/.*"max_micro_batch": *\([0-9]*\).*/\1/p')
+    gpumem=$(sed -n 's/^batch: .*MMGUARD_GPU_MEM=\([0-9]*\).*/\1/p' "$work/small.out")
+    want=$("$cli" fit "$SMALL" --gpu-mem "$gpumem" --margin "$((gpumem - usable))" --json | sed -n 's/.*"max_micro_batch": *\([0-9]*\).*/\1/p')
     expect "MMGUARD_MAX_MICRO_BATCH equals \`mmguard fit\` ($want)" has "$work/small.out" "MMGUARD_MAX_MICRO_BATCH=$want "
 else
     not_ok "mmguard CLI $cli not built (needed to cross-check MMGUARD_MAX_MICRO_BATCH)"

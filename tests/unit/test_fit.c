@@ -263,37 +263,212 @@ START_TEST(envelope_is_exact)
 }
 END_TEST
 
-/* The smallest GPU count is the smallest a prediction at that count fits:
- * a 13B fine-tune that needs 7 H100s (it was 19 when the allocator slack of
- * a prediction at 2 GPUs was carried to every count). */
+/* ---- fit on a card: every answer is `mmguard check`'s verdict ------------ */
+
+/* The verdict `mmguard check SPEC --gpu-mem GPU --set KV...` gives (the --set
+ * path, mm_verdict_for): the oracle of fit's answers, independent of fit's
+ * own in-place spec changes and shortcuts. */
+static mm_verdict judge_with(const mm_spec *s, uint64_t gpu, uint64_t usable, const char *kv1,
+                             const char *kv2)
+{
+    mm_spec *c = mm_spec_clone(s);
+    mm_verdict v;
+    mm_error e;
+    if (kv1)
+        set(c, kv1);
+    if (kv2)
+        set(c, kv2);
+    ck_assert_msg(mm_verdict_for(c, gpu, usable, 0, &v, &e) == 0, "%s", e.msg);
+    mm_spec_free(c);
+    return v;
+}
+
+static mm_verdict_kind kind_at_mb(const mm_spec *s, uint64_t gpu, uint64_t usable, uint64_t mb)
+{
+    char kv[64];
+    snprintf(kv, sizeof kv, "training.micro_batch_size=%llu", (unsigned long long)mb);
+    return judge_with(s, gpu, usable, kv, NULL).kind;
+}
+
+/* m is the largest micro-batch whose verdict is at most `worst`: it is, and
+ * m + 1 is not (m = 0: not even 1; m = 65536: the cap) */
+static void assert_largest(const mm_spec *s, uint64_t gpu, uint64_t usable, uint32_t m,
+                           mm_verdict_kind worst, const char *what)
+{
+    if (m)
+        ck_assert_msg(kind_at_mb(s, gpu, usable, m) <= worst, "%s: %u does not fit", what, m);
+    if (m < 65536)
+        ck_assert_msg(kind_at_mb(s, gpu, usable, (uint64_t)m + 1) > worst,
+                      "%s: %u + 1 fits too", what, m);
+}
+
+/* The judged summary of a suggestion is the verdict of that configuration. */
+static void assert_judged(const mm_fit_judged *j, const mm_verdict *v)
+{
+    ck_assert(j->judged);
+    ck_assert_int_eq(j->kind, v->kind);
+    ck_assert_uint_eq(j->retries_step, v->retries_step);
+    ck_assert_uint_eq(j->retries, v->retries);
+    ck_assert_uint_eq(j->live_bytes, v->allocated_peak);
+    if (v->kind != MM_VERDICT_OOM)
+        ck_assert_uint_eq(j->peak_bytes, v->reserved_peak + v->context_bytes);
+}
+
+/* LLaVA-1.5-7B's fine-tune (micro-batch 16, ZeRO-3, 8 GPUs) on a 40 GiB card
+ * runs out of memory: fit's largest micro-batch runs and one more does not,
+ * the largest without a flush fits and one more flushes or fails; the
+ * expandable-segments remedy, checkpointing, the ZeRO stage and the GPU count
+ * are each the verdict of that configuration. */
+START_TEST(fit_answers_are_verdicts)
+{
+    const uint64_t gpu = 40ull << 30;
+    mm_spec *s = load("contrib/models/llava-1.5-7b-finetune.yaml");
+    mm_fit_result f;
+    mm_error e;
+    ck_assert_int_eq(mm_fit(s, gpu, gpu, 0, &f, &e), 0);
+    mm_verdict v = judge_with(s, gpu, gpu, NULL, NULL);
+    ck_assert_int_eq(f.verdict.kind, v.kind);
+    ck_assert_int_eq(f.fits, v.kind != MM_VERDICT_OOM);
+    ck_assert_uint_gt(f.max_micro_batch, 0);
+    assert_largest(s, gpu, gpu, f.max_micro_batch, MM_VERDICT_FLUSHES, "runs");
+    assert_largest(s, gpu, gpu, f.max_micro_batch_no_flush, MM_VERDICT_FITS, "no flush");
+    ck_assert_uint_le(f.max_micro_batch_no_flush, f.max_micro_batch);
+    char kv[64];
+    snprintf(kv, sizeof kv, "training.micro_batch_size=%u", f.max_micro_batch);
+    v = judge_with(s, gpu, gpu, kv, NULL);
+    assert_judged(&f.at_max, &v);
+    v = judge_with(s, gpu, gpu, "device.alloc_conf=expandable_segments:True", NULL);
+    assert_judged(&f.expandable, &v);
+    ck_assert_int_eq(f.expandable_helps, !f.fits && v.kind != MM_VERDICT_OOM);
+    snprintf(kv, sizeof kv, "training.micro_batch_size=%u", f.max_micro_batch_expandable);
+    ck_assert_uint_ge(f.max_micro_batch_expandable, 1);
+    ck_assert_int_ne(judge_with(s, gpu, gpu, kv, "device.alloc_conf=expandable_segments:True").kind,
+                     MM_VERDICT_OOM);
+    ck_assert(!f.ckpt.judged); /* the recipe checkpoints already */
+    ck_assert_uint_gt(f.min_data_parallel, 8);
+    for (uint32_t n = 8; n <= f.min_data_parallel; n++) {
+        snprintf(kv, sizeof kv, "training.data_parallel=%u", n);
+        v = judge_with(s, gpu, gpu, kv, NULL);
+        ck_assert_msg((v.kind != MM_VERDICT_OOM) == (n == f.min_data_parallel),
+                      "N=%u: %s, fit says %u", n, mm_verdict_name(v.kind), f.min_data_parallel);
+        if (n == f.min_data_parallel)
+            assert_judged(&f.dp, &v);
+    }
+    /* no_flush (flush=reject): the largest micro-batch is the one without a flush */
+    mm_fit_result g;
+    ck_assert_int_eq(mm_fit(s, gpu, gpu, 1, &g, &e), 0);
+    ck_assert_uint_eq(g.max_micro_batch, f.max_micro_batch_no_flush);
+    ck_assert_uint_eq(mm_max_micro_batch(s, gpu, gpu, 1, NULL), g.max_micro_batch);
+    mm_spec_free(s);
+}
+END_TEST
+
+/* mm_max_micro_batch is, by definition, the m whose verdict runs (or fits
+ * without a flush) while m + 1's does not: checked with `mmguard check`'s
+ * verdict for shipped specs, with and without checkpointing, on cards from
+ * "nothing runs" to H200 size; the same with and without the spec's own
+ * verdict passed in, and equal to mm_fit's. */
+START_TEST(max_micro_batch_is_exact)
+{
+    const char *names[] = {"llava-1.5-7b-pretrain", "llava-1.5-7b-lora", "llava-1.5-13b-finetune"};
+    const uint64_t GiB = 1ull << 30, cards[] = {8 * GiB, 24 * GiB, 40 * GiB, 80 * GiB, 141 * GiB};
+    int checked = 0, downward = 0, none = 0;
+    for (size_t i = 0; i < 3; i++) {
+        for (int ckpt = 0; ckpt <= 1; ckpt++) {
+            char path[128];
+            snprintf(path, sizeof path, "contrib/models/%s.yaml", names[i]);
+            mm_spec *s = load(path);
+            set(s, ckpt ? "training.gradient_checkpointing=true"
+                        : "training.gradient_checkpointing=false");
+            set(s, "training.micro_batch_size=8");
+            for (size_t b = 0; b < sizeof cards / sizeof *cards; b++) {
+                uint64_t gpu = cards[b];
+                mm_verdict own = judge_with(s, gpu, gpu, NULL, NULL);
+                for (int nf = 0; nf <= 1; nf++) {
+                    uint32_t m = mm_max_micro_batch(s, gpu, gpu, nf, NULL);
+                    ck_assert_uint_eq(mm_max_micro_batch(s, gpu, gpu, nf, &own), m);
+                    assert_largest(s, gpu, gpu, m, nf ? MM_VERDICT_FITS : MM_VERDICT_FLUSHES,
+                                   names[i]);
+                    none += m == 0;
+                    downward += m && m < 8;
+                    checked++;
+                }
+                mm_fit_result f;
+                mm_error e;
+                ck_assert_int_eq(mm_fit(s, gpu, gpu, 0, &f, &e), 0);
+                ck_assert_uint_eq(f.max_micro_batch, mm_max_micro_batch(s, gpu, gpu, 0, NULL));
+                ck_assert_uint_eq(f.max_micro_batch_no_flush,
+                                  mm_max_micro_batch(s, gpu, gpu, 1, NULL));
+            }
+            mm_spec_free(s);
+        }
+    }
+    ck_assert_int_eq(checked, 60);
+    ck_assert_int_gt(none, 0);
+    ck_assert_int_gt(downward, 0); /* some searches went down to a fit */
+}
+END_TEST
+
+/* The cap: a model so small that 65536 samples run stops there; on a card
+ * just below the one 65536 needs, the answer is the largest that runs. */
+START_TEST(max_micro_batch_cap)
+{
+    mm_spec *s = load("contrib/models/llava-1.5-7b-pretrain.yaml");
+    set(s, "language_model.num_hidden_layers=1");
+    set(s, "training.images_per_sample=0");
+    set(s, "training.seq_len=8");
+    set(s, "training.micro_batch_size=65536");
+    mm_verdict v;
+    mm_error e;
+    ck_assert_int_eq(mm_verdict_for(s, 1ull << 40, 1ull << 40, 1, &v, &e), 0);
+    ck_assert_int_eq(v.kind, MM_VERDICT_FITS);
+    ck_assert_uint_eq(mm_max_micro_batch(s, 1ull << 40, 1ull << 40, 0, NULL), 65536);
+    uint64_t card = v.min_usable_runs - 1;
+    uint32_t mb = mm_max_micro_batch(s, card, card, 0, NULL);
+    ck_assert_uint_lt(mb, 65536);
+    ck_assert_uint_gt(mb, 60000);
+    assert_largest(s, card, card, mb, MM_VERDICT_FLUSHES, "cap");
+    mm_spec_free(s);
+}
+END_TEST
+
+/* When no GPU count runs without checkpointing (activations are never
+ * sharded), fit says which count runs with it on - and no smaller does, by
+ * the verdict at each count; a 13B fine-tune at ZeRO-0 finds its count with
+ * a ZeRO stage. */
 START_TEST(fit_gpu_count_is_direct)
 {
-    const char *cases[][2] = {
-        {"contrib/models/llava-1.5-13b-finetune.yaml", "training.data_parallel=4"},
-        {"contrib/models/llava-1.5-7b-finetune.yaml", "training.zero_stage=2"},
+    const char *cases[][3] = {
+        {"contrib/models/llava-1.5-7b-finetune.yaml", "training.gradient_checkpointing=false",
+         "training.data_parallel=8"},
+        {"contrib/models/llava-1.5-13b-finetune.yaml", "training.data_parallel=4",
+         "training.zero_stage=0"},
     };
-    uint64_t usable = 81559ull * 1024 * 1024 / 10 * 9;
+    const uint64_t gpu = 81559ull << 20, usable = gpu / 10 * 9;
     for (size_t c = 0; c < 2; c++) {
         mm_spec *s = load(cases[c][0]);
         set(s, cases[c][1]);
+        set(s, cases[c][2]);
         mm_fit_result f;
         mm_error e;
-        ck_assert_int_eq(mm_fit(s, usable, &f, &e), 0);
-        ck_assert_uint_gt(f.min_data_parallel, 1);
-        ck_assert_int_eq(f.min_data_parallel_ckpt, 0);
         char kv[48];
+        ck_assert_int_eq(mm_fit(s, gpu, usable, 0, &f, &e), 0);
+        ck_assert(!f.fits);
+        ck_assert_uint_gt(f.min_data_parallel, 1);
+        ck_assert_int_eq(f.min_data_parallel_ckpt, c == 0);
+        if (c == 0)
+            set(s, "training.gradient_checkpointing=true");
         snprintf(kv, sizeof kv, "training.zero_stage=%d", f.min_data_parallel_zero);
         set(s, kv);
         for (uint32_t n = 1; n <= f.min_data_parallel; n++) {
-            mm_prediction q = predict_at(s, n, 0);
-            if (n < f.min_data_parallel)
-                ck_assert_uint_gt(q.peak_bytes, usable);
-            else
-                ck_assert_uint_le(q.peak_bytes, usable);
-            mm_prediction_free(&q);
+            snprintf(kv, sizeof kv, "training.data_parallel=%u", n);
+            mm_verdict v = judge_with(s, gpu, usable, kv, NULL);
+            ck_assert_msg((v.kind != MM_VERDICT_OOM) == (n == f.min_data_parallel),
+                          "case %zu N=%u: %s, fit says %u", c, n, mm_verdict_name(v.kind),
+                          f.min_data_parallel);
+            if (n == f.min_data_parallel)
+                assert_judged(&f.dp, &v);
         }
-        if (c == 0)
-            ck_assert_uint_le(f.min_data_parallel, 8);
         mm_spec_free(s);
     }
 }
@@ -382,6 +557,9 @@ Suite *fit_suite(void)
     tcase_add_test(tc, shortcuts_change_nothing);
     tcase_add_test(tc, envelope_is_exact);
     tcase_add_test(tc, fit_gpu_count_is_direct);
+    tcase_add_test(tc, fit_answers_are_verdicts);
+    tcase_add_test(tc, max_micro_batch_is_exact);
+    tcase_add_test(tc, max_micro_batch_cap);
     tcase_add_test(tc, predict_verdict_is_both_apart);
     suite_add_tcase(s, tc);
     return s;

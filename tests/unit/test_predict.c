@@ -318,116 +318,6 @@ START_TEST(overflow_is_an_error)
 }
 END_TEST
 
-START_TEST(fit_finds_largest_batch)
-{
-    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
-    mm_prediction p = predict(s);
-    uint64_t usable = p.peak_bytes; /* exactly what the spec needs */
-    mm_fit_result f;
-    mm_error e;
-    ck_assert_int_eq(mm_fit(s, usable, &f, &e), 0);
-    ck_assert(f.fits);
-    ck_assert_uint_ge(f.max_micro_batch, mm_spec_micro_batch(s));
-    char kv[64];
-    snprintf(kv, sizeof kv, "training.micro_batch_size=%u", f.max_micro_batch + 1);
-    set(s, kv);
-    mm_prediction q = predict(s);
-    ck_assert_uint_gt(q.peak_bytes, usable); /* one more does not fit */
-    mm_prediction_free(&q);
-    mm_prediction_free(&p);
-    mm_spec_free(s);
-}
-END_TEST
-
-/* Device-level peak of s with another micro-batch (UINT64_MAX when the
- * prediction fails, e.g. overflows: that never fits). */
-static uint64_t peak_at_mb(const mm_spec *s, uint64_t mb)
-{
-    mm_spec *c = mm_spec_clone(s);
-    char kv[64];
-    mm_prediction p;
-    mm_error e;
-    uint64_t pk = UINT64_MAX;
-    snprintf(kv, sizeof kv, "training.micro_batch_size=%llu", (unsigned long long)mb);
-    set(c, kv);
-    if (mm_predict(c, &p, &e) == 0) {
-        pk = p.peak_bytes;
-        mm_prediction_free(&p);
-    }
-    mm_spec_free(c);
-    return pk;
-}
-
-/* mm_max_micro_batch's secant search returns, by definition, the micro-batch
- * m with peak(m) <= usable < peak(m + 1) (0 when even 1 misfits, 65536 at the
- * cap): checked with independent predictions for every shipped spec, with
- * and without checkpointing, for budgets from "nothing fits" through the
- * spec's own micro-batch misfitting (a downward search) to H200 size; with
- * and without the spec's own prediction passed in; and equal to mm_fit's. */
-START_TEST(max_micro_batch_is_exact)
-{
-    const char *names[] = {"llava-1.5-7b-pretrain", "llava-1.5-7b-finetune", "llava-1.5-7b-lora",
-                           "llava-1.5-13b-pretrain", "llava-1.5-13b-finetune", "llava-1.5-13b-lora"};
-    int checked = 0, downward = 0, none = 0;
-    for (size_t i = 0; i < 6; i++) {
-        for (int ckpt = 0; ckpt <= 1; ckpt++) {
-            mm_spec *s = load_contrib(names[i]);
-            set(s, ckpt ? "training.gradient_checkpointing=true"
-                        : "training.gradient_checkpointing=false");
-            set(s, "training.micro_batch_size=8");
-            uint64_t p1 = peak_at_mb(s, 1);
-            uint64_t budgets[] = {p1 - 1, p1, p1 + (1ull << 30), 40ull << 30, 80ull << 30,
-                                  141ull << 30};
-            mm_prediction own = predict(s);
-            for (size_t b = 0; b < sizeof budgets / sizeof *budgets; b++) {
-                uint64_t usable = budgets[b];
-                uint32_t m = mm_max_micro_batch(s, usable, NULL);
-                ck_assert_uint_eq(mm_max_micro_batch(s, usable, &own), m);
-                if (m == 0) {
-                    ck_assert_uint_gt(p1, usable);
-                    none++;
-                } else {
-                    ck_assert_uint_le(peak_at_mb(s, m), usable);
-                    ck_assert_uint_gt(peak_at_mb(s, (uint64_t)m + 1), usable);
-                }
-                downward += own.peak_bytes > usable;
-                mm_fit_result f;
-                mm_error e;
-                ck_assert_int_eq(mm_fit(s, usable, &f, &e), 0);
-                ck_assert_uint_eq(f.max_micro_batch, m);
-                checked++;
-            }
-            mm_prediction_free(&own);
-            mm_spec_free(s);
-        }
-    }
-    ck_assert_int_eq(checked, 72);
-    ck_assert_int_gt(none, 0);
-    ck_assert_int_gt(downward, none); /* some searches went down to a fit */
-}
-END_TEST
-
-/* The cap: a model so small that 65536 samples fit stops there. */
-START_TEST(max_micro_batch_cap)
-{
-    mm_spec *s = load_contrib("llava-1.5-7b-pretrain");
-    set(s, "language_model.num_hidden_layers=1");
-    set(s, "training.images_per_sample=0");
-    set(s, "training.seq_len=8");
-    uint64_t pk = peak_at_mb(s, 65536);
-    ck_assert_uint_ne(pk, UINT64_MAX);
-    ck_assert_uint_eq(mm_max_micro_batch(s, pk, NULL), 65536);
-    /* one byte less: the largest batch whose peak fits (reserved bytes come in
-     * 2 MiB segments, so that may be a few samples below 65536) */
-    uint32_t mb = mm_max_micro_batch(s, pk - 1, NULL);
-    ck_assert_uint_lt(mb, 65536);
-    ck_assert_uint_gt(mb, 65000);
-    ck_assert_uint_le(peak_at_mb(s, mb), pk - 1);
-    ck_assert_uint_gt(peak_at_mb(s, mb + 1), pk - 1);
-    mm_spec_free(s);
-}
-END_TEST
-
 /* Public measured points (docs: shared/memory-reference.md, haotian-liu/LLaVA
  * #569 and #655, the LLaVA-1.5 README): a 7B full fine-tune with ZeRO-2 at
  * batch 1 runs out of memory on 4 x A100-40G and works on 8; the 13B pretrain
@@ -456,40 +346,6 @@ START_TEST(public_measured_points)
         mm_prediction_free(&p);
         mm_spec_free(s);
     }
-}
-END_TEST
-
-/* When no GPU count fits without checkpointing (activations are never
- * sharded), fit says which count fits with it on - and that answer holds. */
-START_TEST(fit_suggests_checkpointing_with_gpus)
-{
-    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
-    set(s, "training.gradient_checkpointing=false");
-    mm_fit_result f;
-    mm_error e;
-    uint64_t usable = 80ull << 30;
-    ck_assert_int_eq(mm_fit(s, usable, &f, &e), 0);
-    ck_assert(!f.fits);
-    ck_assert_uint_gt(f.min_data_parallel, 1);
-    ck_assert_int_eq(f.min_data_parallel_ckpt, 1);
-    char kv[64];
-    set(s, "training.gradient_checkpointing=true");
-    snprintf(kv, sizeof kv, "training.zero_stage=%d", f.min_data_parallel_zero);
-    set(s, kv);
-    snprintf(kv, sizeof kv, "training.data_parallel=%u", f.min_data_parallel);
-    set(s, kv);
-    mm_prediction p = predict(s);
-    ck_assert_uint_le(p.peak_bytes, usable);
-    /* and no smaller count does, predicted at that count */
-    for (uint32_t n = 1; n < f.min_data_parallel; n++) {
-        snprintf(kv, sizeof kv, "training.data_parallel=%u", n);
-        set(s, kv);
-        mm_prediction q = predict(s);
-        ck_assert_uint_gt(q.peak_bytes, usable);
-        mm_prediction_free(&q);
-    }
-    mm_prediction_free(&p);
-    mm_spec_free(s);
 }
 END_TEST
 
@@ -572,11 +428,7 @@ Suite *predict_suite(void)
     tcase_add_test(tc, monotone_behaviour);
     tcase_add_test(tc, factors_sum_to_allocated);
     tcase_add_test(tc, overflow_is_an_error);
-    tcase_add_test(tc, fit_finds_largest_batch);
-    tcase_add_test(tc, max_micro_batch_is_exact);
-    tcase_add_test(tc, max_micro_batch_cap);
     tcase_add_test(tc, folding_is_exact);
-    tcase_add_test(tc, fit_suggests_checkpointing_with_gpus);
     tcase_add_test(tc, public_measured_points);
     suite_add_tcase(s, tc);
     return s;

@@ -590,7 +590,14 @@ static int32_t alloc_block(mm_allocator *a, pool *p, uint64_t size, uint64_t all
     return i;
 }
 
-/* release_available_cached_blocks: free oversize blocks (max_split_size set) */
+/* release_available_cached_blocks: free oversize blocks (max_split_size set).
+ * A block of an expandable segment is never released here: the single block
+ * found is taken only if it is not one, and the walk down from the largest
+ * skips them (CUDACachingAllocator.cpp release_available_cached_blocks:
+ * `(*it)->expandable_segment_` sends it to the walk, and the walk releases
+ * only `!(*cur)->expandable_segment_`).  Releasing them made a replay with
+ * max_split_size_mb and expandable_segments map and unmap the same pages
+ * forever. */
 static int release_available(mm_allocator *a, pool *p, uint64_t size)
 {
     uint64_t ms = a->conf.max_split_size;
@@ -598,7 +605,7 @@ static int release_available(mm_allocator *a, pool *p, uint64_t size)
         return 0;
     uint64_t key = size < ms ? ms : size;
     size_t at = lower_bound_size(&p->blocks, key, 0);
-    if (at < p->blocks.n) {
+    if (at < p->blocks.n && a->b[p->blocks.v[at].i].seg < 0) {
         release_block(a, p->blocks.v[at].i);
         return 1;
     }
@@ -607,9 +614,11 @@ static int release_available(mm_allocator *a, pool *p, uint64_t size)
         int32_t i = p->blocks.v[at - 1].i;
         if (a->b[i].size < ms)
             break;
-        freed += a->b[i].size;
-        release_block(a, i);
         at--;
+        if (a->b[i].seg < 0) {
+            freed += a->b[i].size;
+            release_block(a, i);
+        }
     }
     return freed >= key;
 }

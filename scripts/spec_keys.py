@@ -186,11 +186,16 @@ MEANING = {
     "fsdp.model_dtype": "the dtype the model is sharded in",
     "fsdp.param_dtype": "MixedPrecision gather/compute dtype",
     "fsdp.reshard_after_forward": "FSDP2 (FSDP1: sharding_strategy)",
-    "device.cuda_context": "CUDA context + cuBLAS workspaces (default 771 MiB, measured on H100)",
+    "device.cuda_context": "CUDA context and kernel images: nvidia-smi beyond the reserved bytes "
+                           "(default 771 MiB, measured on H100)",
     "device.nccl": "NCCL buffers when data_parallel > 1 (default 1 GiB, not measured)",
     "device.allocator_fixed": "extra slack on top of the allocator model",
     "device.allocator_fraction": "extra slack, a fraction of allocated",
     "device.alloc_conf": "the job's PYTORCH_CUDA_ALLOC_CONF (docs/allocator.md)",
+    "device.cublas_workspace": "one cuBLAS handle's workspace, held twice (forward thread and "
+                               "autograd) in the caching allocator for the whole job (default "
+                               "32 MiB, sm90; other GPUs 4096 KiB x 2 + 16 KiB x 8 = 8,519,680 B; "
+                               "0 = none)",
     "framework.transformers_version": "changes the loss, checkpointing and attention defaults",
     "hf_config": "a model directory or config.json: imported (mmguard import) under the spec's own keys",
     "trainer": "HF TrainingArguments (YAML/JSON) to import",

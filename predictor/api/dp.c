@@ -271,6 +271,10 @@ int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
         steplog_free(L);
         return -1;
     }
+    /* sm90's default (CUBLAS_WORKSPACE_CONFIG :4096:8), the GPUs the defaults were
+     * measured on; device.cublas_workspace for others (reserve.c cublas_workspaces) */
+    L->s.cublas_workspace = sp->device.has_cublas ? sp->device.cublas_workspace
+                                                 : 32ull * 1024 * 1024;
     optimizer_kind o = sp->training.optimizer;
     L->per_param = sp->training.zero_stage == 0;
     L->pairs = o == OPT_ADAMW || o == OPT_ADAM || o == OPT_ADAMW_8BIT;

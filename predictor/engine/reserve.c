@@ -183,6 +183,21 @@ static void other_setup(replay *r)
     }
 }
 
+/* cuBLAS's workspaces: torch gives each (cuBLAS handle, stream) one, taken from
+ * the caching allocator at the handle's first matmul and kept for the process
+ * (aten/src/ATen/cuda/CublasHandlePool.cpp getCurrentCUDABlasHandle ->
+ * cublas_handle_stream_to_workspace; size getChosenWorkspaceSize: 4096 KiB x 8
+ * on sm90, 4096 KiB x 2 + 16 KiB x 8 elsewhere).  A training step has two
+ * handles, the forward thread's and the autograd engine's device thread's:
+ * the H200 traces of tests/gpu_data hold two 32 MiB blocks that are never
+ * freed.  Held here from the setup on: nothing the step frees can reuse them,
+ * and CUDA's context figure (nvidia-smi minus reserved) does not hold them. */
+static void cublas_workspaces(replay *r)
+{
+    for (int k = 0; k < 2 && r->s->cublas_workspace && !r->failed; k++)
+        alloc_at(r, 0, MM_PHASE_FORWARD, r->s->cublas_workspace);
+}
+
 /* one event of the log: a block for an allocation, back to the cache for a free */
 static inline void event(replay *r, const sim_ev *e)
 {
@@ -643,6 +658,8 @@ static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per
     model_states(&r, F_PARAM, 1);
     if (!r.failed)
         other_setup(&r);
+    if (!r.failed)
+        cublas_workspaces(&r);
     r.in_setup = 0;
     mm_allocator_empty_cache(r.a);
     mm_allocator_reset_peaks(r.a);

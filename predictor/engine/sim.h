@@ -158,6 +158,8 @@ typedef struct sim {
                                   offloading); their device copies die with their holds */
     uint64_t host_act, host_act_peak; /* activations on the host now / at most */
     uint64_t outside_bytes;    /* on the GPU outside the caching allocator (paged optimizers) */
+    uint64_t cublas_workspace; /* bytes of each of the two cuBLAS workspaces the replay holds
+                                  (the forward thread's and autograd's); 0 = none */
     /* each weight gradient a backward node makes, right after it is allocated:
      * the parallel strategy's reduction takes it (parallel*.c); NULL = none */
     void (*on_wgrad)(struct sim *s, int32_t grad, void *ctx);

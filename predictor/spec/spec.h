@@ -257,8 +257,9 @@ typedef struct fsdp_spec {
 } fsdp_spec;
 
 typedef struct device_spec {
-    int has_context, has_nccl, has_afix, has_afrac;
+    int has_context, has_nccl, has_afix, has_afrac, has_cublas;
     char alloc_conf[128];         /* PYTORCH_CUDA_ALLOC_CONF of the job, "" = unset */
+    uint64_t cublas_workspace;    /* one cuBLAS handle's workspace in the caching allocator */
     uint64_t cuda_context, nccl, allocator_fixed;
     double allocator_fraction;
 } device_spec;

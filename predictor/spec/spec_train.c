@@ -277,6 +277,7 @@ static const keydesc device_keys[] = {
     {"allocator_fixed", K_SIZE, DV(allocator_fixed), 0, 0, NULL, 0, 0, 0},
     {"allocator_fraction", K_FLOAT, DV(allocator_fraction), 0, 1, NULL, 0, 0, 0},
     {"alloc_conf", K_STRING, DV(alloc_conf), 0, 0, NULL, 0, 0, 0},
+    {"cublas_workspace", K_SIZE, DV(cublas_workspace), 0, 0, NULL, 0, 0, 0},
 };
 #undef DV
 
@@ -432,6 +433,7 @@ static int decode_device(dctx *c, const mm_node *root, mm_spec *s)
     dv->has_nccl = mm_node_get(dev, "nccl") != NULL;
     dv->has_afix = mm_node_get(dev, "allocator_fixed") != NULL;
     dv->has_afrac = mm_node_get(dev, "allocator_fraction") != NULL;
+    dv->has_cublas = mm_node_get(dev, "cublas_workspace") != NULL;
     mm_alloc_conf ac;
     mm_error e2;
     mm_alloc_conf_default(&ac);

@@ -69,7 +69,10 @@ done
 check "predict page: the reserved line" [ "$(count predict 'id="reserved"')" = 2 ]
 check "predict page: the peak event" [ "$(count predict 'id="peak"')" = 2 ]
 check "predict page: the card's capacity" [ "$(count predict 'id="capacity"')" = 2 ]
-check "predict page: the peak named" grep -q 'predicted device peak <b>52.03 GiB</b>' "$T/predict.dom"
+# the device peak the page names is the prediction's peak_bytes (GiB, 2 decimals)
+peak=$("$M" predict contrib/models/llava-1.5-7b-finetune.yaml --json |
+       python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["peak_bytes"] / 2**30))')
+check "predict page: the peak named ($peak GiB)" grep -q "predicted device peak <b>$peak GiB</b>" "$T/predict.dom"
 "$M" predict contrib/models/llava-1.5-7b-finetune.yaml --html "$T/nocard.html" >/dev/null
 check "predict page without --gpu-mem: no capacity line" sh -c "! grep -q 'id=\"capacity\"' '$T/nocard.html'"
 

@@ -272,6 +272,29 @@ START_TEST(eager_checkpointed_softmax_backward_floor)
 }
 END_TEST
 
+/* device.cublas_workspace: the two workspaces (forward thread, autograd) are
+ * held in the caching allocator for the whole job: 32 MiB blocks of their own
+ * segments add exactly 2 x 32 MiB to the reserved peak and nothing to the
+ * step's allocated peak; 0 takes them out. */
+START_TEST(cublas_workspaces_are_reserved)
+{
+    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    mm_prediction d = predict(s);
+    set(s, "device.cublas_workspace=0");
+    mm_prediction z = predict(s);
+    set(s, "device.cublas_workspace=32MiB");
+    mm_prediction t = predict(s);
+    ck_assert_uint_eq(d.reserved_peak_bytes - z.reserved_peak_bytes, 64ull << 20);
+    ck_assert_uint_eq(t.reserved_peak_bytes, d.reserved_peak_bytes);
+    ck_assert_uint_eq(d.allocated_peak_bytes, z.allocated_peak_bytes);
+    ck_assert_uint_eq(d.peak_bytes - z.peak_bytes, 64ull << 20);
+    mm_prediction_free(&d);
+    mm_prediction_free(&z);
+    mm_prediction_free(&t);
+    mm_spec_free(s);
+}
+END_TEST
+
 START_TEST(factors_sum_to_allocated)
 {
     const char *names[] = {"llava-1.5-7b-pretrain", "llava-1.5-7b-finetune", "llava-1.5-7b-lora",
@@ -429,6 +452,7 @@ Suite *predict_suite(void)
     tcase_add_test(tc, factors_sum_to_allocated);
     tcase_add_test(tc, overflow_is_an_error);
     tcase_add_test(tc, folding_is_exact);
+    tcase_add_test(tc, cublas_workspaces_are_reserved);
     tcase_add_test(tc, public_measured_points);
     suite_add_tcase(s, tc);
     return s;

@@ -113,20 +113,13 @@ static int acceptable(const struct mmg_check *chk, mm_verdict_kind k)
  * with cache flushes (2 cudaMalloc retries per step: slower)". */
 static void effect(const mm_fit_judged *j, char *buf, size_t n)
 {
-    char pk[32];
-    mm_format_bytes(j->peak_bytes, pk, sizeof(pk));
-    if (!j->judged)
+    char t[128];
+    if (!j->judged) {
         snprintf(buf, n, "%s", "");
-    else if (j->kind == MM_VERDICT_FITS)
-        snprintf(buf, n, "predicted: fits, peak %s", pk);
-    else if (j->kind == MM_VERDICT_FLUSHES && !j->retries_step)
-        snprintf(buf, n, "predicted: fits with cache flushes (cudaMalloc retries in the first "
-                 "step only), peak %s", pk);
-    else if (j->kind == MM_VERDICT_FLUSHES)
-        snprintf(buf, n, "predicted: fits with cache flushes (%" PRIu64 " cudaMalloc retr%s per "
-                 "step: slower), peak %s", j->retries_step, j->retries_step == 1 ? "y" : "ies", pk);
-    else
-        snprintf(buf, n, "predicted: out of memory");
+        return;
+    }
+    mm_fit_judged_text(j, t, sizeof(t));
+    snprintf(buf, n, "predicted: %s", t);
 }
 
 /* More GPUs of the same type (with a ZeRO stage that shards over them). */

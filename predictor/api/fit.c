@@ -21,6 +21,7 @@
 #include "util.h"
 #include "verdict.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -434,4 +435,21 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     more_gpus(&c, spec, out);
     mm_spec_free(c.s);
     return 0;
+}
+
+void mm_fit_judged_text(const mm_fit_judged *j, char *buf, size_t n)
+{
+    char pk[32], lv[32];
+    mm_format_bytes(j->peak_bytes, pk, sizeof pk);
+    mm_format_bytes(j->live_bytes, lv, sizeof lv);
+    if (j->kind == MM_VERDICT_FITS)
+        snprintf(buf, n, "fits, peak %s", pk);
+    else if (j->kind == MM_VERDICT_FLUSHES && !j->retries_step)
+        snprintf(buf, n, "fits with cache flushes (cudaMalloc retries in the first step only), "
+                 "peak %s", pk);
+    else if (j->kind == MM_VERDICT_FLUSHES)
+        snprintf(buf, n, "fits with cache flushes (%" PRIu64 " cudaMalloc retr%s per step: "
+                 "slower), peak %s", j->retries_step, j->retries_step == 1 ? "y" : "ies", pk);
+    else
+        snprintf(buf, n, "out of memory (live tensors %s)", lv);
 }

@@ -266,6 +266,11 @@ typedef struct mm_fit_judged {   /* one suggested configuration on the card */
     uint64_t peak_bytes;         /* on the card: reserved + CUDA context (+ NCCL); 0 = OOM */
     uint64_t live_bytes;         /* live tensors at the peak (allocated) */
 } mm_fit_judged;
+
+/* A judged suggestion in words, for the CLI and the plugin alike: "fits, peak
+ * 38.1 GiB" | "fits with cache flushes (2 cudaMalloc retries per step:
+ * slower), peak 40.0 GiB" | "out of memory (live tensors 41.0 GiB)". */
+void mm_fit_judged_text(const mm_fit_judged *j, char *buf, size_t n);
 typedef struct mm_fit_result {
     int fits;                    /* the spec as given fits (runs; with no_flush: without flushes) */
     uint64_t peak_bytes;         /* the spec as given, on the card (reserved + context), 0 = OOM */

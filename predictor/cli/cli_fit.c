@@ -15,24 +15,6 @@ static const char *kind_key(mm_verdict_kind k)
     return k == MM_VERDICT_FITS ? "fits" : k == MM_VERDICT_FLUSHES ? "flushes" : "oom";
 }
 
-/* "fits, peak 38.1 GiB" | "fits with cache flushes (2 cudaMalloc retries per
- * step: slower), peak 40.0 GiB" | "out of memory (live tensors 41.0 GiB)" */
-static void judged_text(const mm_fit_judged *j, char *buf, size_t n)
-{
-    char pk[32], lv[32];
-    mm_format_bytes(j->peak_bytes, pk, sizeof pk);
-    mm_format_bytes(j->live_bytes, lv, sizeof lv);
-    if (j->kind == MM_VERDICT_FITS)
-        snprintf(buf, n, "fits, peak %s", pk);
-    else if (j->kind == MM_VERDICT_FLUSHES && !j->retries_step)
-        snprintf(buf, n, "fits with cache flushes (cudaMalloc retries in the first step only), "
-                 "peak %s", pk);
-    else if (j->kind == MM_VERDICT_FLUSHES)
-        snprintf(buf, n, "fits with cache flushes (%" PRIu64 " cudaMalloc retr%s per step: "
-                 "slower), peak %s", j->retries_step, j->retries_step == 1 ? "y" : "ies", pk);
-    else
-        snprintf(buf, n, "out of memory (live tensors %s)", lv);
-}
 
 static void spec_line(const mm_spec *s, const mm_fit_result *f, uint64_t gpu, uint64_t usable)
 {
@@ -45,7 +27,7 @@ static void spec_line(const mm_spec *s, const mm_fit_result *f, uint64_t gpu, ui
     if (v->kind == MM_VERDICT_OOM)
         snprintf(what, sizeof what, "out of memory at %s", v->oom_event);
     else
-        judged_text(&j, what, sizeof what);
+        mm_fit_judged_text(&j, what, sizeof what);
     printf("%s on a %s GPU (usable %s), %u GPU%s: %s\n", mm_spec_name(s), gm, us, v->n,
            v->n == 1 ? "" : "s", what);
 }
@@ -57,13 +39,13 @@ static void batch_lines(const mm_spec *s, const mm_fit_result *f)
         printf("  no micro-batch runs with the current settings, not even 1\n");
         return;
     }
-    judged_text(&f->at_max, a, sizeof a);
+    mm_fit_judged_text(&f->at_max, a, sizeof a);
     printf("  largest micro-batch that runs: %u (spec: %u): %s\n", f->max_micro_batch,
            mm_spec_micro_batch(s), a);
     if (f->at_max.kind == MM_VERDICT_FITS)
         return;
     if (f->max_micro_batch_no_flush) {
-        judged_text(&f->at_max_no_flush, b, sizeof b);
+        mm_fit_judged_text(&f->at_max_no_flush, b, sizeof b);
         printf("  largest micro-batch without cache flushes: %u: %s\n",
                f->max_micro_batch_no_flush, b);
     } else {
@@ -84,19 +66,19 @@ static void remedy_lines(const mm_spec *s, const mm_fit_result *f)
     char a[192];
     uint32_t n = mm_spec_data_parallel(s);
     if (f->expandable.judged) {
-        judged_text(&f->expandable, a, sizeof a);
+        mm_fit_judged_text(&f->expandable, a, sizeof a);
         printf("  with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: %s", a);
         largest(f->max_micro_batch_expandable);
     }
     if (f->ckpt.judged) {
-        judged_text(&f->ckpt, a, sizeof a);
+        mm_fit_judged_text(&f->ckpt, a, sizeof a);
         printf("  with gradient checkpointing: %s", a);
         largest(f->max_micro_batch_ckpt);
     }
     if (f->min_data_parallel_fsdp) {
         /* FSDP and ZeRO exclude each other: no stage to try */
     } else if (f->min_zero_stage >= 0) {
-        judged_text(&f->zero, a, sizeof a);
+        mm_fit_judged_text(&f->zero, a, sizeof a);
         printf("  smallest ZeRO stage that runs at %u GPU%s: %d: %s\n", n, n == 1 ? "" : "s",
                f->min_zero_stage, a);
     } else {
@@ -108,7 +90,7 @@ static void remedy_lines(const mm_spec *s, const mm_fit_result *f)
     else
         snprintf(how, sizeof how, "ZeRO-%d", f->min_data_parallel_zero);
     if (f->min_data_parallel) {
-        judged_text(&f->dp, a, sizeof a);
+        mm_fit_judged_text(&f->dp, a, sizeof a);
         printf("  smallest number of GPUs with %s%s: %u: %s\n", how,
                f->min_data_parallel_ckpt ? " and gradient checkpointing" : "",
                f->min_data_parallel, a);

@@ -247,7 +247,10 @@ static int swift_tuning(imp_job *j, hfc *h)
     return 0;
 }
 
-/* max_length, packing, use_liger_kernel; padding_free refused */
+/* max_length, packing, padding_free, use_liger_kernel.  --padding_free (ms-swift
+ * swift/llm/argument/train_args.py; its collator concatenates the batch into one row and
+ * passes position_ids for flash-attention's varlen kernels) is the spec's packing, as for a
+ * trainer file's padding_free (import_trainer_opt.c) */
 static int swift_seq(imp_job *j, hfc *h)
 {
     uint64_t n;
@@ -256,8 +259,6 @@ static int swift_seq(imp_job *j, hfc *h)
     if (imp_u64(h, "max_length", 0, 0, 1u << 22, &n) || imp_bool(h, "packing", 0, &pack) ||
         imp_bool(h, "padding_free", 0, &pf) || imp_bool(h, "use_liger_kernel", 0, &liger))
         return -1;
-    if (pf)
-        return hf_fail(h, "padding_free", "padding-free VLM batches are not modelled yet");
     /* ms-swift's TrainArguments are transformers' TrainingArguments: its Trainer applies
      * Liger to the built model (import_liger.c) */
     if (liger && imp_liger(j, h, "use_liger_kernel", 1))
@@ -265,8 +266,9 @@ static int swift_seq(imp_job *j, hfc *h)
     if (n)
         imp_set(&j->s->training, "seq_len", hf_where(h, "max_length", w, sizeof w), "%llu",
                 ULL(n));
-    if (pack)
-        imp_set(&j->s->training, "packing", hf_where(h, "packing", w, sizeof w), "true");
+    if (pack || pf)
+        imp_set(&j->s->training, "packing", hf_where(h, pack ? "packing" : "padding_free", w,
+                                                     sizeof w), "true");
     return 0;
 }
 

@@ -453,9 +453,15 @@ key lora '\{r: 16, alpha: 32, dropout: 0.05, target_modules: all-linear\}'
 key trainable true
 has "ignored vit_lr: a learning rate"
 expect 0 "$M" predict "$T/sw-llm.yaml" --set training.data_parallel=4
-# padding_free and video are refused with the reason (vit_gradient_checkpointing.sh has both)
+# video is refused with the reason (vit_gradient_checkpointing.sh trains on VideoChatGPT)
 expect 2 "$M" import --catalog "$CAT" --swift "$SW/vit_gradient_checkpointing.sh" --deepspeed "$SW/zero3.json"
-has "vit_gradient_checkpointing.sh:36:5: padding_free: padding-free VLM batches are not modelled yet"
+has "vit_gradient_checkpointing.sh:7:1: VIDEO_MAX_PIXELS: video samples are not mapped for ms-swift"
+# --padding_free: the batch in one row, the spec's packing (as a trainer file's padding_free)
+printf 'swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --max_pixels 1003520 \\\n  --attn_impl flash_attn --padding_free true\n' > "$T/s.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh" -o "$T/sw-pf.yaml"
+expect 0 cat "$T/sw-pf.yaml"
+key packing true
+expect 0 "$M" predict "$T/sw-pf.yaml"
 sw() { printf "$1" > "$T/s.sh"; expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"; has "$2"; }
 Q='swift sft --model Qwen/Qwen2.5-VL-7B-Instruct'
 # --use_liger_kernel: transformers' Trainer patches Qwen2.5-VL; only its fused loss is modelled

@@ -121,7 +121,11 @@ static const imp_rule fsdp_rules[] = {
     {"xla", 'd', "false|XLA is not modelled"}, {"xla_fsdp_v2", 'd', "false|XLA is not modelled"},
     {"xla_fsdp_grad_ckpt", 'd', "false|XLA is not modelled"},
     {"state_dict_type", 'i', "checkpoint files"},
-    {"auto_wrap_policy", 'i', "the spec wraps each transformer layer"},
+    /* accelerate (FullyShardedDataParallelPlugin, fsdp_auto_wrap_policy): SIZE_BASED_WRAP walks
+     * torch's _recursive_wrap (torch/distributed/fsdp/wrap.py :488-563, size_based_auto_wrap_policy
+     * :341-392) and NO_WRAP leaves one root unit; neither is the per-layer unit modelled here */
+    {"auto_wrap_policy", 'd', "TRANSFORMER_BASED_WRAP|the spec wraps each transformer layer "
+                              "(SIZE_BASED_WRAP and NO_WRAP units are not modelled)"},
 };
 
 /* transformers strips an "fsdp_" prefix from fsdp_config keys */

@@ -28,6 +28,31 @@ static int fsdp2(const par_state *ps)
     return ps->kind == PAR_FSDP2;
 }
 
+/* fsdp.wrap_policy peft_lora (FSDP1): PEFT's fsdp_auto_wrap_policy
+ * (peft/utils/other.py:1294-1307, lambda_policy_fn or'ed with the layer
+ * policy) makes every trainable leaf (each lora_A / lora_B Linear, a trainable
+ * connector's Linears) a FlatParameter of its own, nested in its layer's or
+ * the root's unit (torch distributed/fsdp/wrap.py _recursive_wrap :488-563
+ * wraps the children first).  The layer's and the root's flat parameters then
+ * hold the frozen weights only: they do not require grad (_flat_param.py
+ * _validate_tensors_to_flatten), get no flat gradient and their views none
+ * either.  The adapters' units are gathered inside their parent's and each
+ * reduce-scatters its own flat gradient at its post-backward hook; here they
+ * are counted with their parent: gathered with it (their bytes for the whole
+ * of the parent's forward and backward, not only their own op's) and one flat
+ * gradient of the parent's trainable elements, not of all its elements. */
+static int peft_units(const par_state *ps)
+{
+    return !fsdp2(ps) && ps->sp->fsdp.wrap_peft;
+}
+
+/* the elements of a unit's FSDP1 flat gradient: the whole flat parameter once
+ * any of it trains, its trainable leaves only under peft_units */
+static uint64_t flat_grad_elems(const par_state *ps, uint64_t params, uint64_t tr)
+{
+    return !tr ? 0 : peft_units(ps) ? tr : params;
+}
+
 static void drop(sim *s, int32_t *id)
 {
     sim_drop(s, *id);
@@ -194,7 +219,9 @@ uint64_t fsdp1_state_excess(const par_state *ps)
 {
     sim *s = ps->c->s;
     flatcut f = {.N = s->dp ? s->dp : 1};
-    if (fsdp2(ps) || !ps->sp->fsdp.use_orig_params || f.N < 2 ||
+    /* peft_units: every trainable leaf is a flat parameter of its own, cut
+     * evenly (up to its padding) */
+    if (fsdp2(ps) || peft_units(ps) || !ps->sp->fsdp.use_orig_params || f.N < 2 ||
         !(f.acc = calloc(f.N, sizeof *f.acc)))
         return 0;
     unit_cut(ps, 0, U_ROOT, &f);
@@ -227,12 +254,12 @@ uint64_t fsdp_accum_grad_elems(const par_state *ps)
     sim *s = ps->c->s;
     if (fsdp2(ps))
         return ps->P_grad;
-    uint64_t n = ps->root_tr ? ps->root : 0;
+    uint64_t n = flat_grad_elems(ps, ps->root, ps->root_tr);
     for (uint32_t m = 0; m < ps->sp->n_modules && m < MM_MAX_MODULES; m++) {
         uint64_t L = ps->sp->modules[m].num_hidden_layers + ps->sp->modules[m].num_global_layers;
         for (uint64_t l = 0; l < L && l < MM_MAX_LAYERS; l++)
-            if (par_unit_trainable(ps, m, l))
-                n = sim_add(s, n, par_unit_params(ps, m, l));
+            n = sim_add(s, n, flat_grad_elems(ps, par_unit_params(ps, m, l),
+                                              par_unit_trainable(ps, m, l)));
     }
     return n;
 }
@@ -381,6 +408,7 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, uint64_t w,
 {
     sim *s = ps->c->s;
     if (!fsdp2(ps)) {
+        params = tr ? flat_grad_elems(ps, params, tr) : params;
         uint64_t N = s->dp ? s->dp : 1, padded = sim_mul(s, mm_ceil_div(params, N), N);
         int32_t g = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->pdt), F_GRAD, 0) : -1;
         par_drop_grads(ps, mark);
@@ -487,7 +515,8 @@ static void folded_backward(par_state *ps, const sim_node *n)
         uint64_t tr = par_unit_trainable(ps, m, l);
         if (tr)
             g = sim_add(s, g, fsdp2(ps) ? in_pdt(ps, tr, unit_wide(ps, m, l), ps->store)
-                                        : sim_mul(s, par_unit_params(ps, m, l), ps->store));
+                                        : sim_mul(s, flat_grad_elems(ps, par_unit_params(ps, m, l),
+                                                                     tr), ps->store));
     }
     if (g)
         sim_alloc(s, ps->r_grads, g, F_GRAD, SIM_SHARDED);
@@ -583,7 +612,8 @@ void fsdp_setup(par_state *ps, lctx *c)
     ps->pf_k = ps->fwd_k = 0;
     ps->w_esz = ps->root_w = 0;
     wide_setup(ps);
-    c->frozen_rg = !fsdp2(ps) && f->use_orig_params ? fsdp1_frozen_rg : NULL;
+    /* peft_units: no frozen weight shares a flat parameter with a trainable one */
+    c->frozen_rg = !fsdp2(ps) && f->use_orig_params && !peft_units(ps) ? fsdp1_frozen_rg : NULL;
     c->frozen_rg_ctx = ps;
 }
 

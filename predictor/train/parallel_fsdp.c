@@ -472,6 +472,37 @@ static int post_prefetch(const par_state *ps)
     return !fsdp2(ps) && ps->sp->fsdp.backward_prefetch_post;
 }
 
+/* The adapter units (lora_A rows) of layer l of module m: each of its lora_A /
+ * lora_B pairs under peft_units. */
+static uint64_t layer_adapters(const par_state *ps, uint32_t m, uint64_t l)
+{
+    const sim *s = ps->c->s;
+    uint64_t n = 0;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        size_t k = strlen(R->name);
+        if (R->module == m && in_layers(R) && l < R->count && k > 7 &&
+            !strcmp(R->name + k - 7, ".lora_A"))
+            n++;
+    }
+    return n;
+}
+
+/* peft_units: FSDP1's backward prefetch takes the handle before the current
+ * one in post-forward order (_exec_order_utils.py
+ * get_handle_to_backward_prefetch: handles_post_forward_order[index - 1]).  An
+ * adapter's unit ends its forward inside its layer, so that order is: layer
+ * l-1's adapters, layer l-1, layer l's adapters, layer l.  Layer l's
+ * pre-backward prefetches its last adapter (counted with the layer here); the
+ * frozen layer l-1 is prefetched at the pre-backward of layer l's first
+ * adapter (q_proj's lora_A), the last of them in backward.  Returns whether
+ * the prefetch waits for those adapters (hold_grad counts them down). */
+static int defer_prefetch(par_state *ps, const sim_node *n)
+{
+    ps->ad_left = peft_units(ps) ? layer_adapters(ps, (uint32_t)n->aux[0], (uint64_t)n->aux[1]) : 0;
+    return ps->ad_left != 0;
+}
+
 static void pre_backward(par_state *ps, const sim_node *n)
 {
     sim *s = ps->c->s;
@@ -491,7 +522,7 @@ static void pre_backward(par_state *ps, const sim_node *n)
     ps->cur_p = p;
     ps->cur_mark = (int32_t)s->nt;
     ps->cur_k = k;
-    if (!post_prefetch(ps))
+    if (!post_prefetch(ps) && !defer_prefetch(ps, n))
         prefetch(ps, k);
 }
 
@@ -595,9 +626,14 @@ static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
 
 static void hold_grad(sim *s, int32_t g, void *ctx)
 {
-    (void)ctx;
+    par_state *ps = ctx;
     if (!s->t[g].sharded)
         sim_hold(s, g); /* until the unit's post-backward */
+    const sim_row *R = &s->rows[s->t[g].row];
+    size_t k = strlen(R->name);
+    /* a lora_A's weight gradient: its unit's backward (defer_prefetch) */
+    if (ps->ad_left && k > 7 && !strcmp(R->name + k - 7, ".lora_A") && !--ps->ad_left)
+        prefetch(ps, ps->cur_k);
 }
 
 void fsdp_setup(par_state *ps, lctx *c)
@@ -610,6 +646,7 @@ void fsdp_setup(par_state *ps, lctx *c)
     ps->cur_k = 0;
     ps->cur_mark = 0;
     ps->pf_k = ps->fwd_k = 0;
+    ps->ad_left = 0;
     ps->w_esz = ps->root_w = 0;
     wide_setup(ps);
     /* peft_units: no frozen weight shares a flat parameter with a trainable one */
@@ -617,11 +654,22 @@ void fsdp_setup(par_state *ps, lctx *c)
     c->frozen_rg_ctx = ps;
 }
 
+/* the root's gathered elements: under peft_units its trainable leaves (a
+ * connector's Linears, lm_head / embed_tokens adapters) are units of their
+ * own, gathered only around their own forward and backward (FULL_SHARD
+ * reshards a non-root unit after each, _runtime_utils.py _post_forward_reshard
+ * / _post_backward_hook): not counted with the root's frozen flat parameter */
+static uint64_t root_gathered(const par_state *ps)
+{
+    return peft_units(ps) && ps->root > ps->root_tr ? ps->root - ps->root_tr : ps->root;
+}
+
 void fsdp_forward_begin(par_state *ps)
 {
     sim *s = ps->c->s;
     sim_label(s, "fsdp all-gather", ps->r_gather);
-    ps->root_p = ps->root ? gather_forward(ps, in_pdt(ps, ps->root, ps->root_w, ps->pdt)) : -1;
+    ps->root_p = ps->root ? gather_forward(ps, in_pdt(ps, root_gathered(ps), ps->root_w, ps->pdt))
+                          : -1;
     s->on_layer = on_layer;
     s->on_layer_ctx = ps;
 }
@@ -644,7 +692,7 @@ void fsdp_backward_begin(par_state *ps)
     sim *s = ps->c->s;
     sim_label(s, "fsdp all-gather", ps->r_gather);
     if (ps->root && !alive(s, ps->root_p))
-        ps->root_p = gather_backward(ps, in_pdt(ps, ps->root, ps->root_w, ps->pdt));
+        ps->root_p = gather_backward(ps, in_pdt(ps, root_gathered(ps), ps->root_w, ps->pdt));
     prefetch(ps, s->ntape);
     s->on_wgrad = hold_grad;
     s->on_wgrad_ctx = ps;

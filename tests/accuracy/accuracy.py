@@ -275,6 +275,8 @@ def bound_name(r):
         return "torch.compile"
     if (s.get("parallel_options") or {}).get("sequence_parallel"):
         return "sequence parallel"
+    if (s.get("parallel_options") or {}).get("wrap_policy") == "peft_lora" and any(s["trainable"].values()):
+        return "fsdp peft wrap, trainable connector"   # bound.c: feat_wrap.py's LLaVA rows
     return None
 
 

@@ -557,6 +557,57 @@ START_TEST(fsdp1_peft_wrap_policy_drops_the_frozen_gradients)
 }
 END_TEST
 
+/* the lora_A weight gradients made in backward before the backward's second
+ * all-gather on runtime.gathered_params (the first gathers the top layer at its
+ * pre-backward, the second prefetches the layer below) */
+static uint64_t lora_grads_before_prefetch(const sim *s)
+{
+    uint64_t n = 0, gathers = 0;
+    for (size_t k = 0; k < s->nev; k++) {
+        const sim_ev *ev = &s->ev[k];
+        if (ev->is_free || ev->phase != MM_PHASE_BACKWARD || ev->row >= s->nrows)
+            continue;
+        const char *nm = s->rows[ev->row].name;
+        size_t len = strlen(nm);
+        if (!strcmp(nm, "runtime.gathered_params") && ++gathers == 2)
+            return n;
+        if (ev->cls == F_GRAD && len > 7 && !strcmp(nm + len - 7, ".lora_A"))
+            n++;
+    }
+    return UINT64_MAX;
+}
+
+/* peft_lora: FSDP1 prefetches by post-forward order (_exec_order_utils.py
+ * get_handle_to_backward_prefetch), so the layer below is gathered only at
+ * the pre-backward of the top layer's first adapter: after the top layer's 7
+ * lora_A gradients (all-linear on llama), not at the top layer's pre-backward */
+START_TEST(fsdp1_peft_wrap_policy_defers_the_prefetch)
+{
+    const char *fs[] = {"fsdp: {version: 1}\n", "fsdp: {version: 1, wrap_policy: peft_lora}\n"};
+    uint64_t n[2];
+    for (int i = 0; i < 2; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf,
+                 "name: par\nmodules:\n"
+                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
+                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
+                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+                 H, L, I, V, fs[i]);
+        mm_error e;
+        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+        ck_assert_msg(sp != NULL, "%s", e.msg);
+        sim s;
+        run(sp, &s, 2);
+        n[i] = lora_grads_before_prefetch(&s);
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+    ck_assert_uint_eq(n[0], 0);
+    ck_assert_uint_eq(n[1], 7);
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
@@ -577,6 +628,7 @@ Suite *parallel_suite(void)
     tcase_add_test(tc, fsdp2_gathers_fp32_adapters_in_their_dtype);
     tcase_add_test(tc, fsdp1_uneven_chunks_hold_uneven_states);
     tcase_add_test(tc, fsdp1_peft_wrap_policy_drops_the_frozen_gradients);
+    tcase_add_test(tc, fsdp1_peft_wrap_policy_defers_the_prefetch);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -490,7 +490,7 @@ static uint64_t layer_adapters(const par_state *ps, uint32_t m, uint64_t l)
 
 /* peft_units: FSDP1's backward prefetch takes the handle before the current
  * one in post-forward order (_exec_order_utils.py
- * get_handle_to_backward_prefetch: handles_post_forward_order[index - 1]).  An
+ * get_handle_to_backward_prefetch :88-106: handles_post_forward_order[index - 1]).  An
  * adapter's unit ends its forward inside its layer, so that order is: layer
  * l-1's adapters, layer l-1, layer l's adapters, layer l.  Layer l's
  * pre-backward prefetches its last adapter (counted with the layer here); the

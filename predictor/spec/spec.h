@@ -254,6 +254,8 @@ typedef struct fsdp_spec {
     int sync_each_micro_batch;    /* gradient accumulation reduce-scatters every micro-batch
                                      (torchtune, torchtitan; HF sync_each_batch); 0: the
                                      HF Trainer / Accelerate way, no_sync between them */
+    int wrap_peft;                /* wrap_policy peft_lora: PEFT's fsdp_auto_wrap_policy, each
+                                     trainable leaf (lora_A / lora_B) its own FSDP1 unit */
 } fsdp_spec;
 
 typedef struct device_spec {

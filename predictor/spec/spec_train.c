@@ -252,6 +252,7 @@ typedef struct fsdp_in {
     int bprefetch;
 } fsdp_in;
 static const char *const bpf_names[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH", NULL};
+static const char *const wrap_names[] = {"transformer_layer", "peft_lora", NULL};
 #define FS(f) offsetof(fsdp_in, f)
 static const keydesc fsdp_keys[] = {
     {"version", K_INT32, FS(f.version), 1, 2, NULL, 0, 1, 0},
@@ -267,6 +268,7 @@ static const keydesc fsdp_keys[] = {
     {"cpu_offload", K_BOOL, FS(f.cpu_offload), 0, 1, NULL, 0, 0, 0},
     {"model_dtype", K_ENUM, FS(f.model_dtype), 0, 0, fsdp_prec, 0, 0, 0},
     {"sync_each_micro_batch", K_BOOL, FS(f.sync_each_micro_batch), 0, 1, NULL, 0, 0, 0},
+    {"wrap_policy", K_ENUM, FS(f.wrap_peft), 0, 0, wrap_names, 0, 0, 0},
 };
 #undef FS
 
@@ -318,6 +320,33 @@ static int decode_deepspeed(dctx *c, const mm_node *root, mm_spec *s)
         (v = mm_node_get(ds, "offload_optimizer")))
         return key_fail(c, v, "deepspeed.offload_optimizer", "optimizer offload needs ZeRO "
                                                              "(training.zero_stage >= 1)");
+    return 0;
+}
+
+/* fsdp.wrap_policy peft_lora: PEFT's fsdp_auto_wrap_policy (peft 0.21.2
+ * peft/utils/other.py:1271-1308), the _or_policy of transformer_auto_wrap_policy
+ * over _no_split_modules (the per-layer units) and lambda_policy_fn (:1294-1299):
+ * every leaf module whose weight requires grad is a unit of its own.  Modelled
+ * for FSDP1 where the trainable leaves are LoRA's lora_A / lora_B and a
+ * connector's Linears (docs/parallel.md).  Refused: FSDP2 (accelerate's
+ * fsdp2_prepare_auto_wrap_policy returns None for it, utils/fsdp_utils.py
+ * :966-967, and builds other units) and a fully trainable decoder or vision
+ * module (every norm and Linear its own unit, not modelled). */
+static int check_wrap_peft(dctx *c, const mm_node *fs, const mm_spec *s, const fsdp_spec *f)
+{
+    const mm_node *v = mm_node_get(fs, "wrap_policy");
+    if (f->version != 1)
+        return key_fail(c, v, "fsdp.wrap_policy", "peft_lora is modelled for FSDP1 only: "
+                        "accelerate turns PEFT's policy into no FSDP2 units (fsdp_utils.py "
+                        "fsdp2_prepare_auto_wrap_policy returns None for it)");
+    for (size_t i = 0; i < s->n_modules; i++) {
+        const module_spec *m = &s->modules[i];
+        if (m->trainable && !m->lora.enabled && m->kind != MOD_CONNECTOR)
+            return key_fail(c, v, "fsdp.wrap_policy", "peft_lora with module '%s' fully "
+                            "trainable is not modelled: PEFT's policy makes each of its norms "
+                            "and Linears a unit of its own; use LoRA there or freeze it",
+                            m->name);
+    }
     return 0;
 }
 
@@ -385,6 +414,8 @@ static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
                                             "limiter the CPU runs ahead and the unsharded "
                                             "units alive at once depend on the GPU's speed "
                                             "(no bound); only true (the default) is accepted");
+    if (in.f.wrap_peft && check_wrap_peft(c, fs, s, &in.f))
+        return -1;
     s->fsdp = in.f;
     s->fsdp.fp32_loaded = in.f.model_dtype == PREC_FP32;
     spec_derive(s); /* FSDP's MixedPrecision casts the parameters, no autocast */

@@ -59,6 +59,8 @@ typedef struct par_state {
     int32_t fwd_p, ffp;                /* the unit in forward: params; the next, prefetched */
     size_t cur_k;                      /* the tape index of the unit in backward */
     size_t fwd_k;                      /* the tape index of its post-backward marker */
+    uint64_t ad_left;                  /* FSDP1 peft_lora: the unit's adapters whose backward is
+                                          still to come before its deferred prefetch (0: none) */
 } par_state;
 
 /* ---- parallel.c: the step's hand-offs, dispatched to the strategy files ---- */

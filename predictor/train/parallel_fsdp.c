@@ -28,6 +28,31 @@ static int fsdp2(const par_state *ps)
     return ps->kind == PAR_FSDP2;
 }
 
+/* fsdp.wrap_policy peft_lora (FSDP1): PEFT's fsdp_auto_wrap_policy
+ * (peft/utils/other.py:1294-1307, lambda_policy_fn or'ed with the layer
+ * policy) makes every trainable leaf (each lora_A / lora_B Linear, a trainable
+ * connector's Linears) a FlatParameter of its own, nested in its layer's or
+ * the root's unit (torch distributed/fsdp/wrap.py _recursive_wrap :488-563
+ * wraps the children first).  The layer's and the root's flat parameters then
+ * hold the frozen weights only: they do not require grad (_flat_param.py
+ * _validate_tensors_to_flatten), get no flat gradient and their views none
+ * either.  The adapters' units are gathered inside their parent's and each
+ * reduce-scatters its own flat gradient at its post-backward hook; here they
+ * are counted with their parent: gathered with it (their bytes for the whole
+ * of the parent's forward and backward, not only their own op's) and one flat
+ * gradient of the parent's trainable elements, not of all its elements. */
+static int peft_units(const par_state *ps)
+{
+    return !fsdp2(ps) && ps->sp->fsdp.wrap_peft;
+}
+
+/* the elements of a unit's FSDP1 flat gradient: the whole flat parameter once
+ * any of it trains, its trainable leaves only under peft_units */
+static uint64_t flat_grad_elems(const par_state *ps, uint64_t params, uint64_t tr)
+{
+    return !tr ? 0 : peft_units(ps) ? tr : params;
+}
+
 static void drop(sim *s, int32_t *id)
 {
     sim_drop(s, *id);
@@ -194,7 +219,9 @@ uint64_t fsdp1_state_excess(const par_state *ps)
 {
     sim *s = ps->c->s;
     flatcut f = {.N = s->dp ? s->dp : 1};
-    if (fsdp2(ps) || !ps->sp->fsdp.use_orig_params || f.N < 2 ||
+    /* peft_units: every trainable leaf is a flat parameter of its own, cut
+     * evenly (up to its padding) */
+    if (fsdp2(ps) || peft_units(ps) || !ps->sp->fsdp.use_orig_params || f.N < 2 ||
         !(f.acc = calloc(f.N, sizeof *f.acc)))
         return 0;
     unit_cut(ps, 0, U_ROOT, &f);
@@ -227,12 +254,12 @@ uint64_t fsdp_accum_grad_elems(const par_state *ps)
     sim *s = ps->c->s;
     if (fsdp2(ps))
         return ps->P_grad;
-    uint64_t n = ps->root_tr ? ps->root : 0;
+    uint64_t n = flat_grad_elems(ps, ps->root, ps->root_tr);
     for (uint32_t m = 0; m < ps->sp->n_modules && m < MM_MAX_MODULES; m++) {
         uint64_t L = ps->sp->modules[m].num_hidden_layers + ps->sp->modules[m].num_global_layers;
         for (uint64_t l = 0; l < L && l < MM_MAX_LAYERS; l++)
-            if (par_unit_trainable(ps, m, l))
-                n = sim_add(s, n, par_unit_params(ps, m, l));
+            n = sim_add(s, n, flat_grad_elems(ps, par_unit_params(ps, m, l),
+                                              par_unit_trainable(ps, m, l)));
     }
     return n;
 }
@@ -381,6 +408,7 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, uint64_t w,
 {
     sim *s = ps->c->s;
     if (!fsdp2(ps)) {
+        params = tr ? flat_grad_elems(ps, params, tr) : params;
         uint64_t N = s->dp ? s->dp : 1, padded = sim_mul(s, mm_ceil_div(params, N), N);
         int32_t g = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->pdt), F_GRAD, 0) : -1;
         par_drop_grads(ps, mark);
@@ -444,6 +472,37 @@ static int post_prefetch(const par_state *ps)
     return !fsdp2(ps) && ps->sp->fsdp.backward_prefetch_post;
 }
 
+/* The adapter units (lora_A rows) of layer l of module m: each of its lora_A /
+ * lora_B pairs under peft_units. */
+static uint64_t layer_adapters(const par_state *ps, uint32_t m, uint64_t l)
+{
+    const sim *s = ps->c->s;
+    uint64_t n = 0;
+    for (size_t r = 0; r < s->nrows; r++) {
+        const sim_row *R = &s->rows[r];
+        size_t k = strlen(R->name);
+        if (R->module == m && in_layers(R) && l < R->count && k > 7 &&
+            !strcmp(R->name + k - 7, ".lora_A"))
+            n++;
+    }
+    return n;
+}
+
+/* peft_units: FSDP1's backward prefetch takes the handle before the current
+ * one in post-forward order (_exec_order_utils.py
+ * get_handle_to_backward_prefetch :88-106: handles_post_forward_order[index - 1]).  An
+ * adapter's unit ends its forward inside its layer, so that order is: layer
+ * l-1's adapters, layer l-1, layer l's adapters, layer l.  Layer l's
+ * pre-backward prefetches its last adapter (counted with the layer here); the
+ * frozen layer l-1 is prefetched at the pre-backward of layer l's first
+ * adapter (q_proj's lora_A), the last of them in backward.  Returns whether
+ * the prefetch waits for those adapters (hold_grad counts them down). */
+static int defer_prefetch(par_state *ps, const sim_node *n)
+{
+    ps->ad_left = peft_units(ps) ? layer_adapters(ps, (uint32_t)n->aux[0], (uint64_t)n->aux[1]) : 0;
+    return ps->ad_left != 0;
+}
+
 static void pre_backward(par_state *ps, const sim_node *n)
 {
     sim *s = ps->c->s;
@@ -463,7 +522,7 @@ static void pre_backward(par_state *ps, const sim_node *n)
     ps->cur_p = p;
     ps->cur_mark = (int32_t)s->nt;
     ps->cur_k = k;
-    if (!post_prefetch(ps))
+    if (!post_prefetch(ps) && !defer_prefetch(ps, n))
         prefetch(ps, k);
 }
 
@@ -487,7 +546,8 @@ static void folded_backward(par_state *ps, const sim_node *n)
         uint64_t tr = par_unit_trainable(ps, m, l);
         if (tr)
             g = sim_add(s, g, fsdp2(ps) ? in_pdt(ps, tr, unit_wide(ps, m, l), ps->store)
-                                        : sim_mul(s, par_unit_params(ps, m, l), ps->store));
+                                        : sim_mul(s, flat_grad_elems(ps, par_unit_params(ps, m, l),
+                                                                     tr), ps->store));
     }
     if (g)
         sim_alloc(s, ps->r_grads, g, F_GRAD, SIM_SHARDED);
@@ -566,9 +626,14 @@ static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
 
 static void hold_grad(sim *s, int32_t g, void *ctx)
 {
-    (void)ctx;
+    par_state *ps = ctx;
     if (!s->t[g].sharded)
         sim_hold(s, g); /* until the unit's post-backward */
+    const sim_row *R = &s->rows[s->t[g].row];
+    size_t k = strlen(R->name);
+    /* a lora_A's weight gradient: its unit's backward (defer_prefetch) */
+    if (ps->ad_left && k > 7 && !strcmp(R->name + k - 7, ".lora_A") && !--ps->ad_left)
+        prefetch(ps, ps->cur_k);
 }
 
 void fsdp_setup(par_state *ps, lctx *c)
@@ -581,17 +646,30 @@ void fsdp_setup(par_state *ps, lctx *c)
     ps->cur_k = 0;
     ps->cur_mark = 0;
     ps->pf_k = ps->fwd_k = 0;
+    ps->ad_left = 0;
     ps->w_esz = ps->root_w = 0;
     wide_setup(ps);
-    c->frozen_rg = !fsdp2(ps) && f->use_orig_params ? fsdp1_frozen_rg : NULL;
+    /* peft_units: no frozen weight shares a flat parameter with a trainable one */
+    c->frozen_rg = !fsdp2(ps) && f->use_orig_params && !peft_units(ps) ? fsdp1_frozen_rg : NULL;
     c->frozen_rg_ctx = ps;
+}
+
+/* the root's gathered elements: under peft_units its trainable leaves (a
+ * connector's Linears, lm_head / embed_tokens adapters) are units of their
+ * own, gathered only around their own forward and backward (FULL_SHARD
+ * reshards a non-root unit after each, _runtime_utils.py _post_forward_reshard
+ * / _post_backward_hook): not counted with the root's frozen flat parameter */
+static uint64_t root_gathered(const par_state *ps)
+{
+    return peft_units(ps) && ps->root > ps->root_tr ? ps->root - ps->root_tr : ps->root;
 }
 
 void fsdp_forward_begin(par_state *ps)
 {
     sim *s = ps->c->s;
     sim_label(s, "fsdp all-gather", ps->r_gather);
-    ps->root_p = ps->root ? gather_forward(ps, in_pdt(ps, ps->root, ps->root_w, ps->pdt)) : -1;
+    ps->root_p = ps->root ? gather_forward(ps, in_pdt(ps, root_gathered(ps), ps->root_w, ps->pdt))
+                          : -1;
     s->on_layer = on_layer;
     s->on_layer_ctx = ps;
 }
@@ -614,7 +692,7 @@ void fsdp_backward_begin(par_state *ps)
     sim *s = ps->c->s;
     sim_label(s, "fsdp all-gather", ps->r_gather);
     if (ps->root && !alive(s, ps->root_p))
-        ps->root_p = gather_backward(ps, in_pdt(ps, ps->root, ps->root_w, ps->pdt));
+        ps->root_p = gather_backward(ps, in_pdt(ps, root_gathered(ps), ps->root_w, ps->pdt));
     prefetch(ps, s->ntape);
     s->on_wgrad = hold_grad;
     s->on_wgrad_ctx = ps;

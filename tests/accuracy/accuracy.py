@@ -105,6 +105,8 @@ def parallel_sections(setup, spec):
         if par == "fsdp1":
             f["use_orig_params"] = bool(po.get("use_orig_params", True))
             f["sharding_strategy"] = po.get("sharding", "FULL_SHARD")
+            if po.get("wrap_policy"):       # tests/truth/feat_wrap.py: PEFT's fsdp_auto_wrap_policy
+                f["wrap_policy"] = po["wrap_policy"]
         else:
             f["reshard_after_forward"] = bool(po.get("reshard_after_forward", True))
         if po.get("mixed_precision") == "bf16":
@@ -251,6 +253,8 @@ def features(setup):
         out.append("tensor parallel")   # tests/truth/tp.py: modelled, judged by the goal
     if any((setup.get("liger") or {}).values()):
         out.append("liger")             # Liger's kernels, emulated (tests/truth/feat_liger.py)
+    if (setup.get("parallel_options") or {}).get("wrap_policy"):
+        out.append("fsdp wrap policy")  # tests/truth/feat_wrap.py: modelled, judged by the goal
     lc = setup.get("lora") or {}
     if (isinstance(lc.get("target_modules"), list) and {"lm_head", "embed_tokens"} &
             set(lc["target_modules"])) or lc.get("modules_to_save"):
@@ -271,6 +275,8 @@ def bound_name(r):
         return "torch.compile"
     if (s.get("parallel_options") or {}).get("sequence_parallel"):
         return "sequence parallel"
+    if (s.get("parallel_options") or {}).get("wrap_policy") == "peft_lora" and any(s["trainable"].values()):
+        return "fsdp peft wrap, trainable connector"   # bound.c: feat_wrap.py's LLaVA rows
     return None
 
 

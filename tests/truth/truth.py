@@ -431,7 +431,16 @@ def run_rank(setup, rank=0, world=1, trace=False):
         mp = None
         if popt.get("mixed_precision") == "bf16":
             mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
-        wrapped = FSDP(model, auto_wrap_policy=ModuleWrapPolicy(decoder_layer_classes(model)),
+        policy = ModuleWrapPolicy(decoder_layer_classes(model))
+        if popt.get("wrap_policy") == "peft_lora":      # PEFT's own policy (feat_wrap.py)
+            from peft.utils.other import fsdp_auto_wrap_policy
+            # the layer classes as accelerate's fsdp_transformer_layer_cls_to_wrap passes
+            # them (PEFT reads FSDP_TRANSFORMER_CLS_TO_WRAP, other.py:1281-1283): the
+            # default _no_split_modules of a VLM names classes absent from it (TypeError :1290)
+            os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"] = ",".join(
+                sorted(c.__name__ for c in decoder_layer_classes(model)))
+            policy = fsdp_auto_wrap_policy(model)
+        wrapped = FSDP(model, auto_wrap_policy=policy,
                        use_orig_params=popt.get("use_orig_params", True), mixed_precision=mp,
                        sharding_strategy=getattr(ShardingStrategy, popt.get("sharding", "FULL_SHARD")),
                        device_id=torch.device("cpu"), limit_all_gathers=True, sync_module_states=False)
@@ -896,6 +905,7 @@ def config_list(count=None):
     list(map(add, __import__("feat_towers").all_setups()))  # per-tower checkpointing, Qwen-VL video (issue 23, feat_towers.py)
     import feat_liger; [add(s) for s in feat_liger.setups()]  # Liger RMSNorm/SwiGLU/RoPE, emulated (issue 23)
     import feat_lorahead; [add(s) for s in feat_lorahead.all_setups()]  # LoRA on lm_head / embed_tokens (issue 23)
+    list(map(add, __import__("feat_wrap").all_setups()))   # FSDP1 + PEFT's fsdp_auto_wrap_policy (issue 23)
     list(map(add, __import__("tp").setups()))   # tensor parallelism, torchtitan's block plan (issue 23, tp.py)
     import feat_eager_ckpt; [add(s) for s in feat_eager_ckpt.setups()]  # LLaVA stage 1, eager + checkpointing (issue 21/22)
     # first: the brief's reference config and the selftest's smoke configs

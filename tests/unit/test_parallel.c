@@ -497,6 +497,117 @@ START_TEST(fsdp1_frozen_weights_in_a_training_unit_get_gradients)
 }
 END_TEST
 
+/* fsdp.wrap_policy peft_lora: PEFT's fsdp_auto_wrap_policy (peft/utils/other.py
+ * :1294-1307) makes every lora_A / lora_B its own FlatParameter, so the layer's
+ * flat parameter is frozen: the frozen q_proj base gets no weight gradient even
+ * with use_orig_params, and the largest unsharded flat gradient is no longer a
+ * whole layer's (L x (4H^2 + 3HI) frozen + adapters) but the adapters' only.
+ * FSDP2 and a fully trainable decoder are refused with the key. */
+START_TEST(fsdp1_peft_wrap_policy_drops_the_frozen_gradients)
+{
+    const char *fs[] = {"fsdp: {version: 1, use_orig_params: true}\n",
+                        "fsdp: {version: 1, use_orig_params: true, wrap_policy: peft_lora}\n"};
+    uint64_t q[2], flat[2];
+    char buf[1024];
+    for (int i = 0; i < 2; i++) {
+        snprintf(buf, sizeof buf,
+                 "name: par\nmodules:\n"
+                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
+                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
+                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+                 H, L, I, V, fs[i]);
+        mm_error e;
+        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+        ck_assert_msg(sp != NULL, "%s", e.msg);
+        sim s;
+        run(sp, &s, 2);
+        q[i] = flat[i] = 0;
+        for (size_t k = 0; k < s.nev; k++) {
+            const sim_ev *ev = &s.ev[k];
+            if (ev->is_free || ev->cls != F_GRAD || ev->row >= s.nrows)
+                continue;
+            if (!strcmp(s.rows[ev->row].name, "layers.self_attn.q_proj"))
+                q[i] += ev->bytes;
+            if (!strcmp(s.rows[ev->row].name, "runtime.reduced_grads") && ev->bytes > flat[i])
+                flat[i] = ev->bytes;
+        }
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+    ck_assert_uint_eq(q[0], L * H * H * 2);
+    ck_assert_uint_eq(q[1], 0);
+    ck_assert_uint_ge(flat[0], (4 * H * H + 3 * H * I) * 2);
+    ck_assert_uint_lt(flat[1], (4 * H * H + 3 * H * I) * 2);
+    ck_assert_uint_gt(flat[1], 0);
+    const char *bad[] = {"fsdp: {version: 2, wrap_policy: peft_lora}\n",
+                         "fsdp: {version: 1, wrap_policy: peft_lora}\n"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(buf, sizeof buf,
+                 "name: par\nmodules:\n"
+                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu%s}\n"
+                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+                 H, L, I, V, i ? "" : ", trainable: false, lora: {r: 8, target_modules: all-linear}", bad[i]);
+        mm_error e;
+        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+        ck_assert_ptr_null(sp);
+        ck_assert_msg(strstr(e.msg, "fsdp.wrap_policy") != NULL, "%s", e.msg);
+    }
+}
+END_TEST
+
+/* the lora_A weight gradients made in backward before the backward's second
+ * all-gather on runtime.gathered_params (the first gathers the top layer at its
+ * pre-backward, the second prefetches the layer below) */
+static uint64_t lora_grads_before_prefetch(const sim *s)
+{
+    uint64_t n = 0, gathers = 0;
+    for (size_t k = 0; k < s->nev; k++) {
+        const sim_ev *ev = &s->ev[k];
+        if (ev->is_free || ev->phase != MM_PHASE_BACKWARD || ev->row >= s->nrows)
+            continue;
+        const char *nm = s->rows[ev->row].name;
+        size_t len = strlen(nm);
+        if (!strcmp(nm, "runtime.gathered_params") && ++gathers == 2)
+            return n;
+        if (ev->cls == F_GRAD && len > 7 && !strcmp(nm + len - 7, ".lora_A"))
+            n++;
+    }
+    return UINT64_MAX;
+}
+
+/* peft_lora: FSDP1 prefetches by post-forward order (_exec_order_utils.py
+ * get_handle_to_backward_prefetch), so the layer below is gathered only at
+ * the pre-backward of the top layer's first adapter: after the top layer's 7
+ * lora_A gradients (all-linear on llama), not at the top layer's pre-backward */
+START_TEST(fsdp1_peft_wrap_policy_defers_the_prefetch)
+{
+    const char *fs[] = {"fsdp: {version: 1}\n", "fsdp: {version: 1, wrap_policy: peft_lora}\n"};
+    uint64_t n[2];
+    for (int i = 0; i < 2; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf,
+                 "name: par\nmodules:\n"
+                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
+                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
+                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+                 H, L, I, V, fs[i]);
+        mm_error e;
+        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+        ck_assert_msg(sp != NULL, "%s", e.msg);
+        sim s;
+        run(sp, &s, 2);
+        n[i] = lora_grads_before_prefetch(&s);
+        sim_free(&s);
+        mm_spec_free(sp);
+    }
+    ck_assert_uint_eq(n[0], 0);
+    ck_assert_uint_eq(n[1], 7);
+}
+END_TEST
+
 Suite *parallel_suite(void)
 {
     Suite *s = suite_create("parallel");
@@ -516,6 +627,8 @@ Suite *parallel_suite(void)
     tcase_add_test(tc, fsdp2_root_reduce_keeps_the_last_gradient);
     tcase_add_test(tc, fsdp2_gathers_fp32_adapters_in_their_dtype);
     tcase_add_test(tc, fsdp1_uneven_chunks_hold_uneven_states);
+    tcase_add_test(tc, fsdp1_peft_wrap_policy_drops_the_frozen_gradients);
+    tcase_add_test(tc, fsdp1_peft_wrap_policy_defers_the_prefetch);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -71,6 +71,7 @@ $(BUILD)/mmguard-asan: $(CLI_OBJS_ASAN) $(BUILD)/libmmguard-asan.a
 
 # ---- unit tests (Check) -------------------------------------------------------
 TEST_SRCS := $(wildcard tests/unit/test_*.c)
+UNIT_EXTRA_SRCS += tests/unit/unit_spec.c
 CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
 CHECK_CFLAGS = $(shell $(PKG_CONFIG) --cflags check 2>/dev/null)
 

@@ -337,22 +337,12 @@ Suite *alloc_suite(void)
 
 /* ---- the predictor's reserved peak (reserve.c) ----------------------------------------- */
 
-static mm_spec *preset(const char *name)
-{
-    char path[1024];
-    mm_error e;
-    snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, name);
-    mm_spec *s = mm_spec_load_file(path, &e);
-    ck_assert_msg(s != NULL, "%s", e.msg);
-    return s;
-}
-
 START_TEST(reserved_peak_in_prediction)
 {
     static const char *const names[] = {"llava-1.5-7b-pretrain", "llava-1.5-7b-lora",
                                         "llava-1.5-7b-finetune"};
     for (size_t i = 0; i < 3; i++) {
-        mm_spec *s = preset(names[i]);
+        mm_spec *s = unit_preset(names[i]);
         mm_error e;
         ck_assert_int_eq(mm_spec_set(s, "training.data_parallel=1", &e), 0);
         mm_prediction p;
@@ -375,7 +365,7 @@ START_TEST(alloc_conf_key_changes_reserved)
     /* a checkpointed LoRA step: recomputed activations land in blocks cached
      * for other sizes, so expandable segments (no fixed-size segments) change
      * the reserved peak; max_split_size_mb too */
-    mm_spec *s = preset("llava-1.5-7b-lora");
+    mm_spec *s = unit_preset("llava-1.5-7b-lora");
     mm_error e;
     mm_prediction a, b, c;
     ck_assert_int_eq(mm_spec_set(s, "training.data_parallel=1", &e), 0);

@@ -9,40 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const BASE =
-    "name: tiny\n"
-    "modules:\n"
-    "  - {name: language_model, type: decoder, family: llama, hidden_size: 512,\n"
-    "     num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 4,\n"
-    "     intermediate_size: 1376, vocab_size: 32000, trainable: true}\n"
-    "training:\n"
-    "  micro_batch_size: 2\n"
-    "  seq_len: 512\n"
-    "  precision: bf16\n";
-
-static mm_spec *spec_with(const char *extra, mm_error *e)
-{
-    char buf[2048];
-    snprintf(buf, sizeof buf, "%s%s", BASE, extra);
-    return mm_spec_load_buffer(buf, strlen(buf), "tiny.yaml", MM_FMT_YAML, e);
-}
-
-static mm_prediction predict(const char *extra)
-{
-    mm_error e;
-    mm_spec *s = spec_with(extra, &e);
-    ck_assert_msg(s != NULL, "%s", e.msg);
-    mm_prediction p;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
-    mm_spec_free(s);
-    return p;
-}
 
 /* torch_compile: the peak is the eager prediction, and the prediction (and its
  * JSON) says it is a bound and what shows it */
 START_TEST(torch_compile_is_judged_by_the_eager_bound)
 {
-    mm_prediction a = predict(""), b = predict("  torch_compile: true\n");
+    mm_prediction a = unit_tiny_predict(""), b = unit_tiny_predict("  torch_compile: true\n");
     ck_assert_str_eq(a.bound, "");
     ck_assert_msg(strstr(b.bound, "torch.compile: eager prediction, an upper bound") != NULL,
                   "bound '%s'", b.bound);
@@ -67,7 +39,7 @@ START_TEST(torch_compile_refused_where_no_bound_is_shown)
                          "  torch_compile: true\nfsdp: {version: 2}\n"};
     for (size_t i = 0; i < 3; i++) {
         mm_error e;
-        mm_spec *s = spec_with(bad[i], &e);
+        mm_spec *s = unit_tiny(bad[i], &e);
         ck_assert_msg(s == NULL, "accepted: %s", bad[i]);
         ck_assert_msg(strstr(e.msg, "training.torch_compile") &&
                           strstr(e.msg, i == 0 ? "DDP is refused" : "no bound is shown"), "%s", e.msg);
@@ -82,9 +54,9 @@ END_TEST
  * checkpointing and stays below no checkpointing */
 START_TEST(selective_op_keeps_what_the_policy_saves)
 {
-    mm_prediction none = predict(""),
-                  full = predict("  gradient_checkpointing: {enabled: true, use_reentrant: false}\n"),
-                  sel = predict("  gradient_checkpointing: {enabled: true, use_reentrant: false, "
+    mm_prediction none = unit_tiny_predict(""),
+                  full = unit_tiny_predict("  gradient_checkpointing: {enabled: true, use_reentrant: false}\n"),
+                  sel = unit_tiny_predict("  gradient_checkpointing: {enabled: true, use_reentrant: false, "
                                 "granularity: selective_op}\n");
     uint64_t T = 2 * 512, h = 512, kv = 4 * 64, I = 1376, B = 2, H = 8, S = 512, L = 4;
     uint64_t per_layer = T * h * 2 + T * kv * 2 + T * I * 2 + T * h * 2 /* q, v, gate, down */
@@ -104,7 +76,7 @@ END_TEST
 START_TEST(selective_op_refused_with_reentrant_checkpoints)
 {
     mm_error e;
-    mm_spec *s = spec_with("  gradient_checkpointing: {enabled: true, use_reentrant: true, "
+    mm_spec *s = unit_tiny("  gradient_checkpointing: {enabled: true, use_reentrant: true, "
                            "granularity: selective_op}\n", &e);
     ck_assert(s == NULL);
     ck_assert_msg(strstr(e.msg, "granularity") && strstr(e.msg, "use_reentrant: false"), "%s", e.msg);
@@ -112,7 +84,7 @@ START_TEST(selective_op_refused_with_reentrant_checkpoints)
     const char *sel = "  gradient_checkpointing: {granularity: selective_op}\n";
     char old[256];
     snprintf(old, sizeof old, "%sframework: {transformers_version: \"4.46\"}\n", sel);
-    mm_prediction a = predict(sel), b = predict(old);
+    mm_prediction a = unit_tiny_predict(sel), b = unit_tiny_predict(old);
     ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
     mm_prediction_free(&a);
     mm_prediction_free(&b);

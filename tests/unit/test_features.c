@@ -8,16 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static mm_spec *load(const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, name);
-    mm_error e;
-    mm_spec *s = mm_spec_load_file(path, &e);
-    ck_assert_msg(s != NULL, "%s", e.msg);
-    return s;
-}
-
 static mm_prediction run(const mm_spec *s)
 {
     mm_prediction p;
@@ -38,12 +28,9 @@ START_TEST(offloaded_activations_wait_on_the_host)
 {
     const char *names[] = {"llama-3.1-8b-full", "qwen2.5-vl-7b-lora", "llava-1.5-7b-finetune"};
     for (size_t i = 0; i < 3; i++) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, names[i]);
         mm_error e;
         mm_prediction a, b;
-        mm_spec *s = mm_spec_load_file(path, &e);
-        ck_assert_msg(s != NULL, "%s", e.msg);
+        mm_spec *s = unit_preset(names[i]);
         ck_assert(mm_spec_set(s, "training.gradient_checkpointing=false", &e) == 0);
         ck_assert_msg(mm_predict(s, &a, &e) == 0, "%s", e.msg);
         ck_assert(mm_spec_set(s, "training.activation_offloading=true", &e) == 0);
@@ -67,7 +54,7 @@ END_TEST
  * lm_head's copy is its own (V x h) */
 START_TEST(modules_to_save_adds_trainable_copies)
 {
-    mm_spec *s = load("qwen2.5-vl-7b-lora");
+    mm_spec *s = unit_preset("qwen2.5-vl-7b-lora");
     mm_prediction a = run(s);
     set(s, "language_model.lora={r: 8, lora_alpha: 16, lora_dropout: 0, target_modules: "
            "all-linear, modules_to_save: [embed_tokens, lm_head]}");

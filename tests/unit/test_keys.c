@@ -8,42 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const BASE =
-    "name: tiny\n"
-    "modules:\n"
-    "  - {name: language_model, type: decoder, family: llama, hidden_size: 512,\n"
-    "     num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 4,\n"
-    "     intermediate_size: 1376, vocab_size: 32000, trainable: true}\n"
-    "training:\n"
-    "  micro_batch_size: 2\n"
-    "  seq_len: 512\n"
-    "  precision: bf16\n";
-
-static mm_spec *load(const char *extra, mm_error *e)
-{
-    char buf[2048];
-    snprintf(buf, sizeof buf, "%s%s", BASE, extra);
-    return mm_spec_load_buffer(buf, strlen(buf), "tiny.yaml", MM_FMT_YAML, e);
-}
-
-static mm_prediction predict(const char *extra)
-{
-    mm_error e;
-    mm_spec *s = load(extra, &e);
-    ck_assert_msg(s != NULL, "%s", e.msg);
-    mm_prediction p;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
-    mm_spec_free(s);
-    return p;
-}
-
-static void refused(const char *extra, const char *key, const char *why)
-{
-    mm_error e;
-    mm_spec *s = load(extra, &e);
-    ck_assert_msg(s == NULL, "accepted: %s", extra);
-    ck_assert_msg(strstr(e.msg, key) && strstr(e.msg, why), "%s", e.msg);
-}
 
 /* max_grad_norm: clip_grad_norm_'s per-gradient 0-dim norms (512-byte blocks), their
  * stack and total_norm sit on top of the gradients before the step.  SGD makes no
@@ -54,14 +18,14 @@ START_TEST(max_grad_norm_adds_the_norm_temporaries)
     const char *old = "  optimizer: sgd\nframework: {transformers_version: \"4.46\"}\n";
     const char *clip = "  optimizer: sgd\n  max_grad_norm: 1.0\n"
                        "framework: {transformers_version: \"4.46\"}\n";
-    mm_prediction a = predict(old), b = predict(clip);
+    mm_prediction a = unit_tiny_predict(old), b = unit_tiny_predict(clip);
     uint64_t d = b.phase_peak[MM_PHASE_OPTIMIZER] - a.phase_peak[MM_PHASE_OPTIMIZER];
     ck_assert_msg(b.phase_peak[MM_PHASE_OPTIMIZER] > a.phase_peak[MM_PHASE_OPTIMIZER] &&
                       d >= 39 * 512 + 512 && d <= 39 * 512 + 2 * 512 + 4 * 512,
                   "optimizer peak %llu -> %llu", (unsigned long long)a.phase_peak[MM_PHASE_OPTIMIZER],
                   (unsigned long long)b.phase_peak[MM_PHASE_OPTIMIZER]);
     /* transformers 5's Trainer computes the norm (max_norm = inf) even at 0 */
-    mm_prediction c = predict("  optimizer: sgd\n"), f = predict("  optimizer: sgd\n  max_grad_norm: 1\n");
+    mm_prediction c = unit_tiny_predict("  optimizer: sgd\n"), f = unit_tiny_predict("  optimizer: sgd\n  max_grad_norm: 1\n");
     ck_assert_uint_eq(c.phase_peak[MM_PHASE_OPTIMIZER], f.phase_peak[MM_PHASE_OPTIMIZER]);
     ck_assert_uint_eq(c.phase_peak[MM_PHASE_OPTIMIZER], b.phase_peak[MM_PHASE_OPTIMIZER]);
     mm_prediction_free(&a);
@@ -74,12 +38,12 @@ END_TEST
 /* versions: accepted where the model follows them, refused elsewhere naming the range */
 START_TEST(versions_accepted_only_where_modelled)
 {
-    mm_prediction a = predict(""), b = predict("framework: {torch_version: \"2.13\"}\n"),
-                  c = predict("  zero_stage: 2\nframework: {deepspeed_version: \"0.19.3\"}\n");
+    mm_prediction a = unit_tiny_predict(""), b = unit_tiny_predict("framework: {torch_version: \"2.13\"}\n"),
+                  c = unit_tiny_predict("  zero_stage: 2\nframework: {deepspeed_version: \"0.19.3\"}\n");
     ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
-    refused("framework: {torch_version: \"2.6\"}\n", "framework.torch_version", "2.11-2.13");
-    refused("framework: {torch_version: \"3.1\"}\n", "framework.torch_version", "2.11-2.13");
-    refused("  zero_stage: 2\nframework: {deepspeed_version: \"0.12.6\"}\n",
+    unit_tiny_refused("framework: {torch_version: \"2.6\"}\n", "framework.torch_version", "2.11-2.13");
+    unit_tiny_refused("framework: {torch_version: \"3.1\"}\n", "framework.torch_version", "2.11-2.13");
+    unit_tiny_refused("  zero_stage: 2\nframework: {deepspeed_version: \"0.12.6\"}\n",
             "framework.deepspeed_version", "0.19.x");
     mm_prediction_free(&a);
     mm_prediction_free(&b);
@@ -90,10 +54,10 @@ END_TEST
 /* allgather_bucket_size: DeepSpeed asserts it is even; it allocates nothing */
 START_TEST(allgather_bucket_size_checked_and_allocates_nothing)
 {
-    mm_prediction a = predict("  zero_stage: 2\n"),
-                  b = predict("  zero_stage: 2\ndeepspeed: {allgather_bucket_size: 1000}\n");
+    mm_prediction a = unit_tiny_predict("  zero_stage: 2\n"),
+                  b = unit_tiny_predict("  zero_stage: 2\ndeepspeed: {allgather_bucket_size: 1000}\n");
     ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
-    refused("  zero_stage: 2\ndeepspeed: {allgather_bucket_size: 1001}\n",
+    unit_tiny_refused("  zero_stage: 2\ndeepspeed: {allgather_bucket_size: 1001}\n",
             "deepspeed.allgather_bucket_size", "multiple of 2");
     mm_prediction_free(&a);
     mm_prediction_free(&b);
@@ -106,15 +70,15 @@ START_TEST(pin_memory_rounds_the_pinned_host_buffers)
 {
     const char *off = "  zero_stage: 2\ndeepspeed: {offload_optimizer: cpu, pin_memory: false}\n";
     const char *pin = "  zero_stage: 2\ndeepspeed: {offload_optimizer: cpu, pin_memory: true}\n";
-    mm_prediction a = predict(off), b = predict(pin);
+    mm_prediction a = unit_tiny_predict(off), b = unit_tiny_predict(pin);
     ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
     ck_assert_msg(b.host_peak_bytes > a.host_peak_bytes, "host %llu -> %llu",
                   (unsigned long long)a.host_peak_bytes, (unsigned long long)b.host_peak_bytes);
     /* each of the two buffers grows by less than its own size, and they are at most
      * the whole host prediction */
     ck_assert(b.host_peak_bytes - a.host_peak_bytes < a.host_peak_bytes);
-    mm_prediction c = predict("  zero_stage: 2\ndeepspeed: {pin_memory: true}\n"),
-                  d = predict("  zero_stage: 2\n");
+    mm_prediction c = unit_tiny_predict("  zero_stage: 2\ndeepspeed: {pin_memory: true}\n"),
+                  d = unit_tiny_predict("  zero_stage: 2\n");
     ck_assert_uint_eq(c.host_peak_bytes, d.host_peak_bytes);
     mm_prediction_free(&a);
     mm_prediction_free(&b);
@@ -126,14 +90,14 @@ END_TEST
 /* FSDP1's limit_all_gathers: true (the modelled rate limiter) only; buffer_dtype refused */
 START_TEST(fsdp_limit_all_gathers_and_buffer_dtype)
 {
-    mm_prediction a = predict("fsdp: {version: 1}\n"),
-                  b = predict("fsdp: {version: 1, limit_all_gathers: true}\n");
+    mm_prediction a = unit_tiny_predict("fsdp: {version: 1}\n"),
+                  b = unit_tiny_predict("fsdp: {version: 1, limit_all_gathers: true}\n");
     ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
-    refused("fsdp: {version: 1, limit_all_gathers: false}\n", "fsdp.limit_all_gathers",
+    unit_tiny_refused("fsdp: {version: 1, limit_all_gathers: false}\n", "fsdp.limit_all_gathers",
             "no bound");
-    refused("fsdp: {version: 2, limit_all_gathers: true}\n", "fsdp.limit_all_gathers",
+    unit_tiny_refused("fsdp: {version: 2, limit_all_gathers: true}\n", "fsdp.limit_all_gathers",
             "FSDP2");
-    refused("fsdp: {version: 1, buffer_dtype: fp32}\n", "fsdp.buffer_dtype",
+    unit_tiny_refused("fsdp: {version: 1, buffer_dtype: fp32}\n", "fsdp.buffer_dtype",
             "does not count buffers");
     mm_prediction_free(&a);
     mm_prediction_free(&b);
@@ -147,15 +111,15 @@ END_TEST
 START_TEST(loss_upcast_false_drops_the_fp32_logits)
 {
     const uint64_t TV = 2ull * 512 * 32000;
-    mm_prediction a = predict(""), b = predict("  loss_upcast: false\n");
+    mm_prediction a = unit_tiny_predict(""), b = unit_tiny_predict("  loss_upcast: false\n");
     ck_assert_msg(a.allocated_peak_bytes >= b.allocated_peak_bytes + TV * 4 &&
                       a.allocated_peak_bytes <= b.allocated_peak_bytes + TV * 8,
                   "peak %llu -> %llu", (unsigned long long)a.allocated_peak_bytes,
                   (unsigned long long)b.allocated_peak_bytes);
-    refused("  master_weights: fp32\n  loss_upcast: false\n", "training.loss_upcast",
+    unit_tiny_refused("  master_weights: fp32\n  loss_upcast: false\n", "training.loss_upcast",
             "under autocast");
-    refused("  loss: chunked\n  loss_upcast: false\n", "training.loss_upcast", "loss: standard");
-    refused("  loss_upcast: false\nframework: {transformers_version: \"4.40\"}\n",
+    unit_tiny_refused("  loss: chunked\n  loss_upcast: false\n", "training.loss_upcast", "loss: standard");
+    unit_tiny_refused("  loss_upcast: false\nframework: {transformers_version: \"4.40\"}\n",
             "training.loss_upcast", "4.46");
     mm_prediction_free(&a);
     mm_prediction_free(&b);

@@ -10,52 +10,13 @@
 #include <string.h>
 
 /* 4 Llama layers, h 512, I 1376, T = 2 x 512 tokens, bf16 */
-static const char *const BASE =
-    "name: tiny\n"
-    "modules:\n"
-    "  - {name: language_model, type: decoder, family: llama, hidden_size: 512,\n"
-    "     num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 4,\n"
-    "     intermediate_size: 1376, vocab_size: 32000, trainable: true}\n"
-    "training:\n"
-    "  micro_batch_size: 2\n"
-    "  seq_len: 512\n"
-    "  precision: bf16\n";
 static const uint64_t L = 4, T = 1024, H = 512, I = 1376;
-
-static mm_spec *load(const char *extra, mm_error *e)
-{
-    char buf[2048];
-    snprintf(buf, sizeof buf, "%s%s", BASE, extra);
-    return mm_spec_load_buffer(buf, strlen(buf), "tiny.yaml", MM_FMT_YAML, e);
-}
-
-static mm_prediction predict(const char *extra)
-{
-    mm_error e;
-    mm_spec *s = load(extra, &e);
-    ck_assert_msg(s != NULL, "%s", e.msg);
-    mm_prediction p;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
-    mm_spec_free(s);
-    return p;
-}
-
-static void refused(const char *extra, const char *key, const char *why)
-{
-    mm_error e;
-    mm_spec *s = load(extra, &e);
-    ck_assert_msg(s == NULL, "accepted: %s", extra);
-    ck_assert_msg(strstr(e.msg, key) && strstr(e.msg, why), "%s", e.msg);
-}
 
 /* a preset of contrib/models with --set kv: refused with `why` */
 static void preset_refused(const char *name, const char *why)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, name);
     mm_error e;
-    mm_spec *s = mm_spec_load_file(path, &e);
-    ck_assert_msg(s != NULL, "%s", e.msg);
+    mm_spec *s = unit_preset(name);
     ck_assert_msg(mm_spec_set(s, "training.liger_kernel=true", &e) != 0, "%s: accepted", name);
     ck_assert_msg(strstr(e.msg, "training.liger_kernel") && strstr(e.msg, why), "%s: %s", name,
                   e.msg);
@@ -77,8 +38,8 @@ static uint64_t acts_of(const mm_prediction *p, const char *part)
  * the loss's, every layer's saved set alive) holds one T x I bf16 product less per layer */
 START_TEST(swiglu_saves_no_silu_product)
 {
-    mm_prediction a = predict(""),
-                  b = predict("  liger_kernel: {rope: false, rms_norm: false, "
+    mm_prediction a = unit_tiny_predict(""),
+                  b = unit_tiny_predict("  liger_kernel: {rope: false, rms_norm: false, "
                               "fused_linear_cross_entropy: false}\n");
     ck_assert_uint_eq(a.phase_peak[MM_PHASE_FORWARD] - b.phase_peak[MM_PHASE_FORWARD],
                       L * T * I * 2);
@@ -93,8 +54,8 @@ END_TEST
  * MulBackward) and more: at least T x h x 4 less per norm (2 per layer and the final) */
 START_TEST(rms_norm_keeps_no_fp32_copy)
 {
-    mm_prediction a = predict(""),
-                  b = predict("  liger_kernel: {rope: false, swiglu: false, "
+    mm_prediction a = unit_tiny_predict(""),
+                  b = unit_tiny_predict("  liger_kernel: {rope: false, swiglu: false, "
                               "fused_linear_cross_entropy: false}\n");
     ck_assert_uint_ge(a.phase_peak[MM_PHASE_FORWARD] - b.phase_peak[MM_PHASE_FORWARD],
                       (2 * L + 1) * T * H * 4);
@@ -109,8 +70,8 @@ END_TEST
  * tensors (the rotary row); the same bytes, so the allocated peak stays */
 START_TEST(rope_rotates_in_place)
 {
-    mm_prediction a = predict(""),
-                  b = predict("  liger_kernel: {rms_norm: false, swiglu: false, "
+    mm_prediction a = unit_tiny_predict(""),
+                  b = unit_tiny_predict("  liger_kernel: {rms_norm: false, swiglu: false, "
                               "fused_linear_cross_entropy: false}\n");
     ck_assert_uint_gt(acts_of(&a, "self_attn.rotary"), 0);
     ck_assert_uint_eq(acts_of(&b, "self_attn.rotary"), 0);
@@ -127,17 +88,17 @@ END_TEST
  * that contradicts it is refused */
 START_TEST(true_is_the_defaults_and_the_fused_loss)
 {
-    mm_prediction a = predict("  liger_kernel: {rope: false, rms_norm: false, swiglu: false}\n"),
-                  b = predict("  loss: fused_linear\n"),
-                  c = predict("  liger_kernel: true\n"),
-                  d = predict("  loss: fused_linear\n  liger_kernel: {}\n"),
-                  f = predict("  liger_kernel: false\n"), g = predict("");
+    mm_prediction a = unit_tiny_predict("  liger_kernel: {rope: false, rms_norm: false, swiglu: false}\n"),
+                  b = unit_tiny_predict("  loss: fused_linear\n"),
+                  c = unit_tiny_predict("  liger_kernel: true\n"),
+                  d = unit_tiny_predict("  loss: fused_linear\n  liger_kernel: {}\n"),
+                  f = unit_tiny_predict("  liger_kernel: false\n"), g = unit_tiny_predict("");
     ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
     ck_assert_uint_eq(a.phase_peak[MM_PHASE_FORWARD], b.phase_peak[MM_PHASE_FORWARD]);
     ck_assert_uint_eq(c.phase_peak[MM_PHASE_FORWARD], d.phase_peak[MM_PHASE_FORWARD]);
     ck_assert_uint_lt(c.phase_peak[MM_PHASE_FORWARD], a.phase_peak[MM_PHASE_FORWARD]);
     ck_assert_uint_eq(f.allocated_peak_bytes, g.allocated_peak_bytes);
-    refused("  loss: standard\n  liger_kernel: true\n", "training.loss", "fused_linear");
+    unit_tiny_refused("  loss: standard\n  liger_kernel: true\n", "training.loss", "fused_linear");
     mm_prediction_free(&a);
     mm_prediction_free(&b);
     mm_prediction_free(&c);
@@ -190,11 +151,11 @@ END_TEST
 /* what Liger does not do, or does in ways not modelled, is refused with the reason */
 START_TEST(refused_where_not_what_runs)
 {
-    refused("  liger_kernel: {layer_norm: true}\n", "liger_kernel.layer_norm", "takes no layer_norm");
-    refused("  liger_kernel: {geglu: true}\n", "liger_kernel.geglu", "takes no geglu");
-    refused("  liger_kernel: {cross_entropy: true}\n", "liger_kernel.cross_entropy",
+    unit_tiny_refused("  liger_kernel: {layer_norm: true}\n", "liger_kernel.layer_norm", "takes no layer_norm");
+    unit_tiny_refused("  liger_kernel: {geglu: true}\n", "liger_kernel.geglu", "takes no geglu");
+    unit_tiny_refused("  liger_kernel: {cross_entropy: true}\n", "liger_kernel.cross_entropy",
             "not modelled");
-    refused("  liger_kernel: {rope: maybe}\n", "training.liger_kernel.rope", "");
+    unit_tiny_refused("  liger_kernel: {rope: maybe}\n", "training.liger_kernel.rope", "");
     preset_refused("llava-onevision-qwen2-7b-ov", "Liger patches nothing there");
     preset_refused("llava-1.5-7b-finetune", "llava_llama");
     preset_refused("smolvlm-qlora", "idefics3");

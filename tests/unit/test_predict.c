@@ -10,16 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static mm_spec *load_contrib(const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, name);
-    mm_error e;
-    mm_spec *s = mm_spec_load_file(path, &e);
-    ck_assert_msg(s != NULL, "%s", e.msg);
-    return s;
-}
-
 static void set(mm_spec *s, const char *kv)
 {
     mm_error e;
@@ -36,7 +26,7 @@ static mm_prediction predict(const mm_spec *s)
 
 START_TEST(llava7b_parameter_counts)
 {
-    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    mm_spec *s = unit_preset("llava-1.5-7b-finetune");
     mm_prediction p = predict(s);
     ck_assert_uint_eq(p.n_modules, 3);
     /* Vicuna-7B v1.5 (published): 6,738,415,616 */
@@ -61,7 +51,7 @@ END_TEST
 
 START_TEST(llava13b_parameter_counts)
 {
-    mm_spec *s = load_contrib("llava-1.5-13b-pretrain");
+    mm_spec *s = unit_preset("llava-1.5-13b-pretrain");
     mm_prediction p = predict(s);
     /* Vicuna-13B v1.5: 13,015,864,320 */
     ck_assert_uint_eq(p.modules[2].parameters_count, 13015864320ull);
@@ -75,7 +65,7 @@ END_TEST
 
 START_TEST(lora_parameter_counts)
 {
-    mm_spec *s = load_contrib("llava-1.5-7b-lora");
+    mm_spec *s = unit_preset("llava-1.5-7b-lora");
     mm_prediction p = predict(s);
     /* r=128 on q,k,v,o (4096x4096) and gate,up (4096->11008), down (11008->4096):
      * per layer r*(in+out) summed, 32 layers */
@@ -205,7 +195,7 @@ END_TEST
 
 START_TEST(monotone_behaviour)
 {
-    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    mm_spec *s = unit_preset("llava-1.5-7b-finetune");
     set(s, "training.gradient_checkpointing=false");
     set(s, "training.micro_batch_size=4");
     mm_prediction base = predict(s);
@@ -256,7 +246,7 @@ END_TEST
  * running one's (the H200 allocator trace shows exactly these). */
 START_TEST(eager_checkpointed_softmax_backward_floor)
 {
-    mm_spec *s = load_contrib("llava-1.5-7b-pretrain");
+    mm_spec *s = unit_preset("llava-1.5-7b-pretrain");
     const char *kv[] = {"training.micro_batch_size=4", "training.seq_len=2048",
                         "training.data_parallel=1", "training.zero_stage=0",
                         "training.attention=eager", "framework.transformers_version=5.17"};
@@ -278,7 +268,7 @@ END_TEST
  * step's allocated peak; 0 takes them out. */
 START_TEST(cublas_workspaces_are_reserved)
 {
-    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    mm_spec *s = unit_preset("llava-1.5-7b-finetune");
     mm_prediction d = predict(s);
     set(s, "device.cublas_workspace=0");
     mm_prediction z = predict(s);
@@ -300,7 +290,7 @@ START_TEST(factors_sum_to_allocated)
     const char *names[] = {"llava-1.5-7b-pretrain", "llava-1.5-7b-finetune", "llava-1.5-7b-lora",
                            "llava-1.5-13b-finetune"};
     for (size_t i = 0; i < 4; i++) {
-        mm_spec *s = load_contrib(names[i]);
+        mm_spec *s = unit_preset(names[i]);
         mm_prediction p = predict(s);
         const mm_factors *f = &p.factors;
         ck_assert_uint_eq(f->parameters + f->gradients + f->optimizer_states + f->activations +
@@ -348,7 +338,7 @@ END_TEST
 START_TEST(public_measured_points)
 {
     uint64_t a100_40 = 40960ull << 20, a100_80 = 81920ull << 20;
-    mm_spec *s = load_contrib("llava-1.5-7b-finetune");
+    mm_spec *s = unit_preset("llava-1.5-7b-finetune");
     set(s, "training.zero_stage=2");
     set(s, "training.micro_batch_size=1");
     mm_prediction p = predict(s);
@@ -362,7 +352,7 @@ START_TEST(public_measured_points)
     const char *fit80[] = {"llava-1.5-13b-pretrain", "llava-1.5-13b-finetune", "llava-1.5-13b-lora",
                            "llava-1.5-7b-pretrain", "llava-1.5-7b-finetune", "llava-1.5-7b-lora"};
     for (size_t i = 0; i < 6; i++) {
-        s = load_contrib(fit80[i]);
+        s = unit_preset(fit80[i]);
         p = predict(s);
         ck_assert_msg(p.peak_bytes <= a100_80, "%s: %llu", fit80[i],
                       (unsigned long long)p.peak_bytes);
@@ -394,7 +384,7 @@ START_TEST(folding_is_exact)
     };
     for (size_t i = 0; i < 3; i++) {
         for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
-            mm_spec *s = load_contrib(names[i]);
+            mm_spec *s = unit_preset(names[i]);
             for (size_t k = 0; k < 3 && variants[v][k]; k++)
                 set(s, variants[v][k]);
             mm_prediction a = predict(s), b;

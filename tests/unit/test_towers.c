@@ -8,16 +8,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static mm_spec *load(const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/contrib/models/%s.yaml", SRCDIR, name);
-    mm_error e;
-    mm_spec *s = mm_spec_load_file(path, &e);
-    ck_assert_msg(s != NULL, "%s", e.msg);
-    return s;
-}
-
 static uint64_t peak(mm_spec *s, const char *kv)
 {
     mm_error e;
@@ -33,7 +23,7 @@ static uint64_t peak(mm_spec *s, const char *kv)
  * checkpointing whatever training.gradient_checkpointing says, and only them */
 START_TEST(tower_checkpointing_follows_its_own_key)
 {
-    mm_spec *s = load("qwen2.5-vl-7b-full");
+    mm_spec *s = unit_preset("qwen2.5-vl-7b-full");
     uint64_t both = peak(s, "vision_tower.trainable=true");
     uint64_t same = peak(s, "vision_tower.gradient_checkpointing=true");
     uint64_t llm_only = peak(s, "vision_tower.gradient_checkpointing=false");
@@ -51,7 +41,7 @@ END_TEST
 /* Mllama's encoder layers are plain nn.Modules: nothing to switch on */
 START_TEST(tower_checkpointing_refused_where_it_cannot_apply)
 {
-    mm_spec *s = load("llama-3.2-11b-vision-full");
+    mm_spec *s = unit_preset("llama-3.2-11b-vision-full");
     mm_error e;
     ck_assert(mm_spec_set(s, "vision_tower.gradient_checkpointing=true", &e) != 0);
     ck_assert_msg(strstr(e.msg, "gradient_checkpointing") && strstr(e.msg, "GradientCheckpointingLayer"),
@@ -67,7 +57,7 @@ END_TEST
  * frames cost the same, 5 frames more (truth rows: tests/truth/feat_towers.py) */
 START_TEST(video_frames_merge_in_pairs)
 {
-    mm_spec *s = load("qwen2.5-vl-7b-full");
+    mm_spec *s = unit_preset("qwen2.5-vl-7b-full");
     uint64_t f3 = peak(s, "training.video_frames=3");
     uint64_t f4 = peak(s, "training.video_frames=4");
     uint64_t f5 = peak(s, "training.video_frames=5");

@@ -4,6 +4,8 @@
 
 #include <check.h>
 
+#include "mmguard.h"
+
 #ifndef SRCDIR
 #define SRCDIR "."
 #endif
@@ -28,5 +30,11 @@ Suite *keys_suite(void);
 Suite *towers_suite(void);
 Suite *liger_suite(void);
 Suite *lorahead_suite(void);
+
+/* unit_spec.c: shared specs (each asserts what it needs) */
+mm_spec *unit_preset(const char *name);              /* contrib/models/NAME.yaml */
+mm_spec *unit_tiny(const char *extra, mm_error *e);  /* tiny Llama + lines under training: */
+mm_prediction unit_tiny_predict(const char *extra);
+void unit_tiny_refused(const char *extra, const char *key, const char *why);
 
 #endif

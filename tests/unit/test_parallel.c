@@ -43,6 +43,24 @@ static mm_prediction predict(const mm_spec *s)
     return p;
 }
 
+/* a frozen tiny Llama with LoRA on every linear, on 2 ranks, with `fsdp` (a
+ * line of the spec's fsdp section) */
+static mm_spec *lora_dp2(const char *fsdp)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf,
+             "name: par\nmodules:\n"
+             "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
+             " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
+             " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
+             "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
+             H, L, I, V, fsdp);
+    mm_error e;
+    mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
+    ck_assert_msg(sp != NULL, "%s", e.msg);
+    return sp;
+}
+
 /* one step with the allocation log */
 static void run(const mm_spec *sp, sim *s, uint64_t dp)
 {
@@ -398,17 +416,7 @@ START_TEST(fsdp2_gathers_fp32_adapters_in_their_dtype)
     const char *fs[] = {"fsdp: {version: 2}\n", "fsdp: {version: 2, param_dtype: bf16}\n"};
     uint64_t g[2][8], A = 4 * 8 * (H + H) + 3 * 8 * (H + I);
     for (int i = 0; i < 2; i++) {
-        char buf[1024];
-        snprintf(buf, sizeof buf,
-                 "name: par\nmodules:\n"
-                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
-                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
-                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
-                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
-                 H, L, I, V, fs[i]);
-        mm_error e;
-        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
-        ck_assert_msg(sp != NULL, "%s", e.msg);
+        mm_spec *sp = lora_dp2(fs[i]);
         sim s;
         run(sp, &s, 2);
         ck_assert_uint_ge(allocs_of(&s, "runtime.gathered_params", g[i], 8), 4);
@@ -436,17 +444,7 @@ START_TEST(fsdp1_uneven_chunks_hold_uneven_states)
                         "fsdp: {version: 1, use_orig_params: false}\n"};
     uint64_t b[2];
     for (int i = 0; i < 2; i++) {
-        char buf[1024];
-        snprintf(buf, sizeof buf,
-                 "name: par\nmodules:\n"
-                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
-                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
-                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
-                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
-                 H, L, I, V, fs[i]);
-        mm_error e;
-        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
-        ck_assert_msg(sp != NULL, "%s", e.msg);
+        mm_spec *sp = lora_dp2(fs[i]);
         sim s;
         run(sp, &s, 2);
         b[i] = start_bytes(&s);
@@ -471,17 +469,7 @@ START_TEST(fsdp1_frozen_weights_in_a_training_unit_get_gradients)
                         "fsdp: {version: 1, use_orig_params: false}\n"};
     uint64_t b[2];
     for (int i = 0; i < 2; i++) {
-        char buf[1024];
-        snprintf(buf, sizeof buf,
-                 "name: par\nmodules:\n"
-                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
-                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
-                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
-                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
-                 H, L, I, V, fs[i]);
-        mm_error e;
-        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
-        ck_assert_msg(sp != NULL, "%s", e.msg);
+        mm_spec *sp = lora_dp2(fs[i]);
         sim s;
         run(sp, &s, 2);
         b[i] = 0; /* the weight gradients allocated for the q_proj rows */
@@ -510,16 +498,7 @@ START_TEST(fsdp1_peft_wrap_policy_drops_the_frozen_gradients)
     uint64_t q[2], flat[2];
     char buf[1024];
     for (int i = 0; i < 2; i++) {
-        snprintf(buf, sizeof buf,
-                 "name: par\nmodules:\n"
-                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
-                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
-                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
-                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
-                 H, L, I, V, fs[i]);
-        mm_error e;
-        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
-        ck_assert_msg(sp != NULL, "%s", e.msg);
+        mm_spec *sp = lora_dp2(fs[i]);
         sim s;
         run(sp, &s, 2);
         q[i] = flat[i] = 0;
@@ -586,17 +565,7 @@ START_TEST(fsdp1_peft_wrap_policy_defers_the_prefetch)
     const char *fs[] = {"fsdp: {version: 1}\n", "fsdp: {version: 1, wrap_policy: peft_lora}\n"};
     uint64_t n[2];
     for (int i = 0; i < 2; i++) {
-        char buf[1024];
-        snprintf(buf, sizeof buf,
-                 "name: par\nmodules:\n"
-                 "  - {name: llm, type: llama, hidden_size: %llu, num_hidden_layers: %llu,"
-                 " num_attention_heads: 2, intermediate_size: %llu, vocab_size: %llu,"
-                 " trainable: false, lora: {r: 8, target_modules: all-linear}}\n"
-                 "training: {micro_batch_size: 1, seq_len: 8, attention: sdpa, data_parallel: 2}\n%s",
-                 H, L, I, V, fs[i]);
-        mm_error e;
-        mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "par.yaml", MM_FMT_YAML, &e);
-        ck_assert_msg(sp != NULL, "%s", e.msg);
+        mm_spec *sp = lora_dp2(fs[i]);
         sim s;
         run(sp, &s, 2);
         n[i] = lora_grads_before_prefetch(&s);

@@ -30,27 +30,15 @@ import os
 import subprocess
 import sys
 
-MM = os.environ.get("MMGUARD", "build/mmguard")
+from tally import MM, Tally, replay as replay_opts
+
 MiB = 1 << 20
-passed = failed = 0
-
-
-def ok(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
-    return cond
+T = Tally()
+ok = T.ok
 
 
 def replay(data, cap=None):
-    args = [MM, "alloc-replay", "--json", "-"] + (["--capacity", str(cap)] if cap else [])
-    r = subprocess.run(args, input=data, capture_output=True)
-    if r.returncode != 0:
-        raise SystemExit(f"alloc-replay failed: {r.stderr.decode()}")
-    return json.loads(r.stdout)
+    return replay_opts(data, *(["--capacity", str(cap)] if cap else []))
 
 
 def traces():
@@ -173,5 +161,4 @@ if __name__ == "__main__":
         presets()
     if "fit" in which:
         fits()
-    print(f"capacity: {passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    sys.exit(T.done("capacity"))

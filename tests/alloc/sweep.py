@@ -27,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 
-MM = os.environ.get("MMGUARD", "build/mmguard")
+from tally import MM, Tally, replay as replay_opts
+
 BOUNDARY_TOLERANCE = 0.02  # the goal: predicted boundary within 2 % of the measured
 # Known: where a capacity forced retries with max_split_size_mb set, the model's reserved
 # peak differs from the GPU's by up to 24 MiB (0.24 %) on 4 of 16 points of the first job,
@@ -37,26 +38,13 @@ BOUNDARY_TOLERANCE = 0.02  # the issue's goal: predicted boundary within 2 % of 
 RESERVED_DEVIATES = {"cap-tinyllama-lora-ck-maxsplit-b8-s2048-ck1": 0.0025,
                      # the same with expandable segments: 4 of 16 points, up to 0.42 %
                      "cap-tinyllama-ft-maxsplit-expseg-b4-s1024-ck0": 0.005}
-passed = failed = 0
-
-
-def ok(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
-    return cond
+T = Tally()
+ok = T.ok
 
 
 def replay(trace, fraction):
-    data = gzip.open(trace).read()
-    r = subprocess.run([MM, "alloc-replay", "--json", "-", "--memory-fraction", repr(fraction),
-                        "--stop-at-oom"], input=data, capture_output=True)
-    if r.returncode != 0:
-        raise SystemExit("alloc-replay failed on %s: %s" % (trace, r.stderr.decode()))
-    return json.loads(r.stdout)
+    return replay_opts(gzip.open(trace).read(), "--memory-fraction", repr(fraction),
+                       "--stop-at-oom")
 
 
 def load(path):
@@ -142,8 +130,7 @@ def main():
             pts = [check_point(p) for p in points[jid]]
             if ok(jid in uncapped, "%s: no uncapped measurement" % jid):
                 check_job(jid, pts, uncapped[jid])
-    print("sweep: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return T.done("sweep")
 
 
 if __name__ == "__main__":

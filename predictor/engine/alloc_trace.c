@@ -138,7 +138,9 @@ static int read_header(replay *r, const char *line, mm_alloc_conf *conf, int use
     if (json_object_object_get_ex(h, "id", &v) && json_object_is_type(v, json_type_string))
         mm_strlcpy(r->out->id, json_object_get_string(v), sizeof r->out->id);
     /* the card's memory as torch saw it: a memory fraction is of this
-     * (CUDACachingAllocator.cpp setMemoryFraction: fraction * cudaMemGetInfo total) */
+     * (CUDACachingAllocator.cpp setMemoryFraction: fraction * cudaMemGetInfo total),
+     * and an expandable segment reserves address space for 1 1/8 of it; a header
+     * without it leaves the allocator's default card */
     if (json_object_object_get_ex(h, "gpu_total_bytes", &v) &&
         json_object_is_type(v, json_type_int) && json_object_get_int64(v) > 0)
         r->device_total = (uint64_t)json_object_get_int64(v);
@@ -289,8 +291,7 @@ static int replay_stream(replay *r, FILE *f, mm_alloc_conf *conf, int use_conf,
             rc = -1;
         } else if (ln == 1) {
             rc = read_header(r, line, conf, use_conf, err);
-            if (rc == 0 && !(r->a = mm_allocator_new(
-                                 conf, capacity, conf->memory_fraction > 0 ? r->device_total : 0)))
+            if (rc == 0 && !(r->a = mm_allocator_new(conf, capacity, r->device_total)))
                 rc = -1, mm_err(err, "%s: out of memory", r->path);
             if (r->a)
                 mm_allocator_on_segment(r->a, on_segment, r);

@@ -176,6 +176,28 @@ def _ref_sdpa(q, k, v, mask, causal, gqa):
     return o, (qq, kk, vv)
 
 
+def _sdpa_kernel_tensors(kind, B, H, Hk, L, S, D, es, out_bytes, mask_elems=0):
+    """The tensors the emulated CUDA kernel allocates, in bytes: (kept for the
+    backward by the forward, the backward's own buffers besides dq/dk/dv).
+    flash: out, lse (B,H,L) fp32, rng_state 16 B, unused 8 B; backward softmax_d
+    (B,H,round128(L)) and dq_accum (B,round128(L),H,round32(D), 64 past 128) fp32, and
+    with GQA dk/dv expanded to H heads.  efficient: out, logsumexp (B,H,round32(L)) fp32,
+    a q-dtype copy of a mask (last dim padded to 16); backward delta (B,H,L) fp32 and,
+    16-bit, an fp32 grad_q accumulator (B,L,H,D)."""
+    r = lambda n, m: (n + m - 1) // m * m
+    if kind == "flash":
+        kept = [out_bytes, B * H * L * 4, 16, 8]
+        extra = [B * H * r(L, 128) * 4, B * r(L, 128) * H * r(D, 32 if D <= 128 else 64) * 4]
+        if Hk != H:
+            extra += [B * S * H * D * es] * 2
+        return kept, extra
+    kept = [out_bytes, B * H * r(L, 32) * 4]
+    if mask_elems:
+        kept.append(mask_elems // S * r(S, 16) * es)
+    extra = [B * H * L * 4] + ([B * L * H * D * 4] if es != 4 else [])
+    return kept, extra
+
+
 def _sdpa_case(dtype, B, H, Hk, L, D, causal, mask, expect_kind, dropout=0.0):
     q = torch.randn(B, L, H, D, dtype=dtype).transpose(1, 2).requires_grad_()   # HF layout (B,H,L,D) view
     k = torch.randn(B, Hk, L, D, dtype=dtype).requires_grad_()
@@ -187,17 +209,13 @@ def _sdpa_case(dtype, B, H, Hk, L, D, causal, mask, expect_kind, dropout=0.0):
     M.reset_peak()
     out = emul.sdpa_cuda(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, enable_gqa=gqa)
     fwd = M.live() - gc_base
-    if kind == "flash":
-        # out + lse (B,H,L) fp32 + rng_state 16 B + unused 8 B
-        want = nbytes(out) + B * H * L * 4 + 16 + 8
-        assert out.transpose(1, 2).is_contiguous(), "flash out must share q's (B,L,H,D) layout"
-    elif kind == "efficient":
-        want = nbytes(out) + B * H * ((L + 31) // 32 * 32) * 4
-        if mask is not None:                 # convert_boolean_attn_mask: a q-dtype copy of the mask
-            want += mask.numel() * q.element_size()
-        assert out.transpose(1, 2).is_contiguous(), "efficient out is (B,M,H,K) storage"
-    else:
-        want = None
+    es = q.element_size()
+    kept, extra = _sdpa_kernel_tensors(kind, B, H, Hk, L, L, D, es, nbytes(out),
+                                       mask.numel() if mask is not None else 0)
+    want = sum(kept) if kind in ("flash", "efficient") else None
+    if kind in ("flash", "efficient"):
+        assert out.transpose(1, 2).is_contiguous(), \
+            "flash out shares q's (B,L,H,D) layout; efficient out is (B,M,H,K) storage"
     if want is not None:
         assert fwd == want, "forward counted %d, CUDA kernel allocates %d" % (fwd, want)
         assert M.reset_peak() - gc_base == want, "forward transient peak above what the kernel allocates"
@@ -214,15 +232,8 @@ def _sdpa_case(dtype, B, H, Hk, L, D, causal, mask, expect_kind, dropout=0.0):
     close(k.grad, kk.grad, tol * 8)
     close(v.grad, vv.grad, tol * 8)
     # backward peak: dq, dk, dv (they become the leaves' .grad) + the kernel's buffers
-    r = lambda n, m: (n + m - 1) // m * m
-    if kind == "flash":
-        extra = B * H * r(L, 128) * 4 + B * r(L, 128) * H * r(D, 32 if D <= 128 else 64) * 4
-        if gqa:
-            extra += 2 * B * L * H * D * q.element_size()
-    elif kind == "efficient":
-        extra = B * H * L * 4 + (B * L * H * D * 4 if dtype != torch.float32 else 0)
     if kind in ("flash", "efficient"):
-        assert bwd_peak == nbytes(q, k, v) + extra, (bwd_peak, nbytes(q, k, v) + extra)
+        assert bwd_peak == nbytes(q, k, v) + sum(extra), (bwd_peak, nbytes(q, k, v) + sum(extra))
     return kind
 
 
@@ -261,21 +272,12 @@ def _r512(n):
 def _sdpa_stand_in(c, kind):
     """What the emulation's kernel keeps after the forward and adds in the backward
     (besides dq/dk/dv), each tensor in the caching allocator's 512-B blocks."""
-    B, H, Hk, L, S, D = c["B"], c["H"], c["Hk"], c["L"], c["S"], c["D"]
     es = 4 if c["dtype"] == "float32" else 2
-    r = lambda n, m: (n + m - 1) // m * m
-    out = _r512(B * H * L * D * es)
-    # convert_boolean_attn_mask: a q-dtype copy; pad_bias: last dim padded to 16 (a copy)
-    mask = _r512(B * L * r(S, 16) * es) if c["mask"] == "bool" or (c["mask"] and S % 16) else 0
-    if kind == "flash":
-        kept = out + _r512(B * H * L * 4) + 512 + 512
-        extra = _r512(B * H * r(L, 128) * 4) + _r512(B * r(L, 128) * H * r(D, 32 if D <= 128 else 64) * 4)
-        if Hk != H:
-            extra += 2 * _r512(B * S * H * D * es)
-    else:
-        kept = out + _r512(B * H * r(L, 32) * 4) + mask
-        extra = _r512(B * H * L * 4) + (_r512(B * L * H * D * 4) if es != 4 else 0)
-    return kept, extra
+    masked = c["mask"] == "bool" or (c["mask"] and c["S"] % 16)
+    kept, extra = _sdpa_kernel_tensors(kind, c["B"], c["H"], c["Hk"], c["L"], c["S"], c["D"], es,
+                                       c["B"] * c["H"] * c["L"] * c["D"] * es,
+                                       c["B"] * c["L"] * c["S"] if masked else 0)
+    return sum(map(_r512, kept)), sum(map(_r512, extra))
 
 
 @test

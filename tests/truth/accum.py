@@ -109,10 +109,6 @@ def accum_configs():
     for fam, mode, prec, gc_, world, par, popt, ga, sync in ROWS:
         k, img = (1, (112, 112)) if fam == "llava" else (0, None)
         model = {"layers": 2} if fam == "llama" else {"image": 112, "layers": 2}
-        lora = None
-        if mode == "lora":
-            lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
-                    "on": "language"}
         out.append(truth.make_setup(fam, mode, prec, "sdpa", gc_, 1, 128, k, img, "adamw_torch", par, world,
-                                    popt=dict(popt), model=model, lora=lora, seed=5, accum=(ga, sync)))
+                                    popt=dict(popt), model=model, seed=5, accum=(ga, sync)))
     return out

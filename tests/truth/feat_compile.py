@@ -53,13 +53,9 @@ def ddp_setups():
     import truth
     out = []
     for fam, mode, prec, attn, gc_, B, S, model, cap in DDP_ROWS:
-        lora = None
-        if mode == "lora":
-            lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
-                    "on": "language"}
         s = truth.make_setup(fam, mode, prec, attn, gc_, B, S, 0, None, "adamw_torch", "ddp", 2,
                              popt={"bucket_cap_mb": cap, "gradient_as_bucket_view": False}, model=model,
-                             lora=lora, seed=13)
+                             seed=13)
         s["torch_compile"] = {"backend": "inductor", "mode": None}
         key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
         s["id"] = "%s-ddp-2-%s-%s-%s-compile-%s" % (fam, mode, prec, attn, hashlib.sha1(key.encode()).hexdigest()[:10])
@@ -72,12 +68,8 @@ def setups():
     out = []
     for fam, mode, prec, attn, gc_, B, S, model in ROWS:
         k, img = (1, (112, 112)) if fam == "llava" else (0, None)
-        lora = None
-        if mode == "lora":
-            lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
-                    "on": "language"}
         s = truth.make_setup(fam, mode, prec, attn, gc_, B, S, k, img, "adamw_torch", "single", 1,
-                             model=model, lora=lora, seed=11)
+                             model=model, seed=11)
         s["torch_compile"] = {"backend": "inductor", "mode": None}
         key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
         s["id"] = "%s-single-1-%s-%s-%s-compile-%s" % (fam, mode, prec, attn,

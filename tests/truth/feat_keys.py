@@ -51,12 +51,8 @@ def no_upcast_setups():
     out = []
     for fam, mode, prec, attn, gc_, B, S, model in NO_UPCAST_ROWS:
         k, img = (1, (112, 112)) if fam == "llava" else (0, None)
-        lora = None
-        if mode == "lora":
-            lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
-                    "on": "language"}
         s = truth.make_setup(fam, mode, prec, attn, gc_, B, S, k, img, "adamw_torch", "single", 1,
-                             model=model, lora=lora, seed=23)
+                             model=model, seed=23)
         s["loss_upcast"] = False
         key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
         s["id"] = "%s-single-1-%s-%s-%s-noupcast-%s" % (fam, mode, prec, attn,

@@ -44,12 +44,8 @@ def setups():
     rows = [r + ("single", 1) for r in ROWS] + PAR_ROWS
     for fam, mode, prec, gc_, B, S, model, lig, par, world in rows:
         k, img = (1, (112, 112)) if fam == "llava" else (0, None)
-        lora = None
-        if mode == "lora":
-            lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
-                    "on": "language"}
         s = truth.make_setup(fam, mode, prec, "sdpa", gc_, B, S, k, img, "adamw_torch", par, world,
-                             model=model, lora=lora, seed=17)
+                             model=model, seed=17)
         s["liger"] = dict(lig)
         key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
         s["id"] = "%s-%s-%d-%s-%s-sdpa-liger-%s" % (fam, par, world, mode, prec,

@@ -35,11 +35,9 @@ def setups():
     for fam, prec, gc_, orig in ROWS:
         k, img = (1, (112, 112)) if fam == "llava" else (0, None)
         model = {"layers": 2} if fam == "llama" else {"image": 112, "layers": 2}
-        lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
-                "on": "language"}
         popt = {"use_orig_params": orig, "mixed_precision": None, "wrap_policy": "peft_lora"}
         s = truth.make_setup(fam, "lora", prec, "sdpa", gc_, 1, 128, k, img, "adamw_torch", "fsdp1", 2,
-                             popt=popt, model=model, lora=lora, seed=29)
+                             popt=popt, model=model, seed=29)
         key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
         s["id"] = "%s-fsdp1-2-lora-%s-wrap-peft-%s" % (fam, prec, hashlib.sha1(key.encode()).hexdigest()[:10])
         out.append(s)

@@ -35,10 +35,6 @@ def configs():
     for fam, mode, prec, gc_, world in ROWS:
         k, img = (1, (112, 112)) if fam == "llava" else (0, None)
         model = {"layers": 2} if fam == "llama" else {"image": 112, "layers": 2}
-        lora = None
-        if mode == "lora":
-            lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
-                    "on": "language"}
         out.append(truth.make_setup(fam, mode, prec, "sdpa", gc_, 1, 128, k, img, "adamw_torch", "fsdp1",
-                                    world, popt=dict(U1), model=model, lora=lora, seed=11))
+                                    world, popt=dict(U1), model=model, seed=11))
     return out

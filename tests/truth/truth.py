@@ -886,12 +886,8 @@ def config_list(count=None):
                 k = 1 if mm else 0
                 img = FAM_GRID[fam][1][0]
                 S = rng.choice([128, 256])
-                lora = None
-                if mode == "lora":
-                    lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
-                            "on": "language"}
                 add(make_setup(fam, mode, prec, "sdpa", gc_, B, S, k, img, "adamw_torch", par, world, popt=popt,
-                               lora=lora, seed=rep))
+                               seed=rep))
     # long sequences: > 3072 tokens per step (CUDA embedding backward's sort/segment path)
     for fam, B, S, prec in (("llama", 8, 512, "bf16"), ("qwen2", 4, 1024, "fp32"), ("llama", 4, 1024, "amp_bf16"),
                             ("qwen2", 8, 512, "bf16")):

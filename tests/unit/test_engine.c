@@ -7,7 +7,6 @@
 #include "unit.h"
 #include "mmguard.h"
 
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,31 +51,16 @@ static void check_spec(const char *path)
     }
 }
 
-static void check_dir(const char *dir)
+static void check_one(const char *path, void *ctx)
 {
-    char d[512];
-    snprintf(d, sizeof d, "%s/%s", SRCDIR, dir);
-    DIR *dp = opendir(d);
-    ck_assert_msg(dp != NULL, "cannot open %s", d);
-    struct dirent *de;
-    int n = 0;
-    while ((de = readdir(dp))) {
-        size_t l = strlen(de->d_name);
-        if (l < 6 || strcmp(de->d_name + l - 5, ".yaml"))
-            continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", d, de->d_name);
-        check_spec(p);
-        n++;
-    }
-    closedir(dp);
-    ck_assert_msg(n > 0, "no specs in %s", d);
+    (void)ctx;
+    check_spec(path);
 }
 
 START_TEST(nothing_leaks_into_the_optimizer)
 {
-    check_dir("contrib/models");
-    check_dir("tests/import/specs");
+    unit_each_yaml("contrib/models", check_one, NULL);
+    unit_each_yaml("tests/import/specs", check_one, NULL);
 }
 END_TEST
 

@@ -10,7 +10,6 @@
 #include "predict.h"
 #include "unit.h"
 
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -520,30 +519,21 @@ out:
     mm_spec_free(s);
 }
 
-START_TEST(predict_verdict_is_both_apart)
+/* the three set-ups below, each apart from the shared run */
+static void all_setups_apart(const char *path, void *ctx)
 {
+    (void)ctx;
     static const char *const none[] = {NULL};
     static const char *const dp4[] = {"training.zero_stage=2", "training.data_parallel=4", NULL};
     static const char *const xs[] = {"device.alloc_conf=expandable_segments:True", NULL};
     static const char *const *const setups[] = {none, dp4, xs};
-    char d[512];
-    snprintf(d, sizeof d, "%s/contrib/models", SRCDIR);
-    DIR *dp = opendir(d);
-    ck_assert_msg(dp != NULL, "cannot open %s", d);
-    struct dirent *de;
-    int n = 0;
-    while ((de = readdir(dp))) {
-        size_t l = strlen(de->d_name);
-        if (l < 6 || strcmp(de->d_name + l - 5, ".yaml"))
-            continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", d, de->d_name);
-        for (size_t v = 0; v < 3; v++)
-            shared_matches_apart(path, setups[v]);
-        n++;
-    }
-    closedir(dp);
-    ck_assert_int_gt(n, 0);
+    for (size_t v = 0; v < 3; v++)
+        shared_matches_apart(path, setups[v]);
+}
+
+START_TEST(predict_verdict_is_both_apart)
+{
+    unit_each_yaml("contrib/models", all_setups_apart, NULL);
 }
 END_TEST
 

@@ -2,6 +2,7 @@
  * Llama (4 layers of 512) with extra lines under `training:`. */
 #include "unit.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,4 +51,26 @@ void unit_tiny_refused(const char *extra, const char *key, const char *why)
     mm_spec *s = unit_tiny(extra, &e);
     ck_assert_msg(s == NULL, "accepted: %s", extra);
     ck_assert_msg(strstr(e.msg, key) && strstr(e.msg, why), "%s", e.msg);
+}
+
+size_t unit_each_yaml(const char *dir, void (*fn)(const char *path, void *ctx), void *ctx)
+{
+    char d[512];
+    snprintf(d, sizeof d, "%s/%s", SRCDIR, dir);
+    DIR *dp = opendir(d);
+    ck_assert_msg(dp != NULL, "cannot open %s", d);
+    struct dirent *de;
+    size_t n = 0;
+    while ((de = readdir(dp))) {
+        size_t l = strlen(de->d_name);
+        if (l < 6 || strcmp(de->d_name + l - 5, ".yaml"))
+            continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", d, de->d_name);
+        fn(path, ctx);
+        n++;
+    }
+    closedir(dp);
+    ck_assert_msg(n > 0, "no specs in %s", d);
+    return n;
 }

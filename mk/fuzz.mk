@@ -13,7 +13,8 @@
 # compiled with -fsanitize=fuzzer-no-link,address,undefined so libFuzzer sees
 # the coverage of the parsers it is attacking.  Working corpora grow under
 # $(BUILD)/fuzz/corpus/<harness>; the committed seeds in tests/fuzz/corpus/
-# are read-only inputs.  Crash/leak/timeout reproducers land in
+# are read-only inputs (the ms-swift and torchtitan readers are seeded with their
+# import fixtures themselves, tests/fixtures/import/{ms-swift,torchtitan}).  Crash/leak/timeout reproducers land in
 # $(BUILD)/fuzz/artifacts/.  Every file in tests/fuzz/regressions/<harness>/
 # is replayed first.
 
@@ -93,10 +94,13 @@ define fuzz_run
 	@for h in $(FUZZ_HARNESSES); do \
 	  mkdir -p $(FUZZ_DIR)/corpus/$$h; \
 	  dict=""; [ -f tests/fuzz/$$h.dict ] && dict="-dict=tests/fuzz/$$h.dict"; \
+	  seeds=tests/fuzz/corpus/$$h; \
+	  case $$h in import_swift) seeds=tests/fixtures/import/ms-swift;; \
+	              import_titan) seeds=tests/fixtures/import/torchtitan;; esac; \
 	  echo "== fuzz_$$h for $(1) s"; \
 	  $(FUZZ_ENV) $(FUZZ_DIR)/fuzz_$$h $(FUZZ_RUN_FLAGS) $$dict -max_total_time=$(1) \
 	    -artifact_prefix=$(FUZZ_DIR)/artifacts/$$h- \
-	    $(FUZZ_DIR)/corpus/$$h tests/fuzz/corpus/$$h \
+	    $(FUZZ_DIR)/corpus/$$h $$seeds \
 	    > $(FUZZ_DIR)/fuzz_$$h.log 2>&1 \
 	    || { tail -n 60 $(FUZZ_DIR)/fuzz_$$h.log; echo "fuzz_$$h FAILED (log: $(FUZZ_DIR)/fuzz_$$h.log)"; exit 1; }; \
 	  grep -E '^#[0-9]+[[:space:]]+DONE' $(FUZZ_DIR)/fuzz_$$h.log | tail -n 1; \

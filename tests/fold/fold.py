@@ -15,7 +15,11 @@ and without it, and the two outputs must be byte-identical:
 The fold must also fire somewhere (else the comparison proves nothing): the
 number of folds (the verbose lines) is printed and must be > 0.
 
-  MMGUARD=build/mmguard python3 tests/fold/fold.py [--only REGEX] [--jobs N]
+With --ref BIN the same cases compare another build instead (BIN, e.g. main's
+mmguard before a change that must not move a byte, against MMGUARD), both
+unfolded: what a speed change is held to.
+
+  MMGUARD=build/mmguard python3 tests/fold/fold.py [--only REGEX] [--jobs N] [--ref BIN]
 """
 import argparse
 import glob
@@ -35,12 +39,15 @@ MM = os.environ.get("MMGUARD", os.path.join(ROOT, "build", "mmguard"))
 FOLDED = re.compile(r"^mmguard: replay folded (\d+) periods[^\n]*\n?", re.M)
 
 
+REF = None  # --ref: the build compared against, unfolded
+
+
 def run(args, fold):
     env = dict(os.environ)
     env.pop("MMGUARD_REPLAY_FOLD", None)
-    if fold:
+    if fold and not REF:
         env["MMGUARD_REPLAY_FOLD"] = "verbose"
-    p = subprocess.run([MM] + args, capture_output=True, text=True, env=env, timeout=600)
+    p = subprocess.run([REF if fold and REF else MM] + args, capture_output=True, text=True, env=env, timeout=600)
     folds = [int(n) for n in FOLDED.findall(p.stderr)]
     err = FOLDED.sub("", p.stderr).strip()
     return (p.returncode, p.stdout, err), folds
@@ -52,6 +59,8 @@ def compare(case):
     folded, folds = run(args, True)
     if none:
         return name, "the unfolded run folded", folds
+    if REF:
+        folds = []
     for out in (plain, folded):  # under ASan+UBSan: a report is a failure either way
         if "Sanitizer" in out[2] or "runtime error:" in out[2]:
             return name, "sanitizer: %s" % out[2][:300], folds
@@ -123,7 +132,10 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="regex on truth and GPU row ids (presets always run)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--ref", help="compare this build (unfolded) instead of the fold")
     a = ap.parse_args()
+    global REF
+    REF = a.ref
     with tempfile.TemporaryDirectory(prefix="mmfold-") as tmp:
         cases = preset_cases(tmp) + truth_cases(tmp, a.only) + gpu_cases(tmp, a.only)
         with ThreadPoolExecutor(max_workers=a.jobs) as ex:
@@ -138,6 +150,9 @@ def main():
           "%d periods fast-forwarded" % (len(results), sum(1 for n, _, _ in results
                                                            if n.startswith("preset")),
                                          cases_folded, folds, periods))
+    if REF:
+        print("fold: %s" % ("FAILED" if bad else "passed: %s and %s byte-identical" % (REF, MM)))
+        return 1 if bad else 0
     if not folds:
         print("fold: FAIL: nothing was folded, the comparison proves nothing")
         return 1

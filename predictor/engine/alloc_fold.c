@@ -65,6 +65,11 @@ struct mm_alloc_mark {
     size_t hcap;
     blk *x, *t;             /* the period's removed / made blocks */
     size_t nx, nt, capx, capt;
+    int32_t *part;          /* the partner now of each mark's moving or freed block */
+    uint8_t *still0, *still1; /* ... that stayed in place (mark's; now's partners) */
+    size_t cappart, capst0, capst1;
+    uint64_t *still;        /* after a fold: the still blocks' addresses, sorted */
+    size_t nstill, capstill;
 };
 
 mm_alloc_mark *mm_alloc_mark_new(void)
@@ -84,6 +89,10 @@ void mm_alloc_mark_free(mm_alloc_mark *m)
     free(m->hv);
     free(m->x);
     free(m->t);
+    free(m->part);
+    free(m->still0);
+    free(m->still1);
+    free(m->still);
     free(m);
 }
 
@@ -296,8 +305,15 @@ static uint64_t periods_allowed(const mm_allocator *a, const mm_alloc_mark *m, u
 static int classify(const mm_allocator *a, mm_alloc_mark *m)
 {
     if (reserve_n((void **)&m->type0, &m->cap0, m->nb + 1, 1) ||
-        reserve_n((void **)&m->type1, &m->cap1, a->nb + 1, 1) || hash_init(m, a->nb))
+        reserve_n((void **)&m->type1, &m->cap1, a->nb + 1, 1) ||
+        reserve_n((void **)&m->part, &m->cappart, m->nb + 1, sizeof *m->part) ||
+        reserve_n((void **)&m->still0, &m->capst0, m->nb + 1, 1) ||
+        reserve_n((void **)&m->still1, &m->capst1, a->nb + 1, 1) || hash_init(m, a->nb))
         return -1;
+    memset(m->still0, 0, m->nb + 1);
+    memset(m->still1, 0, a->nb + 1);
+    for (size_t k = 0; k <= m->nb; k++)
+        m->part[k] = -1;
     for (size_t k = 0; k < m->nb; k++)
         m->type0[k] = !m->b[k].in_use_slot ? T_NONE : m->b[k].allocated ? T_OPAQUE : T_MOVING;
     for (size_t k = 0; k < a->nb; k++) {
@@ -318,13 +334,35 @@ static int same_shape(const blk *x, const blk *y, uint64_t shift)
            y->seg == x->seg;
 }
 
-/* the partner now of the mark's block k (moving or freed): at its address + shift */
-static int64_t partner(const mm_alloc_mark *m, size_t k, uint64_t shift)
+/* The partner now of the mark's block k (moving or freed) and whether it
+ * stayed in place (*still): at its address + shift, or else at the same
+ * address (a block the period gave back as it found it), with k's shape
+ * and, when `want` is not T_NONE, that kind now; -1 none. */
+static int64_t partner(const mm_allocator *a, const mm_alloc_mark *m, size_t k, uint64_t shift,
+                       uint8_t want, int *still)
 {
-    return mm_alloc_fold_block_at(m, m->b[k].ptr + shift);
+    for (int c = 0; c < 2; c++) {
+        uint64_t d = c ? 0 : shift;
+        if (c && !shift)
+            break;
+        int64_t y = mm_alloc_fold_block_at(m, m->b[k].ptr + d);
+        if (y >= 0 && same_shape(&m->b[k], &a->b[y], d) &&
+            (want == T_NONE || m->type1[y] == want)) {
+            *still = c || !shift;
+            return y;
+        }
+    }
+    return -1;
 }
 
-/* the pairs' blocks shifted, before the whole check (most periods fail here) */
+/* the pair's block now is its block at the mark shifted, or in place */
+static int pair_shape(const blk *x, const blk *y, uint64_t shift)
+{
+    return same_shape(x, y, shift) || same_shape(x, y, 0);
+}
+
+/* the pairs' blocks shifted (or in place), before the whole check (most
+ * periods fail here) */
 static int pairs_shifted(const mm_allocator *a, const mm_alloc_mark *m,
                          const mm_fold_pair *pairs, size_t np, uint64_t shift)
 {
@@ -333,7 +371,7 @@ static int pairs_shifted(const mm_allocator *a, const mm_alloc_mark *m,
         if ((x < 0) != (y < 0))
             return 0;
         if (x >= 0 && ((size_t)x >= m->nb || (size_t)y >= a->nb ||
-                       !same_shape(&m->b[x], &a->b[y], shift)))
+                       !pair_shape(&m->b[x], &a->b[y], shift)))
             return 0;
     }
     return 1;
@@ -350,16 +388,17 @@ static int pairs_match(const mm_allocator *a, mm_alloc_mark *m, const mm_fold_pa
             continue;
         }
         if ((size_t)x >= m->nb || (size_t)y >= a->nb || m->type0[x] != T_OPAQUE ||
-            m->type1[y] != T_OPAQUE || !same_shape(&m->b[x], &a->b[y], shift))
+            m->type1[y] != T_OPAQUE || !pair_shape(&m->b[x], &a->b[y], shift))
             return 0;
         m->type0[x] = m->type1[y] = T_FREED;
+        m->part[x] = (int32_t)y;
+        m->still0[x] = m->still1[y] = !same_shape(&m->b[x], &a->b[y], shift) || !shift;
     }
     return 1;
 }
 
 /* neighbour w0 of a mark's block against neighbour w1 of its partner */
-static int side_ok(const mm_allocator *a, const mm_alloc_mark *m, int32_t w0, int32_t w1,
-                   uint64_t shift)
+static int side_ok(const mm_alloc_mark *m, int32_t w0, int32_t w1)
 {
     if (w0 < 0 || w1 < 0)
         return w0 < 0 && w1 < 0;
@@ -368,10 +407,8 @@ static int side_ok(const mm_allocator *a, const mm_alloc_mark *m, int32_t w0, in
         return m->type1[w1] == T_OPAQUE;
     case T_FIXED:
         return w1 == w0;
-    default: /* a moving one's partner may be marked already */
-        return (m->type1[w1] == m->type0[w0] ||
-                (m->type1[w1] == T_HIT && m->type0[w0] == T_MOVING)) &&
-               a->b[w1].ptr == m->b[w0].ptr + shift;
+    default: /* moving or freed: its own partner */
+        return m->part[w0] == w1;
     }
 }
 
@@ -404,48 +441,114 @@ static int dead_ones(const mm_allocator *a, mm_alloc_mark *m)
     return 1;
 }
 
-/* the moving and freed blocks: partners of equal shape with matching
- * neighbours, as many moving ones now as at the mark; and nothing else of
- * the mark's changed */
+/* Blocks that stayed in place and blocks that moved by the shift keep
+ * their order of addresses through the folded periods only when every one
+ * that moves lies below every one that stays and the shift is down (the
+ * new segments' way): then no best fit between the two can turn out
+ * otherwise.  Periods whose blocks all move, or all stay, need no test. */
+static int order_kept(const mm_allocator *a, const mm_alloc_mark *m, uint64_t shift)
+{
+    uint64_t lo_still = UINT64_MAX, hi_moved = 0;
+    int any_still = 0;
+    for (size_t k = 0; k < m->nb; k++) {
+        if (m->type0[k] != T_MOVING && m->type0[k] != T_FREED)
+            continue;
+        const blk *x = &m->b[k], *y = &a->b[m->part[k]];
+        if (m->still0[k]) {
+            any_still = 1;
+            lo_still = x->ptr < lo_still ? x->ptr : lo_still;
+        } else {
+            hi_moved = max_u64(hi_moved, max_u64(x->ptr + x->size, y->ptr + y->size));
+        }
+    }
+    if (!any_still || !shift)
+        return 1;
+    if ((int64_t)shift > 0)
+        return 0;
+    for (size_t k = 0; k < a->nb; k++) /* the blocks the period made move too */
+        if (a->b[k].in_use_slot && a->b[k].stamp > m->clock && !m->still1[k])
+            hi_moved = max_u64(hi_moved, a->b[k].ptr + a->b[k].size);
+    return hi_moved <= lo_still;
+}
+
+/* the moving and freed blocks: partners of equal shape (shifted or in
+ * place) with matching neighbours, as many moving ones now as at the mark;
+ * and nothing else of the mark's changed */
 static int blocks_match(const mm_allocator *a, mm_alloc_mark *m, uint64_t shift)
 {
     for (size_t k = 0; k < m->nb; k++) {
         uint8_t t = m->type0[k];
-        if (t != T_MOVING && t != T_FREED) {
-            if (t == T_OPAQUE && !untouched(a, m, k))
-                return 0; /* an allocated block changed without being freed */
+        if (t == T_OPAQUE && !untouched(a, m, k))
+            return 0; /* an allocated block changed without being freed */
+        if (t != T_MOVING)
             continue;
-        }
-        int64_t y = partner(m, k, shift);
-        if (y < 0 || m->type1[y] != t || !same_shape(&m->b[k], &a->b[y], shift) ||
-            !side_ok(a, m, m->b[k].prev, a->b[y].prev, shift) ||
-            !side_ok(a, m, m->b[k].next, a->b[y].next, shift))
+        int still = 0;
+        int64_t y = partner(a, m, k, shift, T_MOVING, &still);
+        if (y < 0)
             return 0;
-        if (t == T_MOVING)
-            m->type1[y] = T_HIT;
+        m->part[k] = (int32_t)y;
+        m->still0[k] = m->still1[y] = (uint8_t)still;
+        m->type1[y] = T_HIT;
     }
-    return dead_ones(a, m);
+    for (size_t k = 0; k < m->nb; k++) {
+        uint8_t t = m->type0[k];
+        if (t != T_MOVING && t != T_FREED)
+            continue;
+        const blk *y = &a->b[m->part[k]];
+        if (!side_ok(m, m->b[k].prev, y->prev) || !side_ok(m, m->b[k].next, y->next))
+            return 0;
+    }
+    return order_kept(a, m, shift) && dead_ones(a, m);
 }
 
 /* ---- applying the periods ---------------------------------------------------------------- */
 
-/* X: the mark's blocks changed or gone; T: now's blocks made or changed */
+static int by_u64(const void *x, const void *y)
+{
+    uint64_t p = *(const uint64_t *)x, q = *(const uint64_t *)y;
+    return p < q ? -1 : p > q;
+}
+
+/* X: the mark's blocks changed or gone; T: now's blocks made or changed;
+ * but not those back in place as they were (each period leaves them so);
+ * and the addresses of those (skip_handles) */
 static int collect_changes(const mm_allocator *a, mm_alloc_mark *m)
 {
-    m->nx = m->nt = 0;
+    m->nx = m->nt = m->nstill = 0;
     for (size_t k = 0; k < m->nb; k++)
-        if (m->b[k].in_use_slot && !untouched(a, m, k)) {
+        if (m->b[k].in_use_slot && !untouched(a, m, k) && !m->still0[k]) {
             if (reserve_n((void **)&m->x, &m->capx, m->nx + 1, sizeof *m->x))
                 return -1;
             m->x[m->nx++] = m->b[k];
         }
-    for (size_t k = 0; k < a->nb; k++)
-        if (a->b[k].in_use_slot && a->b[k].stamp > m->clock) {
-            if (reserve_n((void **)&m->t, &m->capt, m->nt + 1, sizeof *m->t))
+    for (size_t k = 0; k < a->nb; k++) {
+        if (!a->b[k].in_use_slot || a->b[k].stamp <= m->clock)
+            continue;
+        if (m->still1[k]) {
+            if (reserve_n((void **)&m->still, &m->capstill, m->nstill + 1, sizeof *m->still))
                 return -1;
-            m->t[m->nt++] = a->b[k];
+            m->still[m->nstill++] = a->b[k].ptr;
+            continue;
         }
+        if (reserve_n((void **)&m->t, &m->capt, m->nt + 1, sizeof *m->t))
+            return -1;
+        m->t[m->nt++] = a->b[k];
+    }
+    qsort(m->still, m->nstill, sizeof *m->still, by_u64);
     return 0;
+}
+
+int mm_alloc_fold_still(const mm_alloc_mark *m, uint64_t ptr)
+{
+    size_t lo = 0, hi = m->nstill;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (m->still[mid] < ptr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < m->nstill && m->still[lo] == ptr;
 }
 
 /* period j: X shifted out, T shifted in (links only say "has a neighbour":

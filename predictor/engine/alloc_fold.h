@@ -63,5 +63,9 @@ int64_t mm_alloc_fold(mm_allocator *a, mm_alloc_mark *m, const uint64_t pmax[4],
 /* After mm_alloc_fold applied periods: the handle of the block at `ptr`,
  * -1 none (the block of a tensor a folded period allocated). */
 int64_t mm_alloc_fold_block_at(const mm_alloc_mark *m, uint64_t ptr);
+/* After mm_alloc_fold applied periods: 1 when the block the verified period
+ * left at `ptr` is one it gave back in place (every folded period leaves its
+ * copy there, not shifted), 0 when it moves with the shift. */
+int mm_alloc_fold_still(const mm_alloc_mark *m, uint64_t ptr);
 
 #endif

@@ -271,8 +271,8 @@ static int skip_handles(replay *r, const uint64_t *ptr0, size_t b1, size_t Q, si
         const sim_ev *v = &r->ev[e];
         if (v->is_free || r->h[v->id] != FOLD_PENDING(e - b1))
             continue;
-        uint64_t j = (e - b1) / Q + 1;
-        int64_t k = mm_alloc_fold_block_at(m, ptr0[(e - b1) % Q] + j * shift);
+        uint64_t j = (e - b1) / Q + 1, p0 = ptr0[(e - b1) % Q];
+        int64_t k = mm_alloc_fold_block_at(m, mm_alloc_fold_still(m, p0) ? p0 : p0 + j * shift);
         if (k < 0)
             return -1;
         r->h[v->id] = k;
@@ -462,6 +462,8 @@ static void step(replay *r, int first, int per_param)
         }
         i = r->nev;
     }
+    if (r->fold)
+        r->fold->next_try = i; /* each step looks for periods from its start */
     while (i < r->nev && !r->failed) {
         const sim_ev *e = &r->ev[i];
         if (!states && e->phase == MM_PHASE_OPTIMIZER) {

@@ -130,7 +130,23 @@ static int vlm(imp_spec *s, const mm_node *root, const char *top, const char *fi
         imp_note(s, "ignored the top-level use_cache: the language model reads its own "
                     "(%s.use_cache)", tkey);
     hf_mark(&rh, "use_cache");
-    return hf_finish(&rh);
+    return imp_hf_quant(&rh, s, 1) || hf_finish(&rh) ? -1 : 0;
+}
+
+/* VLMs the families do not describe, and what is missing (the rest get
+ * the language-model reader's list of what is described) */
+static const char *unmodelled_why(const char *t)
+{
+    static const char *const types[][2] = {
+        {"minicpmv", "MiniCPM-V's connector is a perceiver resampler (cross-attention of learned "
+                     "queries over the patches, resampler.py), which no family has"},
+        {"idefics2", "Idefics2's connector is a perceiver resampler (Idefics2PerceiverResampler), "
+                     "which no family has"},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(types[i][0], t))
+            return types[i][1];
+    return NULL;
 }
 
 static int is_vlm(const char *t)
@@ -157,12 +173,17 @@ int imp_hf_buffer(imp_spec *s, const char *buf, size_t len, const char *name, co
     }
     char top[48];
     snprintf(top, sizeof top, "%.40s", mt->str);
+    const char *why = unmodelled_why(top);
+    if (why) {
+        mm_err_at(err, name, mt->line, mt->col, "model_type: '%s' is refused: %s", top, why);
+        goto out;
+    }
     if (is_vlm(top)) {
         rc = vlm(s, root, top, name, err);
     } else {
         hfc h;
         hfc_init(&h, s, root, "", name, err);
-        rc = imp_hf_text(&h, top, -1, s) || hf_finish(&h) ? -1 : 0;
+        rc = imp_hf_text(&h, top, -1, s) || imp_hf_quant(&h, s, 0) || hf_finish(&h) ? -1 : 0;
     }
     if (!rc && pre)
         rc = imp_hf_preprocessor(s, pre, prelen, prename, top, err);

@@ -169,6 +169,56 @@ expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile_mode redu
 has "--args:1:1: torch_compile_mode: 'reduce-overhead' is not measured"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile True --torch_compile_backend aot_eager"
 has "torch_compile_backend: 'aot_eager' is not measured"
+# a pre-quantized checkpoint (config.json's quantization_config, issue 23): bitsandbytes
+# is the decoder's modules[].quantization, as LLaMA-Factory's quantization_bit says it;
+# the other methods, a quantized VLM and what bitsandbytes cannot be told are refused
+BNB='"quantization_config": {"_load_in_4bit": true, "_load_in_8bit": false, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "uint8", "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true, "llm_int8_enable_fp32_cpu_offload": false, "llm_int8_has_fp16_weight": false, "llm_int8_skip_modules": null, "llm_int8_threshold": 6.0, "load_in_4bit": true, "load_in_8bit": false, "quant_method": "bitsandbytes"}'
+mkdir -p "$T/bnb" "$T/plain"
+cp "$T/config.json" "$T/plain/config.json"
+sed "s/}\$/, $BNB}/" "$T/config.json" > "$T/bnb/config.json"
+printf 'test/tiny-bnb-4bit %s\ntest/tiny %s\n' "$T/bnb" "$T/plain" >> "$CAT/catalog.txt"
+printf 'model_name_or_path: test/tiny-bnb-4bit\nstage: sft\nfinetuning_type: lora\nlora_target: all\ncutoff_len: 1024\nper_device_train_batch_size: 2\nbf16: true\n' > "$T/lf-bnb.yaml"
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$T/lf-bnb.yaml" -o "$T/bnb.yaml"
+expect 0 cat "$T/bnb.yaml"
+has "quantization: {bits: 4, quant_type: nf4, double_quant: true} # quantization_config (bitsandbytes"
+has "assumed training.precision is quantization_config.bnb_4bit_compute_dtype (bfloat16)"
+has "ignored quantization_config.bnb_4bit_quant_storage: the packed weights' storage dtype"
+sed 's/test\/tiny-bnb-4bit/test\/tiny/' "$T/lf-bnb.yaml" > "$T/lf-plain.yaml"
+printf 'quantization_bit: 4\n' >> "$T/lf-plain.yaml"
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$T/lf-plain.yaml" -o "$T/plain.yaml"
+same "$T/bnb.yaml" "$T/plain.yaml"
+expect 2 "$M" import --hf "$T/bnb/config.json" --args "--per_device_train_batch_size 2 --bf16 True"
+has "quantized base weights cannot be trained: set trainable: false (QLoRA)"
+q() { sed "s/}\$/, \"quantization_config\": $1}/" "$T/config.json" > "$T/q/config.json"; }
+mkdir -p "$T/q"
+q '{"quant_method": "bitsandbytes", "load_in_8bit": true, "bnb_4bit_compute_dtype": "float32"}'
+expect 2 "$M" import --hf "$T/q/config.json" # (written, then refused: nothing trains it)
+has "quantization: {bits: 8}"
+q '{"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "quantization_config.quant_method: 'gptq'-quantized bases are not modelled"
+q '{"quant_method": "awq", "bits": 4}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "'awq'-quantized bases are not modelled"
+q '{"quant_method": "bitsandbytes", "load_in_4bit": true}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "bnb_4bit_compute_dtype: 'float32': the quantized Linears would compute in it"
+q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16", "llm_int8_skip_modules": ["lm_head", "mlp"]}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "llm_int8_skip_modules: only [lm_head] is modelled"
+q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "load_in_8bit": true}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "expected exactly one of load_in_4bit and load_in_8bit"
+q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_typo": 1}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "quantization_config.bnb_4bit_typo: unknown key"
+sed "s/}\$/, $BNB}/" "$S/llava-1.5-7b-hf/config.json" > "$T/q/config.json"
+expect 2 "$M" import --hf "$T/q/config.json"
+has "a quantized vision-language checkpoint"
+# VLMs whose connector no family describes: refused with what is missing
+sed 's/"model_type": "llama"/"model_type": "minicpmv"/' "$T/config.json" > "$T/q/config.json"
+expect 2 "$M" import --hf "$T/q/config.json"
+has "model_type: 'minicpmv' is refused: MiniCPM-V's connector is a perceiver resampler"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--optim lion_32bit"
 has "optim: optimizer 'lion_32bit' is not modelled"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--bf16 True --bf16 False"

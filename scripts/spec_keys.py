@@ -102,7 +102,12 @@ MEANING = {
     "training.micro_batch_size": "samples per GPU per micro-step",
     "training.seq_len": "tokens per sample entering the language model, image tokens included",
     "training.image_size": "the worst-case image, [height, width] or one side",
-    "training.video_frames": "frames per sample (video towers)",
+    "training.video_frames": "frames of each video: a sample's `images_per_sample` are videos "
+                             "of this many frames (Qwen-VL towers only, refused elsewhere)",
+    "training.video_min_pixels": "a video frame's smart_resize lower bound (with video_frames); "
+                                 "default: the image processor's min_pixels",
+    "training.video_max_pixels": "a video frame's smart_resize upper bound (with video_frames); "
+                                 "default: the image processor's max_pixels",
     "training.precision": "dtype of weights and activations",
     "training.master_weights": "fp32: fp32 weights under autocast, fp32 grads and states",
     "training.autocast": "torch.autocast around the forward (AMP)",

@@ -177,6 +177,8 @@ typedef struct training_spec {
     uint64_t micro_batch_size, seq_len, images_per_sample;
     uint64_t image_height, image_width;   /* the largest image a sample carries */
     uint64_t video_frames;                /* frames of one video (Qwen dynamic only) */
+    uint64_t video_min_pixels, video_max_pixels; /* a frame's resize bounds, 0: the image
+                                                     processor's (spec_video.c) */
     precision_kind precision;
     master_kind master_weights;
     int autocast;                 /* torch.autocast around the forward */

@@ -24,6 +24,8 @@ static const keydesc training_keys[] = {
     {"images_per_sample", K_UINT, TR(images_per_sample), 0, 64, NULL, 0, 0, 0},
     {"image_size", K_SPECIAL, 0, 0, 0, NULL, 0, 0, 0},
     {"video_frames", K_UINT, TR(video_frames), 0, 4096, NULL, 0, 0, 0},
+    {"video_min_pixels", K_UINT, TR(video_min_pixels), 1, 1ull << 40, NULL, 0, 0, 0},
+    {"video_max_pixels", K_UINT, TR(video_max_pixels), 1, 1ull << 40, NULL, 0, 0, 0},
     {"precision", K_ENUM, TR(precision), 0, 0, prec_names, 0, 0, 0},
     {"master_weights", K_ENUM, TR(master_weights), 0, 0, master_names, 0, 0, 0},
     {"autocast", K_BOOL, TR(autocast), 0, 1, NULL, 0, 0, 0},

@@ -162,6 +162,23 @@ static int fixed_like(const mm_spec *s, const module_spec *v, uint64_t tiles, vi
     return 0;
 }
 
+/* The pixel bounds a dynamic processor resizes with: the image processor's,
+ * or for a video the frames' own where the spec gives them (qwen_vl_utils
+ * fetch_video resizes frames between VIDEO_MIN_PIXELS and its per-frame cap,
+ * then the processor runs with do_resize=False: ms-swift
+ * swift/template/templates/qwen.py; transformers' Qwen2VLVideoProcessor built
+ * from a checkpoint's preprocessor_config.json takes the image bounds) */
+void tokens_pixel_bounds(const mm_spec *s, const module_spec *v, uint64_t *lo, uint64_t *hi)
+{
+    const training_spec *t = &s->training;
+    *lo = v->img.min_pixels;
+    *hi = v->img.max_pixels;
+    if (t->video_frames && t->video_min_pixels)
+        *lo = t->video_min_pixels;
+    if (t->video_frames && t->video_max_pixels)
+        *hi = t->video_max_pixels;
+}
+
 int tokens_per_image(const mm_spec *s, uint64_t h, uint64_t w, vis_tokens *o, mm_error *err)
 {
     const module_spec *v = mm_spec_module(s, MOD_VISION);
@@ -173,8 +190,9 @@ int tokens_per_image(const mm_spec *s, uint64_t h, uint64_t w, vis_tokens *o, mm
     case IMG_FIXED:
         return fixed_like(s, v, 1, o);
     case IMG_DYNAMIC: {
-        uint64_t f = v->patch_size * v->spatial_merge_size, rh, rw;
-        if (smart_resize(h, w, f, ip->min_pixels, ip->max_pixels, &rh, &rw)) {
+        uint64_t f = v->patch_size * v->spatial_merge_size, rh, rw, lo, hi;
+        tokens_pixel_bounds(s, v, &lo, &hi);
+        if (smart_resize(h, w, f, lo, hi, &rh, &rw)) {
             mm_err(err, "%s: training.image_size %llux%llu: aspect ratio above 200", s->path,
                    (unsigned long long)h, (unsigned long long)w);
             return -1;
@@ -227,8 +245,9 @@ void tokens_worst_image(const mm_spec *s, const module_spec *v, uint64_t *h, uin
     const image_proc *ip = &v->img;
     *h = *w = v->image_size;
     if (ip->kind == IMG_DYNAMIC) {
-        uint64_t f = v->patch_size * v->spatial_merge_size;
-        uint64_t side = (uint64_t)floor(sqrt((double)ip->max_pixels) / (double)f) * f;
+        uint64_t f = v->patch_size * v->spatial_merge_size, lo, hi;
+        tokens_pixel_bounds(s, v, &lo, &hi);
+        uint64_t side = (uint64_t)floor(sqrt((double)hi) / (double)f) * f;
         *h = *w = side ? side : f;
     } else if (ip->kind == IMG_TILES) {
         *w = v->image_size * (ip->max_tiles ? ip->max_tiles : 1); /* a 1 x max_tiles grid */

@@ -159,6 +159,9 @@ def make_spec(row, d):
         tr["loss_upcast"] = False
     if s.get("video_frames"):       # tests/truth/feat_towers.py: one Qwen-VL video per "image"
         tr["video_frames"] = s["video_frames"]
+    for k in ("video_min_pixels", "video_max_pixels"):  # a frame's own bounds (feat_towers.py)
+        if s.get(k):
+            tr[k] = s[k]
     if any((s.get("liger") or {}).values()):   # tests/truth/feat_liger.py: Liger's kernels,
         # patched as apply_liger_kernel_to_<type>(model=...) does; the rows keep the model's loss
         tr["liger_kernel"] = dict(s["liger"], fused_linear_cross_entropy=False)

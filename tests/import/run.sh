@@ -509,9 +509,13 @@ key lora '\{r: 16, alpha: 32, dropout: 0.05, target_modules: all-linear\}'
 key trainable true
 has "ignored vit_lr: a learning rate"
 expect 0 "$M" predict "$T/sw-llm.yaml" --set training.data_parallel=4
-# video is refused with the reason (vit_gradient_checkpointing.sh trains on VideoChatGPT)
-expect 2 "$M" import --catalog "$CAT" --swift "$SW/vit_gradient_checkpointing.sh" --deepspeed "$SW/zero3.json"
-has "vit_gradient_checkpointing.sh:7:1: VIDEO_MAX_PIXELS: video samples are not mapped for ms-swift"
+# video (vit_gradient_checkpointing.sh trains on VideoChatGPT): qwen_vl_utils' frames at worst,
+# FPS_MAX_FRAMES 12, each frame at most max(min(50176, 90316800 / 12 x 2), int(100352 x 1.05))
+expect 0 "$M" import --catalog "$CAT" --swift "$SW/vit_gradient_checkpointing.sh" --deepspeed "$SW/zero3.json" -o "$T/sw-video.yaml"
+expect 0 cat "$T/sw-video.yaml"
+key video_frames 12;  key video_min_pixels 100352;  key video_max_pixels 105369
+has "assumed every sample is one video long enough for FPS_MAX_FRAMES (12 frames at FPS 2"
+expect 0 "$M" predict "$T/sw-video.yaml" --set training.data_parallel=4
 # --padding_free: the batch in one row, the spec's packing (as a trainer file's padding_free)
 printf 'swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --max_pixels 1003520 \\\n  --attn_impl flash_attn --padding_free true\n' > "$T/s.sh"
 expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh" -o "$T/sw-pf.yaml"
@@ -538,7 +542,22 @@ hasnt "vit_gradient_checkpointing"
 "$M" predict "$T/sw-vit-true.yaml" --json > "$T/a.json" 2>&1 && "$M" predict "$T/sw-vit-false.yaml" --json > "$T/b.json" 2>&1 &&
     python3 -c 'import json,sys; a,b=(json.load(open(f))["allocated_peak_bytes"] for f in sys.argv[1:]); sys.exit(0 if b > a else 1)' \
         "$T/a.json" "$T/b.json" && ok || bad "vit_gradient_checkpointing false: no heavier step than true"
-sw "FPS_MAX_FRAMES=12 $Q\n" "s.sh:1:1: FPS_MAX_FRAMES: video samples are not mapped"
+# the per-frame cap follows the frame count and the total (qwen_vl_utils fetch_video)
+printf "VIDEO_TOTAL_PIXELS=19267584 FPS_MAX_FRAMES=128 $Q --max_length 32768\n" > "$T/s.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh"
+key video_frames 128;  key video_max_pixels 301056
+printf "FPS_MAX_FRAMES=13 $Q --max_length 8192\n" > "$T/s.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh"
+key video_frames 12;  key video_max_pixels 602112
+# a video longer than max_length cannot be a sample (ms-swift deletes it): the spec says so
+printf "FPS_MAX_FRAMES=13 $Q\n" > "$T/s.sh"
+expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"
+has "training.seq_len: 4096 is shorter than the 4374 image tokens"
+sw "FPS_MAX_FRAMES=8 FPS_MIN_FRAMES=10 $Q\n" "FPS_MIN_FRAMES: 10 is above FPS_MAX_FRAMES (8 frames)"
+sw "NFRAMES=8 $Q\n" "s.sh:1:1: NFRAMES: Ovis2's frame count"
+printf 'FPS=1 swift sft --model liuhaotian/llava-v1.5-7b\n' > "$T/s.sh"
+expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"
+has "video samples are mapped for the Qwen2-VL and Qwen2.5-VL templates"
 sw "$Q --no_such_flag 1\n" "s.sh:1:47: no_such_flag: unknown trainer key"
 sw "$Q --tuner_type adalora\n" "s.sh:1:47: tuner_type: 'adalora': lora, full and lora_llm are modelled"
 sw "$Q --use_dora true\n" "s.sh:1:47: use_dora: only false"

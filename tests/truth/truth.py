@@ -699,7 +699,7 @@ SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_c
               "parallel_options", "torch_compile")
 # only in setups that set them (tests/truth/accum.py, feat_towers.py): the older rows stay byte-identical
 ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch", "vit_gradient_checkpointing", "video_frames",
-              "liger")
+              "liger", "video_min_pixels", "video_max_pixels")
 FEAT_KEYS = ("loss_upcast",)              # tests/truth/feat_keys.py
 
 
@@ -736,7 +736,7 @@ def visual_upper_bound(fam, img):
 
 
 def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=None, model=None, lora=None,
-               seed=0, accum=None, vit_gc=None, video=None):
+               seed=0, accum=None, vit_gc=None, video=None, video_px=None):
     import families
     mm = families.FAMILIES[fam]["multimodal"]
     if not mm:
@@ -793,6 +793,9 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
     if video is not None:   # Qwen-VL video frames per sample (feat_towers.py); None: the key stays out
         s["video_frames"] = int(video)
         ga += "video%d-" % int(video)
+    if video_px is not None:  # a frame's own (min, max) pixels, qwen_vl_utils' VIDEO_MIN/MAX_PIXELS
+        s["video_min_pixels"], s["video_max_pixels"] = int(video_px[0]), int(video_px[1])
+        ga += "vpx%d-%d-" % (video_px[0], video_px[1])
     if vit_gc is not None:  # ms-swift vit_gradient_checkpointing (feat_towers.py); None: the key stays out
         s["vit_gradient_checkpointing"] = bool(vit_gc)
         ga += "vit%s-" % ("gc" if vit_gc else "nogc")

@@ -35,12 +35,13 @@
 #define TP_COLWISE (LT_Q | LT_K | LT_V | LT_GATE | LT_UP)
 #define TP_ROWWISE (LT_O | LT_DOWN)
 
-/* c->on_linear: the all-reduces around the decoder's sharded Linears */
+/* c->on_linear: the all-reduces around the decoder's sharded Linears (none under
+ * sequence parallel: the collectives are tp_seq's all-gathers and reduce-scatters) */
 static void tp_linear(lctx *c, uint32_t row, uint32_t lt, int32_t x, int32_t y, sim_node *n,
                       uint64_t rows, uint64_t out)
 {
     sim *s = c->s;
-    if (c->m->kind != MOD_DECODER || y < 0)
+    if (c->m->kind != MOD_DECODER || y < 0 || c->on_seq)
         return;
     /* Colwise backward: the input gradient (Partial) and its all-reduced clone
      * (_FromTorchTensor.backward redistributes it to the input's Replicate) */
@@ -52,10 +53,85 @@ static void tp_linear(lctx *c, uint32_t row, uint32_t lt, int32_t x, int32_t y, 
         sim_transient(s, row, sim_mul(s, rows, sim_mul(s, out, s->t[y].esz)));
 }
 
+/* the vocabulary-sharded embedding's weight gradient: DTensor has no strategy that
+ * keeps embedding_dense_backward's output sharded on the rows (torch 2.13
+ * torch/distributed/tensor/_ops/_embedding_ops.py embedding_dense_backward_strategy,
+ * l.62-97: Shard(1) of a Shard(-1) gradient, or Partial), so with the replicated
+ * gradient of the gathered output the whole V x h gradient is computed on every rank;
+ * the truth rows (tests/truth/tp.py, sequence_parallel) show it alive, whole, from the
+ * embedding's backward through the optimizer step (the traces' embedding_dense_backward
+ * at the optimizer peak: V x h bytes, not V/tp x h).  x is the lookup's output: its
+ * node is the last on the tape */
+static void embedding_grad(lctx *c, int32_t x)
+{
+    sim *s = c->s;
+    if (!s->ntape || s->tape[s->ntape - 1].out != x)
+        return;
+    sim_node *n = &s->tape[s->ntape - 1];
+    uint64_t local = n->wgrad_bytes;
+    n->wgrad_bytes = sim_mul(s, local, c->seq_shards);
+    /* gradient accumulation: the earlier micro-batches' .grad is that whole gradient
+     * too (the model states hold the shard's bytes: the rest, alive to the step's end) */
+    if (c->grads_accumulate && local)
+        sim_alloc(s, n->row, sim_mul(s, local, c->seq_shards - 1), F_GRAD, 0);
+}
+
+/* c->on_seq: DTensor's redistributions between Shard(1) (the sequence) and the
+ * whole sequence, each through a functional collective whose output is a new tensor
+ * (torch 2.13 torch/distributed/_functional_collectives.py):
+ *   - gather (Shard(1) -> Replicate: PrepareModuleInput before attention and the MLP,
+ *     ColwiseParallel(input_layouts=Shard(1)) before lm_head; tensor/placement_types.py
+ *     Shard._to_replicate_tensor): all_gather_single (l.185-220) makes the gathered
+ *     flat tensor (all_gather_into_tensor, ranks stacked on dim 0) and, gather_dim 1,
+ *     the torch.cat of its chunks on dim 1 (_maybe_view_chunk_cat): the flat one dies
+ *     after the cat.  Its backward is the Partial gradient's reduce-scatter back to
+ *     Shard(1) (tensor/_redistribute.py Redistribute.backward): below.
+ *   - scatter (Partial -> Shard(1): RowwiseParallel(output_layouts=Shard(1)) after
+ *     o_proj / down_proj, and the vocabulary-sharded embedding's output, _MaskPartial):
+ *     reduce_scatter_single (l.247-283) copies the input into rank-major order
+ *     (_chunk_or_narrow_cat: a new T x width tensor, scatter_dim 1) and allocates the
+ *     1/tp output while the copy lives.  Its backward all-gathers the gradient
+ *     (Partial goes back as Replicate): the flat buffer beside the cat.
+ * On CUDA, ProcessGroupNCCL's _allgather_base / _reduce_scatter_base write into these
+ * outputs and allocate nothing through the caching allocator; gloo clones the
+ * reduce-scatter's input and a flat all-gather buffer inside the call, which the truth
+ * harness leaves out of the count (docs/oracle.md, EMU nccl_collectives). */
+static int32_t tp_seq(lctx *c, int32_t x, int gather, uint64_t width)
+{
+    if (x < 0)
+        return x;
+    uint32_t r = op_row(c, c->per_layer ? "layers.sequence_parallel" : "sequence_parallel",
+                        "collective");
+    uint64_t e = c->s->t[x].esz ? c->s->t[x].esz : c->dt;
+    uint64_t full = op_mul3(c, c->T, width, e);
+    int32_t y;
+    if (gather) {
+        y = op_new(c, r, op_mul(c, c->T, width), e);
+        sim_transient(c->s, r, full); /* the flat all_gather_into_tensor output */
+    } else {
+        int32_t copy = op_new(c, r, op_mul(c, c->T, width), e);
+        y = op_new(c, r, op_mul(c, c->T / c->seq_shards, width), e);
+        op_drop(c, copy);
+    }
+    if (!gather && !c->per_layer && !c->counting)
+        embedding_grad(c, x);
+    sim_node *n = op_node(c, r, y, x, -1, -1, 0);
+    if (n) /* backward: the reduce-scatter's input copy, or the all-gather's flat buffer */
+        n->bwd_tmp = full;
+    return y;
+}
+
 void tp_attach(lctx *c)
 {
-    if (c->spec->training.tensor_parallel > 1)
-        c->on_linear = tp_linear;
+    const training_spec *t = &c->spec->training;
+    if (t->tensor_parallel <= 1)
+        return;
+    c->on_linear = tp_linear;
+    if (t->sequence_parallel) {
+        c->seq_shards = t->tensor_parallel;
+        c->on_seq = tp_seq;
+        c->loss_parallel = 1;
+    }
 }
 
 mm_spec *tp_local_spec(const mm_spec *sp)
@@ -72,6 +148,11 @@ mm_spec *tp_local_spec(const mm_spec *sp)
         d->num_attention_heads /= tp;
         d->num_key_value_heads /= tp;
         d->intermediate_size /= tp;
+        /* sequence parallel: torchtitan shards the embedding (RowwiseParallel: weight
+         * Shard(0)) and the output head (ColwiseParallel: weight Shard(0)) on the
+         * vocabulary, apply_tp lines 173-188; spec_tp.c asks for a divisible one */
+        if (sp->training.sequence_parallel)
+            d->vocab_size /= tp;
     }
     return l;
 }

@@ -50,7 +50,7 @@ static int32_t cross_entropy(lctx *c, uint32_t rl, int32_t l32, uint64_t rows, u
      * torch/distributed/tensor/parallel/loss.py): _log_softmax (l.197-221) makes
      * shifted = x - all_reduce(amax) and exp(shifted) for the sum before the result,
      * shifted - logsumexp; its backward (l.259-266) is grad_output.to(input_dtype),
-     * the same tensor; _nll_loss_and_log_softmax_backward (l.434-500) makes
+     * the same tensor; _nll_loss_and_log_softmax_backward (l.451-518) makes
      * zeros_like(x), exp(x), their sum and the sum * grad_output, three of them alive
      * at once beside the output gradient's bytes */
     int32_t shifted = c->loss_parallel ? op_new(c, rl, TV, e) : -1;

@@ -4,7 +4,7 @@
  * torchtitan/models/llama3/infra/parallelize.py apply_tp, lines 229-240:
  * wq/wk/wv and w1/w3 (HF q/k/v_proj, gate/up_proj) ColwiseParallel, wo and w2
  * (o_proj, down_proj) RowwiseParallel; norms, embeddings and the output head
- * replicated (no SequenceParallel).  What a rank holds:
+ * replicated (without sequence_parallel: below).  What a rank holds:
  *   - the sharded Linears' weights, gradients and optimizer states, 1/tp each:
  *     Colwise shards the weight (and bias) on dim 0, Rowwise on dim 1
  *     (torch 2.13 torch/distributed/tensor/parallel/style.py _partition_linear_fn,
@@ -25,7 +25,23 @@
  *     reduces the clone in place, so the partial sum and its reduced copy are
  *     alive together until the partial one is dropped.  Checked by the truth
  *     rows (tests/truth/tp.py): where a clone sits at a phase peak the model
- *     is within 0.2 % with it and 0.6 .. 2.4 % under without it. */
+ *     is within 0.2 % with it and 0.6 .. 2.4 % under without it.
+ * Sequence parallel (training.sequence_parallel, torchtitan's whole plan: apply_tp
+ * lines 173-188 and 217-241; tests/truth/tp.py apply_sp), on top of the above:
+ *   - SequenceParallel norms (torch 2.13 style.py l.339-440: input Shard(1), the
+ *     output left a Shard(1) DTensor, use_local_output False, l.384): the residual
+ *     stream, the norms and the embedding's output hold T/tp tokens (lctx.seq_shards);
+ *   - PrepareModuleInput on attention and the MLP (style.py l.442) and lm_head's
+ *     ColwiseParallel(input_layouts=Shard(1)) all-gather the norm's output: the whole
+ *     T x h input is what q/k/v, gate/up and lm_head keep for backward; o_proj and
+ *     down_proj (RowwiseParallel(output_layouts=Shard(1))) and the embedding
+ *     (RowwiseParallel, _MaskPartial output) reduce-scatter their partial sums (tp_seq);
+ *     no all-reduce clones then (tp_linear);
+ *   - embedding and lm_head sharded on the vocabulary (V/tp rows, tp_local_spec), the
+ *     embedding's weight gradient whole (embedding_grad), the logits T x V/tp and the
+ *     loss under loss_parallel (model/ops_loss.c cross_entropy).
+ *   Checked by the 16 sequence-parallel truth rows (tests/accuracy/accuracy.py, the
+ *   "sequence parallel" feature). */
 #include "parallel.h"
 #include "ops.h"
 #include "util.h"
@@ -81,14 +97,14 @@ static void embedding_grad(lctx *c, int32_t x)
  * (torch 2.13 torch/distributed/_functional_collectives.py):
  *   - gather (Shard(1) -> Replicate: PrepareModuleInput before attention and the MLP,
  *     ColwiseParallel(input_layouts=Shard(1)) before lm_head; tensor/placement_types.py
- *     Shard._to_replicate_tensor): all_gather_single (l.185-220) makes the gathered
+ *     Shard._to_replicate_tensor, l.591): all_gather_single (l.185-224) makes the gathered
  *     flat tensor (all_gather_into_tensor, ranks stacked on dim 0) and, gather_dim 1,
  *     the torch.cat of its chunks on dim 1 (_maybe_view_chunk_cat): the flat one dies
  *     after the cat.  Its backward is the Partial gradient's reduce-scatter back to
- *     Shard(1) (tensor/_redistribute.py Redistribute.backward): below.
+ *     Shard(1) (tensor/_redistribute.py Redistribute.backward, l.1953): below.
  *   - scatter (Partial -> Shard(1): RowwiseParallel(output_layouts=Shard(1)) after
  *     o_proj / down_proj, and the vocabulary-sharded embedding's output, _MaskPartial):
- *     reduce_scatter_single (l.247-283) copies the input into rank-major order
+ *     reduce_scatter_single (l.247-286) copies the input into rank-major order
  *     (_chunk_or_narrow_cat: a new T x width tensor, scatter_dim 1) and allocates the
  *     1/tp output while the copy lives.  Its backward all-gathers the gradient
  *     (Partial goes back as Replicate): the flat buffer beside the cat.

@@ -167,10 +167,11 @@ MEANING = {
                                 "plan: q/k/v/gate/up colwise, o/down rowwise), one TP group per "
                                 "rank set, no data parallel beside it; refused with ZeRO, FSDP, "
                                 "LoRA, autocast, compile, VLM towers, MoE (docs/parallel.md)",
-    "training.sequence_parallel": "with tensor_parallel: torchtitan's SequenceParallel norms, "
-                                  "vocabulary-sharded embedding / lm_head and loss_parallel, "
-                                  "judged by the prediction without it as a bound (the "
-                                  "prediction says so)",
+    "training.sequence_parallel": "with tensor_parallel: torchtitan's SequenceParallel norms "
+                                  "and residuals at tokens/tp, the all-gathers / reduce-scatters "
+                                  "around attention, MLP, embedding and lm_head, vocabulary-"
+                                  "sharded embedding / lm_head and loss_parallel; sdpa, the "
+                                  "standard fp32 loss, untied divisible vocabulary",
     "training.optimizer_in_backward": "the step runs per parameter inside backward "
                                       "(no full set of gradients)",
     "gradient_checkpointing.use_reentrant": "default: false with transformers >= 5, else true",

@@ -139,17 +139,33 @@ static int32_t layer_scale(lctx *c, const char *name, int32_t x)
     return y;
 }
 
-/* x + f(norm(x)) with the optional post norm and layer scale */
+/* sequence parallel: x (sequence-sharded) all-gathered, or f (a partial sum of
+ * every token) reduce-scattered, around attention and the MLP (c->on_seq) */
+static int32_t seq_redistribute(lctx *c, int32_t x, int gather)
+{
+    if (!c->on_seq || c->m->kind != MOD_DECODER)
+        return x;
+    int32_t y = c->on_seq(c, x, gather, c->m->hidden_size);
+    op_drop(c, x);
+    return y;
+}
+
+/* x + f(norm(x)) with the optional post norm and layer scale; under sequence
+ * parallel the norm and the residual hold T / seq_shards tokens (SequenceParallel) */
 static int32_t sublayer(lctx *c, int32_t x, int which, int attn)
 {
     const module_spec *m = c->m;
     uint64_t T = c->T, h = m->hidden_size;
+    if (c->on_seq && m->kind == MOD_DECODER && c->seq_shards > 1)
+        T /= c->seq_shards;
     int32_t z = op_decoder_norm(c, norm_name(c, which == 0 ? 0 : m->sandwich_norm ? 2 : 1), x, T,
                                 h, m->norm);
+    z = seq_redistribute(c, z, 1);
     int32_t f = attn ? self_attention(c, z)
                 : moe_here(c) ? moe_block(c, z)
                               : block_dense_mlp(c, z, m->intermediate_size);
     op_drop(c, z);
+    f = seq_redistribute(c, f, 0);
     if (m->sandwich_norm) {
         int32_t p = op_norm(c, norm_name(c, which == 0 ? 1 : 3), f, T, h, m->norm, 1);
         op_drop(c, f);

@@ -63,6 +63,12 @@ static int32_t embed(lctx *c, int32_t feat)
     }
     /* LoRA on embed_tokens wraps the whole module (its embed_scale included) */
     emb = op_lora_embedding(c, emb, c->T, rows, m->hidden_size);
+    if (c->on_seq) { /* sequence parallel: the vocabulary-sharded lookup's partial sum,
+                      * reduce-scattered to the sequence shards (train/parallel_tp.c) */
+        int32_t e = c->on_seq(c, emb, 0, m->hidden_size);
+        op_drop(c, emb);
+        emb = e;
+    }
     if (feat < 0 || m->merge == MERGE_CROSS_ATTENTION)
         return emb;
     return merge_images(c, emb, feat);
@@ -169,8 +175,14 @@ int32_t decoder_module(lctx *c, int32_t image_features)
     c->cos = c->sin = c->mask = c->mask_sliding = c->cross_states = c->mask_cross = -1;
     for (size_t i = 0; i < c->ntaps; i++)
         op_drop(c, c->taps[i]);
-    int32_t z = op_decoder_norm(c, "norm", x, c->T, m->hidden_size, m->norm);
+    int32_t z = op_decoder_norm(c, "norm", x, c->on_seq ? c->T / c->seq_shards : c->T,
+                                m->hidden_size, m->norm);
     op_drop(c, x);
+    if (c->on_seq) { /* lm_head's input all-gathered (ColwiseParallel input Shard(1)) */
+        int32_t g = c->on_seq(c, z, 1, m->hidden_size);
+        op_drop(c, z);
+        z = g;
+    }
     uint64_t rows = c->spec->training.logits_to_keep
                         ? op_mul(c, c->B, c->spec->training.logits_to_keep) : c->T;
     int32_t loss = op_lm_head_loss(c, z, rows, m->hidden_size, m->vocab_size,

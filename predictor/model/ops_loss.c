@@ -45,12 +45,27 @@ int32_t op_embedding(lctx *c, const char *name, uint64_t T, uint64_t V, uint64_t
 static int32_t cross_entropy(lctx *c, uint32_t rl, int32_t l32, uint64_t rows, uint64_t V,
                              int32_t target)
 {
-    uint64_t TV = op_mul(c, rows, V);
-    int32_t lsm = op_new(c, rl, TV, esz_of(c, l32));
+    uint64_t TV = op_mul(c, rows, V), e = esz_of(c, l32);
+    /* loss_parallel (c->loss_parallel, V the rank's vocabulary shard; torch 2.13
+     * torch/distributed/tensor/parallel/loss.py): _log_softmax (l.197-221) makes
+     * shifted = x - all_reduce(amax) and exp(shifted) for the sum before the result,
+     * shifted - logsumexp; its backward (l.259-266) is grad_output.to(input_dtype),
+     * the same tensor; _nll_loss_and_log_softmax_backward (l.451-518) makes
+     * zeros_like(x), exp(x), their sum and the sum * grad_output, three of them alive
+     * at once beside the output gradient's bytes */
+    int32_t shifted = c->loss_parallel ? op_new(c, rl, TV, e) : -1;
+    if (c->loss_parallel && !c->counting)
+        sim_transient(c->s, rl, op_mul(c, TV, e));
+    int32_t lsm = op_new(c, rl, TV, e);
+    op_drop(c, shifted);
     sim_node *n = op_node(c, rl, lsm, l32, -1, -1, 0);
     op_save(c, n, lsm);
+    if (n && c->loss_parallel)
+        n->grad_views = 1;
     int32_t loss = op_new(c, rl, 1, F32);
     n = op_node(c, rl, loss, lsm, -1, -1, 0);
+    if (n && c->loss_parallel)
+        n->bwd_tmp = op_mul3(c, TV, e, 2);
     op_save(c, n, lsm);
     op_save(c, n, target);
     op_drop(c, lsm);

@@ -56,6 +56,17 @@ typedef struct lctx {
      * NULL: none */
     void (*on_linear)(struct lctx *c, uint32_t row, uint32_t lt, int32_t x, int32_t y,
                       struct sim_node *n, uint64_t rows, uint64_t out);
+    /* sequence parallel (train/parallel_tp.c): the decoder's residual stream, norms and
+     * embedding output hold T / seq_shards tokens; on_seq turns x (width `width`) from
+     * sequence-sharded to whole (gather 1: all-gather, before attention, MLP and lm_head)
+     * or from a partial sum of every token to sequence-sharded (gather 0: reduce-scatter,
+     * after o_proj, down_proj and the embedding) and returns the new tensor (x is kept:
+     * the caller drops it).  seq_shards 1 / on_seq NULL: none.  loss_parallel: the
+     * logits are sharded on the vocabulary and cross_entropy runs as
+     * torch.distributed.tensor.parallel.loss_parallel computes it (ops_loss.c) */
+    uint64_t seq_shards;
+    int32_t (*on_seq)(struct lctx *c, int32_t x, int gather, uint64_t width);
+    int loss_parallel;
     attn_kind attn;
     uint64_t dt;         /* activation dtype bytes */
     uint64_t wdt;        /* weight dtype bytes (fp32 under autocast) */

@@ -254,6 +254,8 @@ def features(setup):
         out.append("qwen-vl video")         # tests/truth/feat_towers.py
     if setup["parallel"] == "tp":
         out.append("tensor parallel")   # tests/truth/tp.py: modelled, judged by the goal
+        if (setup.get("parallel_options") or {}).get("sequence_parallel"):
+            out.append("sequence parallel")   # torchtitan's whole plan: modelled, judged by the goal
     if any((setup.get("liger") or {}).values()):
         out.append("liger")             # Liger's kernels, emulated (tests/truth/feat_liger.py)
     if (setup.get("parallel_options") or {}).get("wrap_policy"):
@@ -271,13 +273,10 @@ def is_bound(r):
 
 
 def bound_name(r):
-    """the bound's group: torch.compile (the eager prediction), sequence parallel (the
-    tensor-parallel prediction without it, tests/truth/tp.py); None: a model"""
+    """the bound's group: torch.compile (the eager prediction); None: a model"""
     s = r["row"]["setup"]
     if s.get("torch_compile"):
         return "torch.compile"
-    if (s.get("parallel_options") or {}).get("sequence_parallel"):
-        return "sequence parallel"
     if (s.get("parallel_options") or {}).get("wrap_policy") == "peft_lora" and any(s["trainable"].values()):
         return "fsdp peft wrap, trainable connector"   # bound.c: feat_wrap.py's LLaVA rows
     return None

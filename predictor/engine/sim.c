@@ -8,6 +8,14 @@
 static void maybe_free(sim *s, int32_t id);
 static void unsave(sim *s, int32_t id);
 
+/* one change of the live bytes (account), kept while track_peak is on */
+struct sim_undo {
+    uint64_t bytes;
+    uint32_t row;
+    uint8_t f, sharded;
+    int8_t sign;
+};
+
 void sim_init(sim *s, uint64_t dp, int symbolic)
 {
     memset(s, 0, sizeof *s);
@@ -23,6 +31,7 @@ void sim_free(sim *s)
     free(s->terms);
     free(s->rows);
     free(s->snap_row_fact);
+    free(s->undo);
     free(s->ev);
     if (!s->tables_borrowed) {
         free(s->layer_tp);
@@ -152,41 +161,96 @@ static void add_term(sim *s, uint64_t f, uint64_t sh)
     s->nterms++;
 }
 
-static void snapshot(sim *s)
+/* the factors of a snapshot from the live bytes per factor: the sharded
+ * bytes are rounded once, as the peak is; each factor gets its floor and the
+ * last sharded one the remainder, so the factors add up */
+static void snap_factors(sim *s, const uint64_t *fx, const uint64_t *fsh, const uint64_t *fm,
+                         uint64_t live_sharded)
 {
-    s->snapped = 1;
-    s->stopped = 1; /* a replay only exists for this snapshot: stop here */
-    /* the sharded bytes are rounded once, as the peak is; each factor gets its
-     * floor and the last sharded one the remainder, so the factors add up */
     uint64_t acc = 0;
     int last = -1;
     for (int f = 0; f < F_NFACT; f++) {
-        uint64_t sh = s->fact_sharded[f] / s->dp;
+        uint64_t sh = fsh[f] / s->dp;
         acc += sh;
-        if (s->fact_sharded[f])
+        if (fsh[f])
             last = f;
-        s->snap_fact[f] = s->fact_fixed[f] + sh + (s->dp > 1 ? s->fact_multi[f] : 0);
+        s->snap_fact[f] = fx[f] + sh + (s->dp > 1 ? fm[f] : 0);
     }
     if (last >= 0)
-        s->snap_fact[last] += mm_ceil_div(s->live_sharded, s->dp) - acc;
+        s->snap_fact[last] += mm_ceil_div(live_sharded, s->dp) - acc;
+}
+
+static int fact_of(const sim_tensor *t)
+{
+    return t->cls == F_TEMP && (t->refs || t->vrefs) ? F_ACT : t->cls;
+}
+
+/* bytes a tensor of `bytes` and sharding `sharded` takes on this rank */
+static uint64_t rank_of(const sim *s, uint64_t bytes, int sharded)
+{
+    if (sharded == SIM_MULTI)
+        return s->dp > 1 ? bytes : 0;
+    return sharded == SIM_SHARDED ? mm_ceil_div(bytes, s->dp) : bytes;
+}
+
+/* the live tensors' bytes per (row, factor) into snap_row_fact */
+static int snap_rows(sim *s)
+{
     if (!s->snap_row_fact) {
         s->snap_row_fact = calloc(s->nrows * F_NFACT + 1, sizeof *s->snap_row_fact);
         s->snap_nrows = s->nrows;
     }
     if (!s->snap_row_fact) {
         s->oom = 1;
-        return;
+        return -1;
     }
     for (size_t i = 0; i < s->nt; i++) {
         const sim_tensor *t = &s->t[i];
         if (!t->alive || t->row >= s->snap_nrows)
             continue;
-        int f = t->cls == F_TEMP && (t->refs || t->vrefs) ? F_ACT : t->cls;
-        if (t->sharded == SIM_MULTI && s->dp == 1)
-            continue;
-        uint64_t b = t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, s->dp) : t->bytes;
-        s->snap_row_fact[t->row * F_NFACT + (size_t)f] += b;
+        s->snap_row_fact[t->row * F_NFACT + (size_t)fact_of(t)] += rank_of(s, t->bytes, t->sharded);
     }
+    return 0;
+}
+
+static void snapshot(sim *s)
+{
+    s->snapped = 1;
+    s->stopped = 1; /* a replay only exists for this snapshot: stop here */
+    snap_factors(s, s->fact_fixed, s->fact_sharded, s->fact_multi, s->live_sharded);
+    snap_rows(s);
+}
+
+int sim_peak_snapshot(sim *s)
+{
+    if (!s->track_peak || !s->peak_event || s->oom)
+        return -1;
+    uint64_t fx[F_NFACT], fsh[F_NFACT], fm[F_NFACT], lsh = s->live_sharded;
+    memcpy(fx, s->fact_fixed, sizeof fx);
+    memcpy(fsh, s->fact_sharded, sizeof fsh);
+    memcpy(fm, s->fact_multi, sizeof fm);
+    free(s->snap_row_fact);
+    s->snap_row_fact = NULL;
+    if (snap_rows(s)) /* the end state, then every change since the peak undone */
+        return -1;
+    for (size_t i = s->nundo; i-- > 0;) {
+        const struct sim_undo *u = &s->undo[i];
+        uint64_t b = u->bytes, r = rank_of(s, b, u->sharded);
+        uint64_t *slot = &s->snap_row_fact[u->row * F_NFACT + u->f];
+        uint64_t *fact = u->sharded == SIM_MULTI ? &fm[u->f] : u->sharded ? &fsh[u->f] : &fx[u->f];
+        if (u->sign > 0) {
+            *slot -= r;
+            *fact -= b;
+            lsh -= u->sharded == SIM_SHARDED ? b : 0;
+        } else {
+            *slot += r;
+            *fact += b;
+            lsh += u->sharded == SIM_SHARDED ? b : 0;
+        }
+    }
+    snap_factors(s, fx, fsh, fm, lsh);
+    s->snapped = 1;
+    return 0;
 }
 
 /* called after every allocation: the only moments a new peak can appear */
@@ -199,6 +263,7 @@ static void event(sim *s)
         s->phase_peak_event[s->phase] = s->nevents;
     }
     if (live > s->peak) {
+        s->nundo = 0; /* the breakdown at this peak is the state now */
         s->peak = live;
         s->peak_event = s->nevents;
         s->peak_phase = s->phase;
@@ -214,14 +279,27 @@ static void event(sim *s)
         snapshot(s);
 }
 
-static int fact_of(const sim_tensor *t)
+static void undo_push(sim *s, const sim_tensor *t, int f, int sign)
 {
-    return t->cls == F_TEMP && (t->refs || t->vrefs) ? F_ACT : t->cls;
+    if (s->nundo == s->capundo) {
+        size_t cap = s->capundo ? s->capundo * 2 : 4096;
+        struct sim_undo *u = realloc(s->undo, cap * sizeof *u);
+        if (!u) {
+            s->oom = 1;
+            return;
+        }
+        s->undo = u;
+        s->capundo = cap;
+    }
+    s->undo[s->nundo++] = (struct sim_undo){.bytes = t->bytes, .row = t->row, .f = (uint8_t)f,
+                                            .sharded = t->sharded, .sign = (int8_t)sign};
 }
 
 static void account(sim *s, const sim_tensor *t, int sign)
 {
     int f = fact_of(t);
+    if (s->track_peak)
+        undo_push(s, t, f, sign);
     if (t->sharded == SIM_MULTI) {
         s->live_multi = sign > 0 ? mm_sat_add(s->live_multi, t->bytes) : s->live_multi - t->bytes;
         s->fact_multi[f] = sign > 0 ? mm_sat_add(s->fact_multi[f], t->bytes) : s->fact_multi[f] - t->bytes;
@@ -239,9 +317,7 @@ static void account(sim *s, const sim_tensor *t, int sign)
 /* bytes a tensor takes on this rank */
 static uint64_t rank_bytes(const sim *s, const sim_tensor *t)
 {
-    if (t->sharded == SIM_MULTI)
-        return s->dp > 1 ? t->bytes : 0;
-    return t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, s->dp) : t->bytes;
+    return rank_of(s, t->bytes, t->sharded);
 }
 
 static void log_event(sim *s, int32_t id, int is_free)

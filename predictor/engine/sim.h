@@ -133,6 +133,12 @@ typedef struct sim {
     uint64_t snap_fact[F_NFACT];
     uint64_t *snap_row_fact;   /* snap_nrows * F_NFACT, filled at the snapshot */
     size_t snap_nrows;
+    /* the breakdown at the peak without a second run (track_peak): every change
+     * of the live bytes since the newest peak, undone from the end state by
+     * sim_peak_snapshot */
+    int track_peak;
+    struct sim_undo *undo;
+    size_t nundo, capundo;
     /* pareto terms (symbolic mode) */
     mm_dp_term *terms;
     size_t nterms, capterms;
@@ -205,6 +211,11 @@ void sim_transient_sharded(sim *s, uint32_t row, uint64_t bytes);
 void sim_set_phase(sim *s, mm_phase p);
 void sim_label(sim *s, const char *label, uint32_t row);
 uint64_t sim_live(const sim *s);
+
+/* With track_peak set before the step: the snapshot a run with snap_at =
+ * peak_event would take (snap_fact, snap_row_fact), from this run's end state.
+ * 0, or -1 when there was no event (no peak) or no memory. */
+int sim_peak_snapshot(sim *s);
 
 /* Backward over tape[from, to) in reverse.  `recompute` re-runs a checkpointed
  * layer (implemented by layers.c) and returns its recomputed output. */

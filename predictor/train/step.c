@@ -158,6 +158,7 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
 {
     sim_init(s, cfg->dp, cfg->symbolic);
     s->snap_at = cfg->snap_at;
+    s->track_peak = cfg->track_peak;
     s->log = cfg->log;
     int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
     lctx c;

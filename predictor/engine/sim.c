@@ -300,17 +300,25 @@ static void account(sim *s, const sim_tensor *t, int sign)
     int f = fact_of(t);
     if (s->track_peak)
         undo_push(s, t, f, sign);
+    uint64_t *live, *fact;
     if (t->sharded == SIM_MULTI) {
-        s->live_multi = sign > 0 ? mm_sat_add(s->live_multi, t->bytes) : s->live_multi - t->bytes;
-        s->fact_multi[f] = sign > 0 ? mm_sat_add(s->fact_multi[f], t->bytes) : s->fact_multi[f] - t->bytes;
+        live = &s->live_multi;
+        fact = &s->fact_multi[f];
     } else if (t->sharded) {
-        s->live_sharded = sign > 0 ? mm_sat_add(s->live_sharded, t->bytes) : s->live_sharded - t->bytes;
-        s->fact_sharded[f] = sign > 0 ? mm_sat_add(s->fact_sharded[f], t->bytes) : s->fact_sharded[f] - t->bytes;
+        live = &s->live_sharded;
+        fact = &s->fact_sharded[f];
     } else {
-        s->live_fixed = sign > 0 ? mm_sat_add(s->live_fixed, t->bytes) : s->live_fixed - t->bytes;
-        s->fact_fixed[f] = sign > 0 ? mm_sat_add(s->fact_fixed[f], t->bytes) : s->fact_fixed[f] - t->bytes;
+        live = &s->live_fixed;
+        fact = &s->fact_fixed[f];
     }
-    if (s->live_fixed == UINT64_MAX || s->live_sharded == UINT64_MAX || s->live_multi == UINT64_MAX)
+    if (sign < 0) {
+        *live -= t->bytes;
+        *fact -= t->bytes;
+        return;
+    }
+    *live = mm_sat_add(*live, t->bytes);
+    *fact = mm_sat_add(*fact, t->bytes);
+    if (*live == UINT64_MAX)
         s->overflow = 1;
 }
 
@@ -320,22 +328,55 @@ static uint64_t rank_bytes(const sim *s, const sim_tensor *t)
     return rank_of(s, t->bytes, t->sharded);
 }
 
+/* room for `cap` tensors / events: 0, or -1 (oom set).  A new array with the
+ * used part copied, not realloc, which copies the whole old capacity */
+static void *regrow(sim *s, void *old, size_t used, size_t cap, size_t size)
+{
+    void *p = malloc(cap * size);
+    if (!p) {
+        s->oom = 1;
+        return NULL;
+    }
+    if (used)
+        memcpy(p, old, used * size);
+    free(old);
+    return p;
+}
+
+static int grow_tensors(sim *s, size_t cap)
+{
+    sim_tensor *t = regrow(s, s->t, s->nt, cap, sizeof *t);
+    if (!t)
+        return -1;
+    s->t = t;
+    s->capt = cap;
+    return 0;
+}
+
+static int grow_events(sim *s, size_t cap)
+{
+    sim_ev *e = regrow(s, s->ev, s->nev, cap, sizeof *e);
+    if (!e)
+        return -1;
+    s->ev = e;
+    s->capev = cap;
+    return 0;
+}
+
+void sim_reserve(sim *s, size_t tensors)
+{
+    if (tensors > s->capt && !grow_tensors(s, tensors) && s->log && 2 * tensors > s->capev)
+        grow_events(s, 2 * tensors); /* an allocation and a free per tensor at most */
+}
+
 static void log_event(sim *s, int32_t id, int is_free)
 {
     const sim_tensor *t = &s->t[id];
     uint64_t b = rank_bytes(s, t);
     if (!b)
         return;
-    if (s->nev == s->capev) {
-        size_t cap = s->capev ? s->capev * 2 : 4096;
-        sim_ev *e = realloc(s->ev, cap * sizeof *e);
-        if (!e) {
-            s->oom = 1;
-            return;
-        }
-        s->ev = e;
-        s->capev = cap;
-    }
+    if (s->nev == s->capev && grow_events(s, s->capev ? s->capev * 2 : 4096))
+        return;
     s->ev[s->nev++] = (sim_ev){.bytes = b, .id = id, .row = t->row, .is_free = (uint8_t)is_free,
                                .phase = (uint8_t)s->phase, .cls = t->cls};
 }
@@ -343,16 +384,8 @@ static void log_event(sim *s, int32_t id, int is_free)
 /* a tensor record that is not on the device (alive 0) */
 static int32_t sim_alloc_quiet(sim *s, uint32_t row, uint64_t bytes)
 {
-    if (s->nt == s->capt) {
-        size_t cap = s->capt ? s->capt * 2 : 1024;
-        sim_tensor *t = realloc(s->t, cap * sizeof *t);
-        if (!t) {
-            s->oom = 1;
-            return -1;
-        }
-        s->t = t;
-        s->capt = cap;
-    }
+    if (s->nt == s->capt && grow_tensors(s, s->capt ? s->capt * 2 : 1024))
+        return -1;
     int32_t id = (int32_t)s->nt++;
     s->t[id] = (sim_tensor){.bytes = bytes, .vbytes = bytes, .base = -1, .row = row,
                             .cls = F_TEMP, .grad = -1};
@@ -363,16 +396,8 @@ int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
 {
     if (s->stopped)
         return -1;
-    if (s->nt == s->capt) {
-        size_t cap = s->capt ? s->capt * 2 : 1024;
-        sim_tensor *t = realloc(s->t, cap * sizeof *t);
-        if (!t) {
-            s->oom = 1;
-            return -1;
-        }
-        s->t = t;
-        s->capt = cap;
-    }
+    if (s->nt == s->capt && grow_tensors(s, s->capt ? s->capt * 2 : 1024))
+        return -1;
     int32_t id = (int32_t)s->nt++;
     sim_tensor *t = &s->t[id];
     *t = (sim_tensor){.bytes = bytes, .vbytes = bytes, .base = -1, .row = row,
@@ -411,16 +436,8 @@ int32_t sim_view(sim *s, uint32_t row, int32_t base, uint64_t vbytes)
 {
     if (s->stopped || base < 0)
         return -1;
-    if (s->nt == s->capt) {
-        size_t cap = s->capt ? s->capt * 2 : 1024;
-        sim_tensor *t = realloc(s->t, cap * sizeof *t);
-        if (!t) {
-            s->oom = 1;
-            return -1;
-        }
-        s->t = t;
-        s->capt = cap;
-    }
+    if (s->nt == s->capt && grow_tensors(s, s->capt ? s->capt * 2 : 1024))
+        return -1;
     while (s->t[base].base >= 0) /* a view of a view shares the first base */
         base = s->t[base].base;
     int32_t id = (int32_t)s->nt++;

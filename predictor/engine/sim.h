@@ -186,6 +186,9 @@ void sim_free(sim *s);
 uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind);
 uint32_t sim_row_get_tmp(sim *s, uint32_t module, const char *name, const char *kind);
 
+/* room for `tensors` tensors (and, with the log on, their events) up front:
+ * what a run expects to create is then never copied by a growing array */
+void sim_reserve(sim *s, size_t tensors);
 int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded);
 /* A view of `base` (reshape, transpose, slice, unbind ...): no storage of its
  * own; it keeps the base alive while it lives.  `vbytes` is its own size,

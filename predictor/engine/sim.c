@@ -295,7 +295,7 @@ static void undo_push(sim *s, const sim_tensor *t, int f, int sign)
                                             .sharded = t->sharded, .sign = (int8_t)sign};
 }
 
-static void account(sim *s, const sim_tensor *t, int sign)
+static inline void account(sim *s, const sim_tensor *t, int sign)
 {
     int f = fact_of(t);
     if (s->track_peak)
@@ -369,7 +369,7 @@ void sim_reserve(sim *s, size_t tensors)
         grow_events(s, 2 * tensors); /* an allocation and a free per tensor at most */
 }
 
-static void log_event(sim *s, int32_t id, int is_free)
+static inline void log_event(sim *s, int32_t id, int is_free)
 {
     const sim_tensor *t = &s->t[id];
     uint64_t b = rank_bytes(s, t);

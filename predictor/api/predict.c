@@ -86,7 +86,7 @@ mm_overheads predict_overheads(const mm_spec *sp)
 /* What the first (symbolic) run leaves for the rest of a prediction. */
 typedef struct run1 {
     sim rows;              /* its rows and parameter counts, for the later runs */
-    uint64_t largest, host, outside, peak_event;
+    uint64_t largest, host, outside;
 } run1;
 
 static void run1_free(run1 *r)
@@ -120,7 +120,6 @@ static int first_run(const mm_spec *sp, mm_prediction *out, run1 *r, int nofold,
     r->rows.snap_row_fact = s.snap_row_fact;
     r->rows.snap_nrows = s.snap_nrows;
     s.snap_row_fact = NULL;
-    r->peak_event = s.peak_event;
     out->allocated_peak_bytes = s.peak;
     out->peak_phase = s.peak_phase;
     memcpy(out->phase_peak, s.phase_peak, sizeof out->phase_peak);

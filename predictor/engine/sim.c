@@ -748,16 +748,19 @@ void sim_release_grads(sim *s)
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx)
 {
     for (size_t k = to; k-- > from;) {
-        sim_node n = s->tape[k]; /* copy: recompute may grow (realloc) the tape */
         if (s->oom || s->stopped)
             return;
-        sim_label(s, NULL, n.row);
+        const sim_node *p = &s->tape[k];
+        sim_label(s, NULL, p->row);
+        if (!p->marker && !p->ckpt) {
+            node_backward(s, p); /* makes no node: the tape stays where it is */
+            continue;
+        }
+        sim_node n = *p; /* copy: a marker or recompute may grow (realloc) the tape */
         if (n.marker)
             n.marker(s, &n, n.marker_ctx);
-        else if (n.ckpt)
-            ckpt_backward(s, &n, fn, ctx);
         else
-            node_backward(s, &n);
+            ckpt_backward(s, &n, fn, ctx);
     }
 }
 

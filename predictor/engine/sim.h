@@ -126,7 +126,8 @@ typedef struct sim {
     const char *peak_label;
     uint64_t phase_peak[MM_PHASE_COUNT];
     uint64_t phase_peak_event[MM_PHASE_COUNT]; /* the event of each phase's peak */
-    /* snapshot at a given event (second pass) */
+    /* snapshot at a given event, the run stopped there (dp_paged_at; a prediction
+     * keeps its breakdown at the peak with track_peak instead) */
     uint64_t snap_at;          /* 0 = none */
     int snapped;
     int stopped;               /* snapshot taken: the rest of the replay is skipped */

@@ -14,7 +14,10 @@ uint32_t op_row(lctx *c, const char *name, const char *kind);
 void op_param(lctx *c, uint32_t r, uint64_t n, int trainable);
 int32_t op_new(lctx *c, uint32_t r, uint64_t elems, uint64_t bytes_per);
 int32_t op_view(lctx *c, uint32_t r, int32_t base, uint64_t vbytes);
-int op_rg(const lctx *c, int32_t id);
+static inline int op_rg(const lctx *c, int32_t id)
+{
+    return id >= 0 && c->s->t[id].rg;
+}
 void op_drop(lctx *c, int32_t id);
 void op_hold(lctx *c, int32_t id);
 sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, int32_t in2,

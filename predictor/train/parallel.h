@@ -39,6 +39,9 @@ typedef struct par_state {
     uint64_t z_head;                   /* the decoder head's; read once from the rows (the */
     uint8_t z_pers_ok[MM_MAX_MODULES]; /* counting pass made them: later rows hold no */
     uint8_t z_head_ok;                 /* parameters) */
+    uint64_t z_rd_l, z_rd_after;       /* ZeRO-3: the last reuse distance asked, of layer */
+    uint32_t z_rd_m;                   /* (z_rd_m, z_rd_l): the later units' parameters */
+    int z_rd_ok;
     int32_t step_mark;                 /* first tensor of the step proper */
     /* DDP (parallel_ddp.c) */
     int32_t ddp_first, ddp_cur;        /* buckets: consecutive tensor ids, the one filling */

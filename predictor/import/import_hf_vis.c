@@ -2,7 +2,7 @@
  * model's projector keys -> the connector.  Defaults are the transformers
  * 5.17 vision config classes' (CLIPVisionConfig, SiglipVisionConfig,
  * Qwen2VL / Qwen2_5_VL / Qwen3VL VisionConfig, InternVLVisionConfig,
- * Idefics3 / SmolVLM VisionConfig, MllamaVisionConfig) and, for InternVL's
+ * Idefics3 / SmolVLM VisionConfig, MllamaVisionConfig, PixtralVisionConfig) and, for InternVL's
  * original remote-code format, InternVisionConfig's. */
 #include "import_hf.h"
 
@@ -30,6 +30,7 @@ static const vis_class vis_classes[] = {
     {"idefics3_vision", "idefics3", 1152, 3072, 12, 16, 224, 32, "gelu_pytorch_tanh"},
     {"smolvlm_vision", "idefics3", 1152, 3072, 12, 16, 224, 32, "gelu_pytorch_tanh"},
     {"mllama_vision_model", "mllama", 1280, 5120, 32, 16, 448, 14, "gelu"},
+    {"pixtral", "pixtral", 1024, 4096, 24, 16, 1024, 16, "gelu"}, /* PixtralVisionConfig */
 };
 
 static const vis_class *vis_class_of(const char *type)
@@ -190,6 +191,22 @@ static int mllama_vision(hfc *v, imp_section *m, uint64_t h, uint64_t *out_dim)
     return 0;
 }
 
+/* PixtralVisionConfig.__post_init__ (configuration_pixtral.py:55-57) derives
+ * head_dim = hidden_size // num_attention_heads; PixtralAttention uses that
+ * (modeling_pixtral.py:178), so a config.json's head_dim must agree */
+static int pixtral_vision(hfc *v, imp_section *m)
+{
+    uint64_t h = 0, a = 0, hd;
+    key_parse_u64(imp_get(m, "hidden_size"), &h);
+    key_parse_u64(imp_get(m, "num_attention_heads"), &a);
+    if (!a || hf_u64(v, "head_dim", h / a, &hd))
+        return -1;
+    if (hd != h / a)
+        return hf_fail(v, "head_dim", "%llu is not hidden_size / num_attention_heads = %llu "
+                                      "(PixtralAttention derives it)", ULL(hd), ULL(h / a));
+    return 0;
+}
+
 /* which hidden state and whether the CLS token is kept */
 static int feature_layer(hfc *top, imp_section *m, const char *top_type)
 {
@@ -315,6 +332,8 @@ int imp_hf_vision(hfc *top, hfc *v, const char *top_type, imp_spec *s)
     if (!strcmp(vc->family, "intern_vit") && intern_vit(v, m, !strcmp(vtype, "intern_vit_6b")))
         return -1;
     if (!strcmp(vc->family, "mllama") && mllama_vision(v, m, vh, &od))
+        return -1;
+    if (!strcmp(vc->family, "pixtral") && pixtral_vision(v, m))
         return -1;
     if (!strcmp(vc->family, "siglip")) {
         int head;

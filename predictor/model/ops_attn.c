@@ -164,6 +164,17 @@ static int32_t fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
     if (!flash && o->mask >= 0 && c->s->t[o->mask].esz == 1) {
         uint64_t skv = o->Skv ? o->Skv : o->S, bq = B / (o->chunks ? o->chunks : 1);
         bias = op_new(c, r, op_mul3(c, bq, o->S, round_up(skv, 16)), dt);
+    } else if (!flash && o->mask >= 0 && o->float_bias) {
+        /* a float mask (Pixtral's) goes in as it is: the memory-efficient kernel
+         * saves it, or, when its last dim is no multiple of 16, a padded copy
+         * made in this call (attention.cpp preprocess_mask / pad_bias) */
+        uint64_t skv = o->Skv ? o->Skv : o->S, me = esz_of(c, o->mask);
+        if (skv % 16) {
+            bias = op_new(c, r, op_mul3(c, B, o->S, round_up(skv, 16)), me);
+        } else {
+            bias = o->mask;
+            op_hold(c, bias);
+        }
     }
     /* the kernel's outputs: selective checkpointing saves them (op_sac_new) */
     int32_t out = op_sac_new(c, r, qe, dt);

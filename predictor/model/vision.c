@@ -1,7 +1,8 @@
 /* vision.c - the vision encoder: pixel values -> patch embedding (2-D conv,
  * or Qwen's 3-D conv over temporal patches) -> [class token] -> [learned
  * positions] -> [pre-norm] -> layers (batched tiles, or all images packed in one
- * sequence with attention per image / per window) -> the hidden state the
+ * sequence with attention per image / per window; Pixtral's entry, one
+ * sequence behind a block mask, is vision_pixtral.c) -> the hidden state the
  * family feeds its connector.  Frozen towers save nothing: no input needs a
  * gradient and no weight does. */
 #include "block.h"
@@ -15,7 +16,7 @@ static uint64_t esz_of(const lctx *c, int32_t id)
 
 /* the patch convolution: pixel_values cast to the weight dtype (the processor
  * hands fp32), ConvBackward keeps that input when the weight needs a gradient */
-static int32_t patch_embed(lctx *c, uint64_t rows)
+int32_t vision_patch_embed(lctx *c, uint64_t rows)
 {
     const module_spec *m = c->m;
     uint64_t h = m->hidden_size, p = m->patch_size;
@@ -53,7 +54,7 @@ static int32_t embeddings(lctx *c)
     uint64_t h = m->hidden_size, B = c->B;
     uint64_t P = c->vt.grid_h * c->vt.grid_w, tiles_rows = op_mul(c, B, P);
     int tw = op_trainable(c);
-    int32_t x = patch_embed(c, m->packed ? c->T : tiles_rows);
+    int32_t x = vision_patch_embed(c, m->packed ? c->T : tiles_rows);
     if (m->class_token) {
         uint32_t rc = op_row(c, "embeddings.class_embedding", "embedding");
         op_param(c, rc, h, tw);
@@ -155,12 +156,21 @@ int32_t vision_module(lctx *c)
     if (m->img.kind == IMG_MLLAMA)
         return mllama_vision(c);
     c->per_layer = 0;
-    int32_t x = embeddings(c);
-    vision_rotary(c);
+    int pixtral = m->img.kind == IMG_PIXTRAL;
+    int32_t keep[2] = {-1, -1};
+    int32_t x = pixtral ? pixtral_embeddings(c, keep) : embeddings(c);
+    if (!pixtral)
+        vision_rotary(c);
     c->per_layer = 1;
     int64_t sel;
     int32_t feat = run_layers(c, x, &sel);
     c->per_layer = 0;
+    if (pixtral) { /* PixtralVisionModel.forward returns: its locals go */
+        op_drop(c, keep[0]);
+        op_drop(c, keep[1]);
+        op_drop(c, c->mask);
+        c->mask = -1;
+    }
     release_tuple(c, feat, sel);
     uint32_t rpost = op_row(c, "post_layernorm", "layernorm");
     if (m->post_layernorm && m->feature_post_norm) {

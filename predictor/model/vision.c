@@ -16,7 +16,7 @@ static uint64_t esz_of(const lctx *c, int32_t id)
 
 /* the patch convolution: pixel_values cast to the weight dtype (the processor
  * hands fp32), ConvBackward keeps that input when the weight needs a gradient */
-int32_t vision_patch_embed(lctx *c, uint64_t rows)
+static int32_t patch_embed(lctx *c, uint64_t rows)
 {
     const module_spec *m = c->m;
     uint64_t h = m->hidden_size, p = m->patch_size;
@@ -54,7 +54,7 @@ static int32_t embeddings(lctx *c)
     uint64_t h = m->hidden_size, B = c->B;
     uint64_t P = c->vt.grid_h * c->vt.grid_w, tiles_rows = op_mul(c, B, P);
     int tw = op_trainable(c);
-    int32_t x = vision_patch_embed(c, m->packed ? c->T : tiles_rows);
+    int32_t x = patch_embed(c, m->packed ? c->T : tiles_rows);
     if (m->class_token) {
         uint32_t rc = op_row(c, "embeddings.class_embedding", "embedding");
         op_param(c, rc, h, tw);
@@ -158,7 +158,9 @@ int32_t vision_module(lctx *c)
     c->per_layer = 0;
     int pixtral = m->img.kind == IMG_PIXTRAL;
     int32_t keep[2] = {-1, -1};
-    int32_t x = pixtral ? pixtral_embeddings(c, keep) : embeddings(c);
+    /* Pixtral: patch_conv(pixel_values.to(weight dtype)) (modeling_pixtral.py:425-426);
+     * the images share one size here (the worst image), so no padded patches */
+    int32_t x = pixtral ? pixtral_embeddings(c, patch_embed(c, c->T), keep) : embeddings(c);
     if (!pixtral)
         vision_rotary(c);
     c->per_layer = 1;

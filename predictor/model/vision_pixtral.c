@@ -1,6 +1,6 @@
 /* vision_pixtral.c - model layer: the entry of Pixtral's vision tower
  * (PixtralVisionModel.forward, transformers 5.17 models/pixtral/modeling_pixtral.py
- * :414-462) up to its layers: the patch conv over the padded images, every image's
+ * :414-462) up to its layers: after the patch conv (vision.c's), every image's
  * patches cat'ed into ONE sequence, RMSNorm ln_pre, the 2-D positions and the axial
  * rotary tables, and generate_block_attention_mask's (1, 1, P, P) mask in the model
  * dtype.  The layers, the hidden-state tuple and what follows are vision.c's. */
@@ -65,13 +65,10 @@ static void block_mask(lctx *c, int32_t x)
     c->mask = op_new(c, r, op_mul(c, c->T, c->T), esz_of(c, x));
 }
 
-int32_t pixtral_embeddings(lctx *c, int32_t keep[2])
+int32_t pixtral_embeddings(lctx *c, int32_t pe, int32_t keep[2])
 {
     const module_spec *m = c->m;
     uint64_t h = m->hidden_size, T = c->T;
-    /* patch_conv(pixel_values.to(weight dtype)) (:425-426): the images share one
-     * size here (the worst image), so no padded patches */
-    int32_t pe = vision_patch_embed(c, T);
     /* embed[..., :gh, :gw].flatten(1).T per image (views), torch.cat (:427-433): a
      * new (P, h); CatBackward hands views of its gradient back.  The views in
      * patch_embeds_list keep the conv output until the tower returns */

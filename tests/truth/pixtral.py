@@ -27,19 +27,20 @@ def _pixtral(p):
     vocab = families.vocab_for(h, 102.4)       # Mistral-Nemo tekken 131072 / 5120 (pixtral-12b)
     img_tok, brk_tok, end_tok = families._top_ids(vocab, 3)
     vh = p.get("vhidden", 64)
+    longest = p.get("longest", LONGEST)
     cfg = dict(
         image_token_index=img_tok, projector_hidden_act="gelu", vision_feature_layer=-1,
         vision_feature_select_strategy="full", tie_word_embeddings=False, multimodal_projector_bias=True,
         vision_config=dict(model_type="pixtral", hidden_size=vh, intermediate_size=vh * 4,
                            num_hidden_layers=p.get("vlayers", 2), num_attention_heads=vh // 32,
-                           image_size=LONGEST, patch_size=16, hidden_act="silu",
+                           image_size=longest, patch_size=16, hidden_act="silu",
                            rope_parameters={"rope_type": "axial", "rope_theta": 10000.0}),
         # Mistral-Nemo 12B: 32 q / 8 kv heads, head_dim 128 (< hidden / heads), untied
         text_config=families.text_cfg(dict(model_type="mistral"), h, p.get("layers", 2), 4, 1, h * 3, vocab,
                                       head_dim=32, tie_word_embeddings=False, rms_norm_eps=1e-5,
                                       rope_theta=1e6, sliding_window=None),
     )
-    proc = ("PixtralImageProcessor", dict(size={"longest_edge": LONGEST}, patch_size={"height": 16, "width": 16},
+    proc = ("PixtralImageProcessor", dict(size={"longest_edge": longest}, patch_size={"height": 16, "width": 16},
                                           image_mean=[0.48145466, 0.4578275, 0.40821073],
                                           image_std=[0.26862954, 0.26130258, 0.27577711]))
     return dict(config=cfg, processor=proc, image_token=img_tok, layout="plain")
@@ -48,6 +49,7 @@ def _pixtral(p):
 GC = {"use_reentrant": False, "every_n_layers": 1}
 GC_R = {"use_reentrant": True, "every_n_layers": 1}
 TOWER = {"hidden": 64, "vhidden": 128, "vlayers": 4}
+BIG = dict(TOWER, longest=256)
 
 # (mode, precision, attention, checkpointing, B, images per sample, image (H, W), model)
 ROWS = [
@@ -72,6 +74,11 @@ ROWS = [
     ("full", "bf16", "sdpa", GC, 2, 2, (112, 112), TOWER),
     ("full", "bf16", "eager", GC_R, 2, 2, (96, 160), TOWER),
     ("lora", "bf16", "sdpa", GC, 2, 2, (112, 112), TOWER),
+    # larger images (longest_edge 256): 900 / 1024 patches in the one sequence, the tower's
+    # attention and mask above the LM's logits
+    ("frozen_llm", "bf16", "eager", False, 2, 2, (256, 256), BIG),
+    ("full", "bf16", "sdpa", False, 2, 2, (240, 240), BIG),
+    ("frozen_llm", "bf16", "sdpa", GC, 2, 2, (240, 240), BIG),
 ]
 
 
@@ -83,12 +90,14 @@ def setups():
         if mode == "lora":
             lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
                     "on": "language"}
-        out.append(truth.make_setup("pixtral", mode, prec, attn, gc_, B, 192, k, img, "adamw_torch", "single", 1,
+        S = 576 if model.get("longest") else 192     # 4 + 2 x (256 + 16 + 2) + 16 tokens fit
+        out.append(truth.make_setup("pixtral", mode, prec, attn, gc_, B, S, k, img, "adamw_torch", "single", 1,
                                     model=dict(model), lora=lora, seed=29))
     return out
 
 
 def visual_upper_bound(img):
-    """[IMG] + [IMG_BREAK] / [IMG_END] tokens of an image of at most LONGEST pixels a side"""
+    """[IMG] + [IMG_BREAK] / [IMG_END] tokens of an image of at most LONGEST pixels a side
+    (the BIG rows state a seq_len that holds their larger images)"""
     g = LONGEST // 16
     return g * g + g

@@ -79,6 +79,9 @@ ROWS = [
     ("frozen_llm", "bf16", "eager", False, 2, 2, (256, 256), BIG),
     ("full", "bf16", "sdpa", False, 2, 2, (240, 240), BIG),
     ("frozen_llm", "bf16", "sdpa", GC, 2, 2, (240, 240), BIG),
+    # autocast over an fp32 model: ln_pre's weight * x gives fp32, so the mask is fp32
+    ("full", "amp_bf16", "sdpa", False, 2, 2, (112, 112), TOWER),
+    ("frozen_llm", "amp_bf16", "eager", False, 2, 2, (128, 128), TOWER),
 ]
 
 

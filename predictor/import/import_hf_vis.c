@@ -217,7 +217,8 @@ static int feature_layer(hfc *top, imp_section *m, const char *top_type)
         return hf_fail(top, "vision_feature_layer", "several concatenated layers are not modelled");
     if (!strcmp(top_type, "llava") && hf_i64(top, "vision_feature_layer", -2, &sel))
         return -1;
-    if ((!strcmp(top_type, "llava_onevision") || !strcmp(top_type, "internvl")) &&
+    if ((!strcmp(top_type, "llava_onevision") || !strcmp(top_type, "internvl") ||
+         !strcmp(top_type, "mistral3")) &&
         hf_i64(top, "vision_feature_layer", -1, &sel))
         return -1;
     if (!strcmp(top_type, "internvl_chat") && hf_i64(top, "select_layer", -1, &sel))
@@ -290,6 +291,18 @@ static int connector(hfc *top, const char *top_type, imp_spec *s, uint64_t vh, u
         imp_set(c, "family", "Gemma3MultiModalProjector", "avg_pool");
         imp_set(c, "pool_kernel", "patches per side / sqrt(mm_tokens_per_image)", "%llu",
                 ULL(g / side));
+    } else if (!strcmp(top_type, "mistral3")) { /* Mistral3Config (configuration_mistral3.py) */
+        uint64_t sm;
+        int bias;
+        if (hf_u64(top, "spatial_merge_size", 2, &sm) || hf_str(top, "projector_hidden_act", "gelu",
+                                                                 act, sizeof act) ||
+            hf_bool(top, "multimodal_projector_bias", 0, &bias))
+            return -1;
+        imp_set(c, "family", "Mistral3MultiModalProjector", "mistral3_merger");
+        imp_set(c, "merge_size", hf_where(top, "spatial_merge_size", w, sizeof w), "%llu", ULL(sm));
+        imp_set(c, "hidden_act", hf_where(top, "projector_hidden_act", w, sizeof w), "%s", act);
+        if (bias)
+            imp_set(c, "bias", "multimodal_projector_bias", "true");
     } else if (!strcmp(top_type, "mllama")) {
         imp_set(c, "family", "multi_modal_projector", "linear");
         vh = mllama_dim;
@@ -313,6 +326,7 @@ int imp_hf_vision(hfc *top, hfc *v, const char *top_type, imp_spec *s)
                                            : !strcmp(top_type, "mllama") ? "mllama_vision_model"
                                            : !strcmp(top_type, "idefics3") ? "idefics3_vision"
                                            : !strcmp(top_type, "smolvlm") ? "smolvlm_vision"
+                                           : !strcmp(top_type, "mistral3") ? "pixtral"
                                            : "siglip_vision_model");
     const vis_class *vc = vis_class_of(vtype);
     if (!vc)

@@ -118,11 +118,19 @@ static int split(hfc *p, imp_section *v)
 static int pixtral(hfc *p, imp_section *v)
 {
     const mm_node *size = hf_node(p, "size"), *ps = hf_node(p, "patch_size");
-    uint64_t longest = size_of(size, "longest_edge"), patch = size_of(ps, "height"), vp = 0;
+    uint64_t longest = size_of(size, "longest_edge"), patch = size_of(ps, "height"), vp = 0, mg = 1;
     if (!longest)
         return hf_fail(p, "size", "expected {longest_edge: N}");
     key_parse_u64(imp_get(v, "patch_size"), &vp);
-    if (patch && (patch != vp || size_of(ps, "width") != vp))
+    /* Mistral3: PixtralProcessor hands the image processor patch x spatial_merge_size
+     * (processing_pixtral.py:94); a saved processor may hold either */
+    const char *ms = imp_get(imp_module(p->s, "connector"), "merge_size");
+    if (ms && key_parse_u64(ms, &mg))
+        mg = 1;
+    uint64_t pw = size_of(ps, "width");
+    if (mg > 1 && patch == vp * mg && pw == patch)
+        patch = pw = vp;
+    if (patch && (patch != vp || pw != vp))
         return hf_fail(p, "patch_size", "%llu differs from the model's patch_size %llu",
                        ULL(patch), ULL(vp));
     imp_set(v, "image_processor", "PixtralImageProcessor size.longest_edge",

@@ -241,6 +241,19 @@ static void fam_linear(module_spec *m)
     m->num_layers = 1;
 }
 
+/* Mistral3MultiModalProjector (Mistral-Small-3.1; models/mistral3/modeling_mistral3.py):
+ * RMSNorm over the vision width, Mistral3PatchMerger (spatial_merge_size 2: unfold, then
+ * Linear(4h, h) without bias), Linear, GELU, Linear (bias: multimodal_projector_bias,
+ * false by default in Mistral3Config) */
+static void fam_mistral3_merger(module_spec *m)
+{
+    fam_mlp(m);
+    m->conn = CONN_MISTRAL3;
+    m->conn_norm = NORM_RMS;
+    m->merge_size = 2;
+    m->conn_bias = 0;
+}
+
 /* ---- decoders ----------------------------------------------------------------------- */
 
 static void dec_common(module_spec *m)
@@ -361,6 +374,7 @@ static const family_def families[] = {
     {"pixel_shuffle_linear", MOD_CONNECTOR, "Idefics3Connector", fam_pixel_shuffle_linear},
     {"avg_pool", MOD_CONNECTOR, "Gemma3MultiModalProjector", fam_avg_pool},
     {"linear", MOD_CONNECTOR, "Mllama multi_modal_projector", fam_linear},
+    {"mistral3_merger", MOD_CONNECTOR, "Mistral3MultiModalProjector", fam_mistral3_merger},
     {"llama", MOD_DECODER, "LlamaModel", fam_llama},
     {"llava_llama", MOD_DECODER, "LLaVA (haotian-liu) LlavaLlamaForCausalLM", fam_llava_llama},
     {"qwen2", MOD_DECODER, "Qwen2Model", fam_qwen2},

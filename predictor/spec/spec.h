@@ -23,7 +23,7 @@ typedef enum { MLP_FC = 0, MLP_GATED } mlp_kind;
 typedef enum { QKN_NONE = 0, QKN_HEAD, QKN_FULL } qknorm_kind;
 typedef enum { POS_NONE = 0, POS_LEARNED, POS_ROPE, POS_MROPE, POS_ROPE2D, POS_LEARNED_ROPE2D } pos_kind;
 typedef enum { CONN_MLP = 0, CONN_PATCH_MERGER, CONN_PIXEL_SHUFFLE, CONN_AVG_POOL,
-               CONN_LINEAR } conn_kind;
+               CONN_LINEAR, CONN_MISTRAL3 } conn_kind;
 typedef enum { IMG_FIXED = 0, IMG_DYNAMIC, IMG_TILES, IMG_ANYRES, IMG_MLLAMA, IMG_SPLIT,
                IMG_PIXTRAL } img_kind;
 typedef enum { MERGE_SCATTER = 0, MERGE_LLAVA, MERGE_CROSS_ATTENTION } merge_kind;

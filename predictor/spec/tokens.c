@@ -146,19 +146,22 @@ static uint64_t split_tiles(const module_spec *v, uint64_t h, uint64_t w)
 static int pixtral(const mm_spec *s, const module_spec *v, uint64_t h, uint64_t w,
                    vis_tokens *o)
 {
+    /* Mistral3: PixtralProcessor passes patch_size x spatial_merge_size to the image
+     * processor (processing_pixtral.py:94) and counts merged rows (:98-104) */
+    const module_spec *c = mm_spec_module(s, MOD_CONNECTOR);
+    uint64_t mg = c && c->conn == CONN_MISTRAL3 && c->merge_size ? c->merge_size : 1;
     double L = (double)(v->img.longest_edge ? v->img.longest_edge : v->image_size);
     double H = (double)h, W = (double)w, ratio = fmax(H / L, W / L);
     if (ratio > 1) {
         H = floor(H / ratio);
         W = floor(W / ratio);
     }
-    uint64_t p = v->patch_size, hh = H < 1 ? 1 : (uint64_t)H, ww = W < 1 ? 1 : (uint64_t)W;
+    uint64_t p = v->patch_size * mg, hh = H < 1 ? 1 : (uint64_t)H, ww = W < 1 ? 1 : (uint64_t)W;
     o->tiles = 1;
-    o->grid_h = (hh - 1) / p + 1;
-    o->grid_w = (ww - 1) / p + 1;
+    o->grid_h = ((hh - 1) / p + 1) * mg;
+    o->grid_w = ((ww - 1) / p + 1) * mg;
     o->patches = o->seq = o->grid_h * o->grid_w;
-    (void)s;
-    o->llm_tokens = o->patches + o->grid_h;
+    o->llm_tokens = o->patches / (mg * mg) + o->grid_h / mg;
     return 0;
 }
 

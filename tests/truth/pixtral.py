@@ -13,7 +13,7 @@ ordinary text tokens, processing_pixtral.py).
 
 Tiny on purpose (2 shared CPU cores): vision 64 wide, LM 128 wide.
 
-    FAMILY               registered in families.py (one import line there)
+    FAMILY               "pixtral" and "mistral3", registered in families.py (one import line there)
     setups()             the rows, called by ONE line of truth.py config_list
 """
 import families
@@ -44,6 +44,19 @@ def _pixtral(p):
                                           image_mean=[0.48145466, 0.4578275, 0.40821073],
                                           image_std=[0.26862954, 0.26130258, 0.27577711]))
     return dict(config=cfg, processor=proc, image_token=img_tok, layout="plain")
+
+
+@families.family("mistral3", "Mistral3ForConditionalGeneration", "mistral3")
+def _mistral3(p):
+    """Mistral-Small-3.1's layout (models/mistral3): the Pixtral tower, Mistral3MultiModalProjector
+    (RMSNorm, 2x2 PatchMerger, Linear, GELU, Linear, no biases), a Mistral LM; PixtralProcessor
+    hands the image processor patch_size x spatial_merge_size (processing_pixtral.py:94)"""
+    spec = _pixtral(p)
+    cfg = spec["config"]
+    cfg.pop("vision_feature_select_strategy")
+    cfg.update(spatial_merge_size=2, multimodal_projector_bias=False)
+    kw = dict(spec["processor"][1], patch_size={"height": 32, "width": 32})
+    return dict(spec, config=cfg, processor=("PixtralImageProcessor", kw))
 
 
 GC = {"use_reentrant": False, "every_n_layers": 1}
@@ -85,6 +98,17 @@ ROWS = [
 ]
 
 
+# Mistral3 (Mistral-Small-3.1 layout): (mode, precision, attention, checkpointing, B, k, image, model)
+M3_ROWS = [
+    ("lora", "bf16", "sdpa", False, 2, 1, (128, 128), {}),
+    ("full", "bf16", "eager", False, 2, 1, (96, 160), {}),
+    ("full", "bf16", "sdpa", GC, 2, 2, (128, 128), TOWER),
+    ("frozen_llm", "bf16", "sdpa", False, 2, 2, (96, 160), TOWER),
+    ("frozen_llm", "bf16", "eager", GC_R, 2, 2, (128, 128), TOWER),
+    ("full", "bf16", "sdpa", False, 2, 2, (240, 240), BIG),
+]
+
+
 def setups():
     import truth
     out = []
@@ -96,6 +120,14 @@ def setups():
         S = 576 if model.get("longest") else 192     # 4 + 2 x (256 + 16 + 2) + 16 tokens fit
         out.append(truth.make_setup("pixtral", mode, prec, attn, gc_, B, S, k, img, "adamw_torch", "single", 1,
                                     model=dict(model), lora=lora, seed=29))
+    for mode, prec, attn, gc_, B, k, img, model in M3_ROWS:
+        lora = None
+        if mode == "lora":
+            lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "language-linear",
+                    "on": "language"}
+        S = 576 if model.get("longest") else 192
+        out.append(truth.make_setup("mistral3", mode, prec, attn, gc_, B, S, k, img, "adamw_torch", "single", 1,
+                                    model=dict(model), lora=lora, seed=31))
     return out
 
 

@@ -164,6 +164,82 @@ START_TEST(pixtral_import)
 }
 END_TEST
 
+/* Mistral-Small-3.1's layout: the Pixtral tower, Mistral3MultiModalProjector */
+static const char *const M3 =
+    "name: m3\n"
+    "modules:\n"
+    "  - {name: vision_tower, type: vision, family: pixtral, hidden_size: 1024, num_hidden_layers: 24,\n"
+    "     num_attention_heads: 16, intermediate_size: 4096, image_size: 1540, patch_size: 14,\n"
+    "     hidden_act: silu, trainable: false}\n"
+    "  - {name: projector, type: connector, family: %s, input_size: 1024, hidden_size: 5120,\n"
+    "     trainable: true}\n"
+    "  - {name: language_model, type: decoder, family: llama, hidden_size: 5120, num_hidden_layers: 2,\n"
+    "     num_attention_heads: 32, num_key_value_heads: 8, head_dim: 128, intermediate_size: 32768,\n"
+    "     vocab_size: 131072, trainable: false}\n"
+    "training: {micro_batch_size: 1, seq_len: 8192, images_per_sample: 1, image_size: [600, 1000],\n"
+    "           precision: bf16}\n";
+
+static mm_prediction m3(const char *family)
+{
+    char buf[2048];
+    mm_error e;
+    snprintf(buf, sizeof buf, M3, family);
+    mm_spec *s = mm_spec_load_buffer(buf, strlen(buf), "m3.yaml", MM_FMT_YAML, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    mm_prediction p;
+    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    mm_spec_free(s);
+    return p;
+}
+
+/* the processor aligns to patch x merge = 28 px (600 -> 22, 1000 -> 36 merged rows /
+ * columns), the tower sees twice as many patches a side, the LM one token per 2x2
+ * patches plus a break per merged row; the same tower with LLaVA's MLP aligns to 14 px */
+START_TEST(mistral3_merger_tokens)
+{
+    mm_prediction p = m3("mistral3_merger");
+    ck_assert_uint_eq(p.image_patches, 44 * 72);
+    ck_assert_uint_eq(p.image_tokens, 22 * 36 + 22);
+    mm_prediction q = m3("mlp");
+    ck_assert_uint_eq(q.image_patches, 43 * 72); /* 42.9 -> 43, 71.4 -> 72 */
+    ck_assert_uint_eq(q.image_tokens, 43 * 72 + 43);
+    /* the merger adds its RMSNorm and Linear(4h, h); its Linears have no biases */
+    ck_assert_uint_eq(p.parameters_count + 2 * 5120, q.parameters_count + 4ull * 1024 * 1024 + 1024);
+    mm_prediction_free(&p);
+    mm_prediction_free(&q);
+}
+END_TEST
+
+/* Mistral3Config: spatial_merge_size, no projector bias by default; its processor's
+ * patch_size may be the model's x the merge (what PixtralProcessor hands it) */
+START_TEST(mistral3_import)
+{
+    static const char *const cfg =
+        "{\"model_type\": \"mistral3\", \"spatial_merge_size\": 2, \"tie_word_embeddings\": false,"
+        " \"text_config\": {\"model_type\": \"mistral\", \"hidden_size\": 128, \"head_dim\": 32,"
+        "  \"intermediate_size\": 384, \"num_attention_heads\": 4, \"num_hidden_layers\": 2,"
+        "  \"num_key_value_heads\": 1, \"vocab_size\": 13120, \"sliding_window\": null},"
+        " \"vision_config\": {\"model_type\": \"pixtral\", \"hidden_size\": 64, \"head_dim\": 32,"
+        "  \"intermediate_size\": 256, \"num_attention_heads\": 2, \"num_hidden_layers\": 2,"
+        "  \"image_size\": 128, \"patch_size\": 16, \"hidden_act\": \"silu\"}}";
+    static const char *const pre =
+        "{\"image_processor_type\": \"PixtralImageProcessor\", \"size\": {\"longest_edge\": 128},"
+        " \"patch_size\": {\"height\": 32, \"width\": 32}}";
+    imp_spec *S = calloc(1, sizeof *S);
+    ck_assert_ptr_nonnull(S);
+    mm_error e;
+    imp_init(S);
+    ck_assert_msg(imp_hf_buffer(S, cfg, strlen(cfg), "config.json", pre, strlen(pre),
+                                "preprocessor_config.json", &e) == 0, "%s", e.msg);
+    imp_section *c = imp_module(S, "connector");
+    ck_assert_str_eq(imp_get(c, "family"), "mistral3_merger");
+    ck_assert_str_eq(imp_get(c, "merge_size"), "2");
+    ck_assert_ptr_null(imp_get(c, "bias"));
+    ck_assert_str_eq(imp_get(imp_module(S, "vision"), "family"), "pixtral");
+    free(S);
+}
+END_TEST
+
 Suite *pixtral_suite(void)
 {
     Suite *s = suite_create("pixtral");
@@ -174,6 +250,8 @@ Suite *pixtral_suite(void)
     tcase_add_test(tc, pixtral_sdpa_keeps_the_float_mask);
     tcase_add_test(tc, pixtral_one_sequence_for_all_images);
     tcase_add_test(tc, pixtral_import);
+    tcase_add_test(tc, mistral3_merger_tokens);
+    tcase_add_test(tc, mistral3_import);
     suite_add_tcase(s, tc);
     return s;
 }

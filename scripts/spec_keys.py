@@ -97,7 +97,8 @@ MEANING = {
     "quantization.bits": "4 (nf4/fp4) or 8 (int8)",
     "quantization.block_size": "values per absmax block",
     "image_processor.kind": "fixed | dynamic (Qwen min/max_pixels) | tiles (InternVL) | "
-                            "anyres (LLaVA-OneVision) | mllama | split (Idefics3)",
+                            "anyres (LLaVA-OneVision) | mllama | split (Idefics3) | "
+                            "pixtral (own size, longest side <= longest_edge)",
     "image_processor.image_grid_pinpoints": "anyres: the candidate resolutions",
     "training.micro_batch_size": "samples per GPU per micro-step",
     "training.seq_len": "tokens per sample entering the language model, image tokens included",

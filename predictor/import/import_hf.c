@@ -12,7 +12,8 @@
 
 static const char *const vlm_types[] = {"llava", "llava_onevision", "qwen2_vl", "qwen2_5_vl",
                                         "qwen3_vl", "qwen3_vl_moe", "internvl", "internvl_chat",
-                                        "gemma3", "mllama", "idefics3", "smolvlm", NULL};
+                                        "gemma3", "mllama", "idefics3", "smolvlm", "mistral3",
+                                        NULL};
 
 /* the text part of a VLM: its sub-config (or the top level) and model_type */
 static const mm_node *text_part(const mm_node *root, const char *top, char *ttype, size_t n,
@@ -37,6 +38,8 @@ static const mm_node *text_part(const mm_node *root, const char *top, char *ttyp
         snprintf(ttype, n, "mllama_text_model");
     else if (!strcmp(top, "llava_onevision") || !strcmp(top, "internvl"))
         snprintf(ttype, n, "qwen2");
+    else if (!strcmp(top, "mistral3")) /* Mistral3Config's text_config default */
+        snprintf(ttype, n, "mistral");
     else
         snprintf(ttype, n, "llama");
     if (!t && (!strcmp(top, "qwen2_vl") || !strcmp(top, "qwen2_5_vl"))) {
@@ -87,10 +90,10 @@ static int vlm(imp_spec *s, const mm_node *root, const char *top, const char *fi
     hf_mark(&rh, "llm_config");
     hf_mark(&rh, "vision_config");
     /* transformers 5.17 ties by the top-level flag, whose class default is true
-     * for InternVLConfig and Gemma3Config (a converted config that leaves it out
-     * is tied) */
+     * for InternVLConfig, Gemma3Config and Mistral3Config (a converted config that
+     * leaves it out is tied) */
     int top_tie = -1, tie;
-    int top_def = !strcmp(top, "internvl") || !strcmp(top, "gemma3");
+    int top_def = !strcmp(top, "internvl") || !strcmp(top, "gemma3") || !strcmp(top, "mistral3");
     if (t != root && (mm_node_get(root, "tie_word_embeddings") || top_def)) {
         if (hf_bool(&rh, "tie_word_embeddings", top_def, &tie))
             return -1;

@@ -65,8 +65,8 @@ static int sliding_here(const lctx *c)
  * is_causal cannot say it (sliding window, bidirectional image tokens) */
 static int32_t layer_mask(const lctx *c)
 {
-    if (c->m->kind != MOD_DECODER)
-        return -1;
+    if (c->m->kind != MOD_DECODER) /* Pixtral's block-diagonal image mask (vision_pixtral.c) */
+        return c->m->img.kind == IMG_PIXTRAL ? c->mask : -1;
     return sliding_here(c) && c->mask_sliding >= 0 ? c->mask_sliding : c->mask;
 }
 
@@ -97,7 +97,8 @@ static int32_t self_attention(lctx *c, int32_t z)
     }
     attn_opts o = {.B = c->B, .S = c->S, .heads = a, .kv = kv, .d = d,
                    .causal = m->kind == MOD_DECODER, .mask = layer_mask(c),
-                   .softmax_fp32 = m->softmax_fp32, .chunks = c->chunks};
+                   .softmax_fp32 = m->softmax_fp32, .chunks = c->chunks,
+                   .float_bias = m->kind == MOD_VISION && m->img.kind == IMG_PIXTRAL};
     if (c->chunks) { /* packed: attention per image, or per window (Qwen2.5-VL) */
         o.chunks = c->chunks;
         if (c->win_chunks > c->chunks && !lset_has(&m->full_attention, c->layer))

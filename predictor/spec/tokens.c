@@ -139,6 +139,32 @@ static uint64_t split_tiles(const module_spec *v, uint64_t h, uint64_t w)
     return 1;
 }
 
+/* PixtralImageProcessor (image_processing_pil_pixtral.py get_resize_output_image_size,
+ * :90-103): scaled down (floor) so that neither side exceeds longest_edge, then each
+ * side rounded up to whole patches.  processing_pixtral.py:102-104 puts an
+ * [IMG_BREAK] after each row of [IMG] tokens, the last one an [IMG_END]. */
+static int pixtral(const mm_spec *s, const module_spec *v, uint64_t h, uint64_t w,
+                   vis_tokens *o)
+{
+    /* Mistral3: PixtralProcessor passes patch_size x spatial_merge_size to the image
+     * processor (processing_pixtral.py:94) and counts merged rows (:98-104) */
+    const module_spec *c = mm_spec_module(s, MOD_CONNECTOR);
+    uint64_t mg = c && c->conn == CONN_MISTRAL3 && c->merge_size ? c->merge_size : 1;
+    double L = (double)(v->img.longest_edge ? v->img.longest_edge : v->image_size);
+    double H = (double)h, W = (double)w, ratio = fmax(H / L, W / L);
+    if (ratio > 1) {
+        H = floor(H / ratio);
+        W = floor(W / ratio);
+    }
+    uint64_t p = v->patch_size * mg, hh = H < 1 ? 1 : (uint64_t)H, ww = W < 1 ? 1 : (uint64_t)W;
+    o->tiles = 1;
+    o->grid_h = ((hh - 1) / p + 1) * mg;
+    o->grid_w = ((ww - 1) / p + 1) * mg;
+    o->patches = o->seq = o->grid_h * o->grid_w;
+    o->llm_tokens = o->patches / (mg * mg) + o->grid_h / mg;
+    return 0;
+}
+
 /* tokens a tile (or the packed image) gives the language model after the connector */
 static uint64_t after_connector(const mm_spec *s, const module_spec *v, uint64_t patches)
 {
@@ -224,6 +250,8 @@ int tokens_per_image(const mm_spec *s, uint64_t h, uint64_t w, vis_tokens *o, mm
     }
     case IMG_SPLIT:
         return fixed_like(s, v, split_tiles(v, h, w), o);
+    case IMG_PIXTRAL:
+        return pixtral(s, v, h, w, o);
     case IMG_MLLAMA: /* pixel_values are padded to max_image_tiles; tokens reach the
                         decoder through cross-attention, not the sequence */
         fixed_like(s, v, v->max_num_tiles, o);
@@ -259,6 +287,8 @@ void tokens_worst_image(const mm_spec *s, const module_spec *v, uint64_t *h, uin
                 *h = ip->pinpoints[i][0];
                 *w = ip->pinpoints[i][1];
             }
+    } else if (ip->kind == IMG_PIXTRAL) {
+        *h = *w = ip->longest_edge ? ip->longest_edge : v->image_size;
     } else if (ip->kind == IMG_SPLIT) {
         *h = *w = ip->longest_edge ? ip->longest_edge : v->image_size;
     }

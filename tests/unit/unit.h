@@ -28,6 +28,7 @@ Suite *compile_suite(void);
 Suite *tp_suite(void);
 Suite *keys_suite(void);
 Suite *towers_suite(void);
+Suite *pixtral_suite(void);
 Suite *liger_suite(void);
 Suite *lorahead_suite(void);
 

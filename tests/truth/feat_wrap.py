@@ -44,6 +44,53 @@ def setups():
     return out
 
 
+# ---- size-based auto-wrap (issue 23) ----------------------------------------------------
+# torch/distributed/fsdp/wrap.py size_based_auto_wrap_policy (:341-397) under
+# _recursive_wrap (:488-563, only_wrap_children for the root, _wrap_utils.py:76-102), as
+# accelerate's SIZE_BASED_WRAP builds it (accelerate/utils/dataclasses.py:2102-2105;
+# truth.py applies the same partial).  The test Llama (hidden 256, intermediate 688,
+# vocab 32000, untied): q/o 65536, k/v 32768 -> self_attn 196608; each MLP Linear 176128
+# -> mlp 528384; a layer 725504; embed_tokens and lm_head 8192000 each.  min_num_params:
+#   150000  self_attn and each MLP Linear their own units (sub-layer)
+#   300000  each mlp a unit; the layers' attention and norms in the LlamaModel unit
+#   600000  one unit per decoder layer; embed_tokens and lm_head units; the root: norm
+#  1000000  the LlamaModel unit holds both layers and the norm (ModuleList: never a unit)
+#  2000000  embed_tokens and lm_head units; the layers and the norm in the root
+#  9000000  the LlamaModel unit holds embed_tokens, the layers and the norm; lm_head: root
+# 20000000  nothing wrapped: one root unit
+SIZE_ROWS = [
+    # (mode, precision, gc, use_orig_params, min_num_params, fsdp mixed_precision)
+    ("full", "bf16", False, False, 600000, None),
+    ("full", "bf16", GC, False, 600000, None),
+    ("full", "bf16", False, False, 300000, None),
+    ("full", "bf16", GC, False, 300000, None),
+    ("full", "bf16", False, False, 150000, None),
+    ("full", "bf16", False, False, 1000000, None),
+    ("full", "bf16", GC, False, 1000000, None),
+    ("full", "bf16", False, False, 2000000, None),
+    ("full", "bf16", False, False, 9000000, None),
+    ("full", "bf16", False, False, 20000000, None),
+    ("full", "fp32", False, True, 600000, "bf16"),
+    ("lora", "bf16", False, True, 600000, None),
+    ("lora", "bf16", GC, True, 300000, None),
+    ("lora", "bf16", False, True, 2000000, None),
+    ("lora", "fp32", GC, True, 600000, None),
+]
+
+
+def size_setups():
+    import truth
+    out = []
+    for mode, prec, gc_, orig, n, mp in SIZE_ROWS:
+        popt = {"use_orig_params": orig, "mixed_precision": mp, "wrap_policy": "size", "min_num_params": n}
+        s = truth.make_setup("llama", mode, prec, "sdpa", gc_, 1, 128, 0, None, "adamw_torch", "fsdp1", 2,
+                             popt=popt, model={"layers": 2}, seed=31)
+        key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
+        s["id"] = "llama-fsdp1-2-%s-%s-wrap-size%d-%s" % (mode, prec, n, hashlib.sha1(key.encode()).hexdigest()[:10])
+        out.append(s)
+    return out
+
+
 def all_setups():
     """the one generator truth.py config_list calls"""
-    return setups()
+    return setups() + size_setups()

@@ -78,13 +78,31 @@ SIZE_ROWS = [
 ]
 
 
+# four layers, two sequences of 256, SHARD_GRAD_OP: the same units at other sizes (a layer
+# 725504, the four 2902016: min 3000000 leaves them and the norm in the root)
+SIZE_ROWS_4 = [
+    # (mode, precision, gc, use_orig_params, min_num_params, fsdp mixed_precision, sharding)
+    ("full", "bf16", False, False, 600000, None, "FULL_SHARD"),
+    ("full", "bf16", GC, False, 1000000, None, "FULL_SHARD"),
+    ("full", "bf16", False, False, 300000, None, "FULL_SHARD"),
+    ("full", "bf16", False, False, 3000000, None, "FULL_SHARD"),
+    ("full", "bf16", False, False, 1000000, None, "SHARD_GRAD_OP"),
+    ("full", "fp32", False, False, 1000000, "bf16", "FULL_SHARD"),
+    ("lora", "bf16", GC, True, 1000000, None, "FULL_SHARD"),
+    ("lora", "fp32", False, True, 300000, None, "FULL_SHARD"),
+]
+
+
 def size_setups():
     import truth
     out = []
-    for mode, prec, gc_, orig, n, mp in SIZE_ROWS:
+    rows = [r + ("FULL_SHARD", 2, 1, 128) for r in SIZE_ROWS] + [r + (4, 2, 256) for r in SIZE_ROWS_4]
+    for mode, prec, gc_, orig, n, mp, shard, layers, B, S in rows:
         popt = {"use_orig_params": orig, "mixed_precision": mp, "wrap_policy": "size", "min_num_params": n}
-        s = truth.make_setup("llama", mode, prec, "sdpa", gc_, 1, 128, 0, None, "adamw_torch", "fsdp1", 2,
-                             popt=popt, model={"layers": 2}, seed=31)
+        if shard != "FULL_SHARD":
+            popt["sharding"] = shard
+        s = truth.make_setup("llama", mode, prec, "sdpa", gc_, B, S, 0, None, "adamw_torch", "fsdp1", 2,
+                             popt=popt, model={"layers": layers}, seed=31)
         key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
         s["id"] = "llama-fsdp1-2-%s-%s-wrap-size%d-%s" % (mode, prec, n, hashlib.sha1(key.encode()).hexdigest()[:10])
         out.append(s)

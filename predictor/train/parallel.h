@@ -67,6 +67,7 @@ typedef struct par_state {
     int layers_walked;
     int32_t base_p, base_mark;         /* the base model's unit: gathered, its first gradient */
     size_t base_k;                     /* its post-backward marker's tape index + 1 */
+    uint64_t keep_layer;               /* the layer whose units reduce now (UINT64_MAX: none) */
 } par_state;
 
 /* ---- parallel.c: the step's hand-offs, dispatched to the strategy files ---- */
@@ -104,6 +105,8 @@ size_t par_marker(sim *s, uint32_t row, void (*fn)(sim *, const sim_node *, void
 uint64_t wrap_layer(const par_state *ps, uint64_t l, int trainable);
 /* the units outside the layers: ps->w_emb, w_head, w_base */
 void wrap_plan(par_state *ps);
+/* is layer row R's parameter in one of layer l's units (else its parent's) */
+int wrap_row_in_unit(const par_state *ps, const sim_row *R, uint64_t l);
 
 /* parallel_ddp.c: DDP's reduce buckets, and the gradients that become views of them */
 void ddp_buckets(par_state *ps, lctx *c);

@@ -407,6 +407,30 @@ static int32_t root_last_grad(const par_state *ps, int32_t mark)
  * gradients in reduce_dtype (kept until the next reduce-scatter), the
  * gradients freed, the output shard becomes .grad (cast when reduce_dtype
  * differs from the parameter). */
+/* par_drop_grads, but under wrap_policy size a layer unit (ps->keep_layer) keeps
+ * the gradients of the layer's parameters that no unit of the layer holds: they
+ * are views of the base model's or the root's flat parameter and wait for its
+ * split's backward (its post-backward drops them). */
+static void drop_unit_grads(par_state *ps, int32_t mark)
+{
+    sim *s = ps->c->s;
+    if (ps->keep_layer >= MM_MAX_LAYERS) {
+        par_drop_grads(ps, mark);
+        return;
+    }
+    for (size_t i = mark > 0 ? (size_t)mark : 0; i < s->nt; i++) {
+        const sim_tensor *t = &s->t[i];
+        if (!t->alive || t->cls != F_GRAD || t->sharded != SIM_FIXED || t->base >= 0 ||
+            t->row == ps->r_bucket || t->row == ps->r_part || t->row == ps->r_grads)
+            continue;
+        const sim_row *R = &s->rows[t->row];
+        if (R->module == ps->llm && !strncmp(R->name, "layers.", 7) &&
+            !wrap_row_in_unit(ps, R, ps->keep_layer))
+            continue;
+        sim_drop(s, (int32_t)i);
+    }
+}
+
 static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, uint64_t w, int32_t mark,
                         int32_t *p)
 {
@@ -415,7 +439,7 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, uint64_t w,
         params = tr ? flat_grad_elems(ps, params, tr) : params;
         uint64_t N = s->dp ? s->dp : 1, padded = sim_mul(s, mm_ceil_div(params, N), N);
         int32_t g = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->pdt), F_GRAD, 0) : -1;
-        par_drop_grads(ps, mark);
+        drop_unit_grads(ps, mark);
         drop(s, p);
         if (g >= 0) {
             /* a flat gradient not divisible by N is padded first (F.pad) */
@@ -545,8 +569,12 @@ static void post_backward(par_state *ps, const sim_node *n)
                     ps->base_mark, &ps->base_p);
         return;
     }
+    int part = ps->sp->fsdp.wrap_size && l < MM_MAX_LAYERS &&
+               par_unit_params(ps, mi, l) < ps->c->s->layer_p[(size_t)mi * MM_MAX_LAYERS + l];
+    ps->keep_layer = part ? l : UINT64_MAX; /* units inside the layer, not all of it */
     reduce_unit(ps, par_unit_params(ps, mi, l), par_unit_trainable(ps, mi, l),
                 unit_wide(ps, mi, l), ps->cur_mark, &ps->cur_p);
+    ps->keep_layer = UINT64_MAX;
     if (post_prefetch(ps)) /* BACKWARD_POST: _post_backward_hook's _prefetch_handle */
         prefetch(ps, ps->cur_k);
 }
@@ -727,6 +755,7 @@ void fsdp_setup(par_state *ps, lctx *c)
     ps->w_esz = ps->root_w = 0;
     ps->base_p = -1;
     ps->base_mark = 0;
+    ps->keep_layer = UINT64_MAX;
     ps->base_k = 0;
     wide_setup(ps);
     if (!fsdp2(ps) && f->wrap_size)

@@ -4,6 +4,7 @@
  * :341-397), seen as the all-gathers of the forward, and the refusals. */
 #include "unit.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,49 @@ START_TEST(size_wrap_forms_the_units_of_recursive_wrap)
 }
 END_TEST
 
+/* the position in the event log of the first free of a q_proj weight gradient,
+ * and of the last mlp weight gradient made (backward) */
+static void q_free_mlp_last(const char *fsdp, size_t *qfree, size_t *mlp_last)
+{
+    mm_error e;
+    mm_spec *sp = llama("", fsdp, &e);
+    ck_assert_msg(sp != NULL, "%s", e.msg);
+    sim s;
+    step_cfg cfg = {.dp = 2, .nofold = 1, .log = 1};
+    ck_assert_msg(step_run(sp, &s, &cfg, &e) == 0, "%s", e.msg);
+    *qfree = SIZE_MAX;
+    *mlp_last = 0;
+    for (size_t i = 0; i < s.nev; i++) {
+        const sim_ev *ev = &s.ev[i];
+        if (ev->cls != F_GRAD || ev->row >= s.nrows || ev->phase != MM_PHASE_BACKWARD)
+            continue;
+        const char *nm = s.rows[ev->row].name;
+        if (ev->is_free && !strcmp(nm, "layers.self_attn.q_proj") && *qfree == SIZE_MAX)
+            *qfree = i;
+        if (!ev->is_free && !strncmp(nm, "layers.mlp.", 11))
+            *mlp_last = i;
+    }
+    sim_free(&s);
+    mm_spec_free(sp);
+}
+
+/* A layer's parameters that no unit of the layer holds are views of their
+ * parent's flat parameter: their gradients wait for its post-backward.  min
+ * 30000: the layer's unit holds q_proj, whose gradient goes at the top layer's
+ * reduce, before the bottom layer's MLP gradients are made.  min 20000: q_proj
+ * is the LlamaModel unit's, its gradients stay until that unit reduces, after
+ * every MLP gradient. */
+START_TEST(size_wrap_leftover_gradients_wait_for_their_unit)
+{
+    size_t q, m;
+    q_free_mlp_last("{version: 1, wrap_policy: size, min_num_params: 30000}", &q, &m);
+    ck_assert_uint_lt(q, m);
+    q_free_mlp_last("{version: 1, wrap_policy: size, min_num_params: 20000}", &q, &m);
+    ck_assert_uint_gt(q, m);
+    ck_assert_uint_ne(q, SIZE_MAX);
+}
+END_TEST
+
 /* each key without the other, FSDP2, LoRA without use_orig_params, tied embeddings:
  * refused, naming the key */
 START_TEST(size_wrap_refusals_name_the_key)
@@ -121,6 +165,7 @@ Suite *wrap_suite(void)
     Suite *s = suite_create("wrap");
     TCase *tc = tcase_create("size");
     tcase_add_test(tc, size_wrap_forms_the_units_of_recursive_wrap);
+    tcase_add_test(tc, size_wrap_leftover_gradients_wait_for_their_unit);
     tcase_add_test(tc, size_wrap_refusals_name_the_key);
     suite_add_tcase(s, tc);
     return s;

@@ -37,7 +37,7 @@ typedef struct wsum {
     int self, base;                    /* the module itself is a unit; its base_layer is */
 } wsum;
 
-enum { W_MAX = 512 };
+enum { W_MAX = 256 };              /* rows of a layer, at most */
 
 static int under(const char *name, const char *pre, size_t n)
 {
@@ -118,8 +118,12 @@ static uint64_t inst_tr(const sim_row *R, uint64_t l)
     return l < R->trainable_count && R->trainable_count ? R->trainable / R->trainable_count : 0;
 }
 
-/* layer l's items (the names below "layers."); returns their count */
-static size_t layer_items(const par_state *ps, uint64_t l, witem *it)
+/* layer l's items (the names below "layers."); returns their count.  An
+ * "experts" row is a parameter of its module, not a module (transformers 5's
+ * fused experts: MixtralExperts.gate_up_proj / down_proj, 3-D Parameters): it
+ * counts as its module's own (names holds the shortened copies). */
+static size_t layer_items(const par_state *ps, uint64_t l, witem *it,
+                          char (*names)[MM_MAX_NAME])
 {
     const sim *s = ps->c->s;
     size_t n = 0;
@@ -127,7 +131,15 @@ static size_t layer_items(const par_state *ps, uint64_t l, witem *it)
         const sim_row *R = &s->rows[r];
         if (R->module != ps->llm || !R->params || !R->count || !in_layers(R) || l >= R->count)
             continue;
-        it[n++] = (witem){R->name + 7, R->params / R->count, inst_tr(R, l)};
+        const char *nm = R->name + 7, *dot = strrchr(nm, '.');
+        if (!strcmp(R->kind, "experts") && dot) {
+            size_t k = (size_t)(dot - nm);
+            memcpy(names[n], nm, k);
+            names[n][k] = 0;
+            nm = names[n];
+        }
+        it[n] = (witem){nm, R->params / R->count, inst_tr(R, l)};
+        n++;
     }
     return n;
 }
@@ -145,9 +157,10 @@ static uint64_t n_layers(const par_state *ps)
 uint64_t wrap_layer(const par_state *ps, uint64_t l, int trainable)
 {
     witem it[W_MAX];
+    char names[W_MAX][MM_MAX_NAME];
     if (!ps->layers_walked || l >= n_layers(ps))
         return 0;
-    wsum w = wrap_rec(it, layer_items(ps, l, it), "", 0, ps->sp->fsdp.min_num_params, 0, 0);
+    wsum w = wrap_rec(it, layer_items(ps, l, it, names), "", 0, ps->sp->fsdp.min_num_params, 0, 0);
     return trainable ? w.wrapped_tr : w.wrapped;
 }
 
@@ -158,9 +171,10 @@ uint64_t wrap_layer(const par_state *ps, uint64_t l, int trainable)
 int wrap_row_in_unit(const par_state *ps, const sim_row *R, uint64_t l)
 {
     witem it[W_MAX];
+    char names[W_MAX][MM_MAX_NAME];
     if (!ps->layers_walked || !in_layers(R) || l >= n_layers(ps))
         return 0;
-    size_t ni = layer_items(ps, l, it);
+    size_t ni = layer_items(ps, l, it, names);
     uint64_t min = ps->sp->fsdp.min_num_params;
     const char *name = R->name + 7;
     size_t n = 0, len = strlen(name);

@@ -93,6 +93,25 @@ SIZE_ROWS_4 = [
 ]
 
 
+# other decoders (2 layers, B 1, S 128).  Qwen2 (qkv bias; a layer 1203072, its MLP
+# 1038336, each MLP Linear 346112, attention 164224, embed_tokens 2785280): 1100000 one
+# unit a layer; 300000 each MLP Linear, the attention and norms in the Qwen2Model unit;
+# 3000000 the Qwen2Model unit with the embedding.  Mixtral (transformers 5's fused
+# MixtralExperts, 1376256 in two Parameters; a layer 1418496): 1400000 one unit a layer;
+# 500000 and 1000000 the experts module (its Parameters are no modules); 3000000 nothing.
+SIZE_ROWS_FAM = [
+    # (family, mode, precision, gc, use_orig_params, min_num_params)
+    ("qwen2", "full", "bf16", False, False, 1100000),
+    ("qwen2", "full", "bf16", False, False, 300000),
+    ("qwen2", "full", "bf16", GC, False, 3000000),
+    ("qwen2", "lora", "bf16", False, True, 300000),
+    ("mixtral", "full", "bf16", False, False, 1400000),
+    ("mixtral", "full", "bf16", False, False, 1000000),
+    ("mixtral", "full", "bf16", GC, False, 500000),
+    ("mixtral", "full", "fp32", False, False, 3000000),
+]
+
+
 def size_setups():
     import truth
     out = []
@@ -105,6 +124,13 @@ def size_setups():
                              popt=popt, model={"layers": layers}, seed=31)
         key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
         s["id"] = "llama-fsdp1-2-%s-%s-wrap-size%d-%s" % (mode, prec, n, hashlib.sha1(key.encode()).hexdigest()[:10])
+        out.append(s)
+    for fam, mode, prec, gc_, orig, n in SIZE_ROWS_FAM:
+        popt = {"use_orig_params": orig, "mixed_precision": None, "wrap_policy": "size", "min_num_params": n}
+        s = truth.make_setup(fam, mode, prec, "sdpa", gc_, 1, 128, 0, None, "adamw_torch", "fsdp1", 2,
+                             popt=popt, model={"layers": 2}, seed=31)
+        key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
+        s["id"] = "%s-fsdp1-2-%s-%s-wrap-size%d-%s" % (fam, mode, prec, n, hashlib.sha1(key.encode()).hexdigest()[:10])
         out.append(s)
     return out
 

@@ -105,8 +105,9 @@ size_t par_marker(sim *s, uint32_t row, void (*fn)(sim *, const sim_node *, void
 uint64_t wrap_layer(const par_state *ps, uint64_t l, int trainable);
 /* the units outside the layers: ps->w_emb, w_head, w_base */
 void wrap_plan(par_state *ps);
-/* is layer row R's parameter in one of layer l's units (else its parent's) */
-int wrap_row_in_unit(const par_state *ps, const sim_row *R, uint64_t l);
+/* the unit of layer l holding layer row R: -1 none (its parent's), else the
+ * trainable parameters of that unit */
+int64_t wrap_row_unit(const par_state *ps, const sim_row *R, uint64_t l);
 
 /* parallel_ddp.c: DDP's reduce buckets, and the gradients that become views of them */
 void ddp_buckets(par_state *ps, lctx *c);

@@ -309,14 +309,35 @@ static int outer_trains(const par_state *ps, uint32_t m, uint64_t u)
  * flat gradient when the unit's last one arrives (reduce_unit: the cat, then
  * they go).  A unit that does not train keeps a flat parameter without grad
  * and views without it. */
+/* fsdp1_frozen_rg under wrap_policy size: does the unit holding row R (layer
+ * `layer`, UINT64_MAX outside the layers) train.  A layer row in none of its
+ * layer's units, and the rows outside the layers that are no unit of their own,
+ * are the base model's unit when there is one, else the root's. */
+static int size_frozen_rg(const par_state *ps, const sim_row *R, uint64_t layer)
+{
+    int outer = ps->w_base ? ps->w_base_tr != 0 : ps->root_tr != 0;
+    if (!R)
+        return layer < MM_MAX_LAYERS ? par_unit_trainable(ps, ps->llm, layer) != 0 || outer
+                                     : outer;
+    if (layer < MM_MAX_LAYERS && in_layers(R)) {
+        int64_t u = wrap_row_unit(ps, R, layer);
+        return u < 0 ? outer : u != 0;
+    }
+    if (!strcmp(R->name, "embed_tokens") && ps->w_emb)
+        return ps->w_emb_tr != 0;
+    if (!strcmp(R->name, "lm_head") && ps->w_head)
+        return ps->w_head_tr != 0;
+    return outer;
+}
+
 static int fsdp1_frozen_rg(const lctx *c, uint32_t row)
 {
     const par_state *ps = c->frozen_rg_ctx;
     const sim *s = c->s;
     const sim_row *R = row < s->nrows && s->rows[row].module == c->mi ? &s->rows[row] : NULL;
     int layer = c->per_layer && c->layer < MM_MAX_LAYERS && (!R || in_layers(R));
-    if (layer && ps->sp->fsdp.wrap_size && !par_unit_params(ps, c->mi, c->layer))
-        return ps->root_tr || ps->w_base_tr; /* wrap_policy size: in an outer unit */
+    if (ps->sp->fsdp.wrap_size)
+        return size_frozen_rg(ps, R, layer ? c->layer : UINT64_MAX);
     if (layer && (!R || !par_attention_only(ps, c->mi) || par_attention_row(R)))
         return par_unit_trainable(ps, c->mi, c->layer) != 0;
     if (layer)
@@ -425,7 +446,7 @@ static void drop_unit_grads(par_state *ps, int32_t mark)
             continue;
         const sim_row *R = &s->rows[t->row];
         if (R->module == ps->llm && !strncmp(R->name, "layers.", 7) &&
-            !wrap_row_in_unit(ps, R, ps->keep_layer))
+            wrap_row_unit(ps, R, ps->keep_layer) < 0)
             continue;
         sim_drop(s, (int32_t)i);
     }

@@ -35,6 +35,7 @@ typedef struct wsum {
     uint64_t total, wrapped, wrapped_tr; /* the subtree; what became units in it */
     uint64_t total_tr;
     int self, base;                    /* the module itself is a unit; its base_layer is */
+    uint64_t unit_tr;                  /* the trainable parameters that unit holds */
 } wsum;
 
 enum { W_MAX = 256 };              /* rows of a layer, at most */
@@ -57,7 +58,7 @@ static size_t child_end(const char *name, size_t n)
 static wsum wrap_rec(const witem *it, size_t ni, const char *pre, size_t n, uint64_t min,
                      int excluded, int depth)
 {
-    wsum r = {0, 0, 0, 0, 0, 0};
+    wsum r = {0, 0, 0, 0, 0, 0, 0};
     uint64_t own = 0, own_tr = 0, sub = 0, sub_tr = 0;
     int lora = 0;
     for (size_t i = 0; i < ni; i++)
@@ -96,10 +97,12 @@ static wsum wrap_rec(const witem *it, size_t ni, const char *pre, size_t n, uint
         sub += own;
         sub_tr += own_tr;
         r.base = 1;
+        r.unit_tr = own_tr;
     }
     r.wrapped = sub;
     r.wrapped_tr = sub_tr;
     if (!excluded && r.total - sub >= min) { /* :557-562 */
+        r.unit_tr = r.total_tr - sub_tr;
         r.wrapped = r.total;
         r.wrapped_tr = r.total_tr;
         r.self = 1;
@@ -164,30 +167,35 @@ uint64_t wrap_layer(const par_state *ps, uint64_t l, int trainable)
     return trainable ? w.wrapped_tr : w.wrapped;
 }
 
-/* Is layer row R's parameter in a unit of layer l (the layer's own, or one of a
- * module on its path, or its LoRA Linear's base_layer)?  One that is not is its
- * parent's (the base model's or the root's): its gradient waits for that unit's
- * post-backward, not the layer's (parallel_fsdp.c drop_unit_grads). */
-int wrap_row_in_unit(const par_state *ps, const sim_row *R, uint64_t l)
+/* Which unit of layer l holds layer row R's parameter: the deepest module on its
+ * path that is a unit (the layer itself included), or its LoRA Linear's
+ * base_layer.  Returns -1 for none (the parameter is its parent's, the base
+ * model's or the root's: its gradient waits for that unit's post-backward,
+ * parallel_fsdp.c drop_unit_grads), else the trainable parameters of that unit
+ * (does its flat parameter require grad). */
+int64_t wrap_row_unit(const par_state *ps, const sim_row *R, uint64_t l)
 {
     witem it[W_MAX];
     char names[W_MAX][MM_MAX_NAME];
     if (!ps->layers_walked || !in_layers(R) || l >= n_layers(ps))
-        return 0;
+        return -1;
     size_t ni = layer_items(ps, l, it, names);
     uint64_t min = ps->sp->fsdp.min_num_params;
     const char *name = R->name + 7;
     size_t n = 0, len = strlen(name);
+    int64_t unit = -1;
     for (;;) {
         size_t b = 0; /* the last component of name[0..n] */
         for (size_t k = 0; k < n; k++)
             if (name[k] == '.')
                 b = k + 1;
         wsum w = wrap_rec(it, ni, name, n, min, n && !strncmp(name + b, "lora_", 5), 0);
-        if (w.self || (n == len && w.base))
-            return 1;
-        if (n == len)
-            return 0;
+        if (w.self)
+            unit = (int64_t)w.unit_tr;
+        if (n == len && w.base && !strcmp(R->kind, "linear"))
+            unit = (int64_t)w.unit_tr; /* the base weight: its base_layer's unit */
+        if (n == len || w.total < min) /* nothing below is a unit */
+            return unit;
         n = child_end(name, n);
     }
 }

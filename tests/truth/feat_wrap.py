@@ -75,6 +75,11 @@ SIZE_ROWS = [
     ("lora", "bf16", GC, True, 300000, None),
     ("lora", "bf16", False, True, 2000000, None),
     ("lora", "fp32", GC, True, 600000, None),
+    # LoRA Linears' base_layer units: 150000 each MLP base_layer (176128; its lora.Linear's
+    # remainder, the adapters, is the LlamaModel's with the attention); 100000 the same,
+    # and each self_attn with its adapters
+    ("lora", "bf16", False, True, 150000, None),
+    ("lora", "bf16", GC, True, 100000, None),
 ]
 
 

@@ -145,6 +145,12 @@ MEANING = {
                                   "(torchtune, HF sync_each_batch); false: the HF "
                                   "Trainer / Accelerate way, no_sync until the last one, the "
                                   "unsharded gradients alive in between (docs/parallel.md)",
+    "fsdp.wrap_policy": "the FSDP units: transformer_layer (one per _no_split_modules layer), "
+                        "peft_lora (PEFT's fsdp_auto_wrap_policy, FSDP1), size (torch's "
+                        "size_based_auto_wrap_policy with min_num_params, FSDP1, a text decoder; "
+                        "docs/parallel.md)",
+    "fsdp.min_num_params": "wrap_policy size only (required there): the parameters a module's "
+                           "not-yet-wrapped subtree must reach to be a unit",
     "training.activation_offloading": "forward saves of >= 1 KiB wait on the host "
                                       "(torchtune / TRL activation offloading)",
     "training.torch_compile": "torch.compile(model), inductor, default mode: the eager prediction as a "

@@ -103,5 +103,8 @@ int32_t op_embedding(lctx *c, const char *name, uint64_t T, uint64_t V, uint64_t
                      uint64_t extra_bwd);
 /* the loss over logits of the decoder's tokens (chunked / fused variants) */
 int32_t op_lm_head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t V, int tied);
+/* before (SIM_LAYER_BEGIN) or after (SIM_LAYER_END) unit OP_UNIT_* runs, when the
+ * train layer asked (lctx.unit_events): its on_layer hook, as stack.c's layer loop */
+void op_unit_event(lctx *c, uint64_t unit, int what);
 
 #endif

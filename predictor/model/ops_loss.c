@@ -197,6 +197,15 @@ static int32_t fused_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_
     return loss;
 }
 
+void op_unit_event(lctx *c, uint64_t unit, int what)
+{
+    sim *s = c->s;
+    if (!c->unit_events || !s->on_layer || c->counting)
+        return;
+    sim_layer_ev e = {.module = c->mi, .layer = unit, .count = 1, .what = what, .grad = c->grad};
+    s->on_layer(s, &e, s->on_layer_ctx);
+}
+
 static int32_t head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t V, int tied,
                          uint32_t rh)
 {
@@ -205,7 +214,9 @@ static int32_t head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t
         return fused_loss(c, z, rows, h, V, tied, rh);
     if (k == LOSS_CHUNKED)
         return chunked_loss(c, z, rows, h, V, tied, rh);
+    op_unit_event(c, OP_UNIT_HEAD, SIM_LAYER_BEGIN); /* lm_head's FSDP unit */
     int32_t logits = lm_head(c, rh, z, rows, h, V, tied);
+    op_unit_event(c, OP_UNIT_HEAD, SIM_LAYER_END);
     return standard_loss(c, logits, rows, V);
 }
 

@@ -12,6 +12,10 @@
 
 #define MAX_TAPS 16
 
+/* the units outside a decoder's layers an on_layer event may name in place of a
+ * layer (lctx.unit_events): embed_tokens, lm_head, the base model around them */
+enum { OP_UNIT_EMBED = MM_MAX_LAYERS + 1, OP_UNIT_HEAD, OP_UNIT_BASE };
+
 /* op-level selective checkpointing (torchtitan's "op" policy): the outputs
  * its policy saves in a checkpointed layer's forward, per (module, layer) in
  * forward order, each run ended by -1; the layer's re-run takes them back in
@@ -84,6 +88,8 @@ typedef struct lctx {
     uint64_t win_chunks;  /* Qwen2.5-VL: windows per batch for window-attention layers */
     uint64_t fold_from, fold_to; /* layers the last stack_run folded (a ballast stood in) */
     int32_t late_drop[4];
+    int unit_events;     /* FSDP1 wrap_policy size: tell on_layer where embed_tokens, lm_head
+                            and the base model run (op_unit_event; OP_UNIT_*) */
     int32_t *amp_cache;  /* autocast's casts of trainable fp32 weights, kept until the
                             autocast region ends (the end of the forward) */
     size_t n_amp, cap_amp;

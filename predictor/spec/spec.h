@@ -260,6 +260,9 @@ typedef struct fsdp_spec {
                                      HF Trainer / Accelerate way, no_sync between them */
     int wrap_peft;                /* wrap_policy peft_lora: PEFT's fsdp_auto_wrap_policy, each
                                      trainable leaf (lora_A / lora_B) its own FSDP1 unit */
+    int wrap_size;                /* wrap_policy size: torch's size_based_auto_wrap_policy,
+                                     FSDP1 (train/parallel_wrap.c says which modules) */
+    uint64_t min_num_params;      /* its min_num_params (wrap_size only) */
 } fsdp_spec;
 
 typedef struct device_spec {

@@ -107,6 +107,8 @@ def parallel_sections(setup, spec):
             f["sharding_strategy"] = po.get("sharding", "FULL_SHARD")
             if po.get("wrap_policy"):       # tests/truth/feat_wrap.py: PEFT's fsdp_auto_wrap_policy
                 f["wrap_policy"] = po["wrap_policy"]
+            if "min_num_params" in po:      # feat_wrap.py size rows: size_based_auto_wrap_policy
+                f["min_num_params"] = po["min_num_params"]
         else:
             f["reshard_after_forward"] = bool(po.get("reshard_after_forward", True))
         if po.get("mixed_precision") == "bf16":
@@ -260,6 +262,8 @@ def features(setup):
         out.append("liger")             # Liger's kernels, emulated (tests/truth/feat_liger.py)
     if (setup.get("parallel_options") or {}).get("wrap_policy"):
         out.append("fsdp wrap policy")  # tests/truth/feat_wrap.py: modelled, judged by the goal
+    if (setup.get("parallel_options") or {}).get("wrap_policy") == "size":
+        out.append("fsdp size wrap")    # feat_wrap.py size_setups: min_num_params, judged by the goal
     lc = setup.get("lora") or {}
     if (isinstance(lc.get("target_modules"), list) and {"lm_head", "embed_tokens"} &
             set(lc["target_modules"])) or lc.get("modules_to_save"):

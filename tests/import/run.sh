@@ -258,9 +258,27 @@ has "assumed transformers TrainingArguments's defaults"
 printf '{"per_device_train_batch_size": 4, "fsdp": "hybrid_shard"}\n' > "$T/hybrid.json"
 expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/hybrid.json"
 has "hybrid.json:1:36: fsdp: 'hybrid_shard' is not modelled"
+# size-based auto-wrap (fsdp.wrap_policy size): accelerate's key names, transformers 4's
+# min_num_params alone, min_num_params 0 (no policy) and NO_WRAP refused, FSDP2 refused
 printf '{"per_device_train_batch_size": 4, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP"}}\n' > "$T/sizewrap.json"
 expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/sizewrap.json"
-has "only TRANSFORMER_BASED_WRAP"
+has "SIZE_BASED_WRAP with min_num_params 0"
+printf '{"model_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "per_device_train_batch_size": 1, "bf16": true, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP", "fsdp_min_num_params": 100000000}}\n' > "$T/sizewrap2.json"
+expect 0 "$M" import --catalog contrib/models --trainer "$T/sizewrap2.json" -o "$T/sizewrap2.yaml"
+expect 0 cat "$T/sizewrap2.yaml"
+key wrap_policy size;  key min_num_params 100000000
+expect 0 "$M" predict "$T/sizewrap2.yaml" --set training.data_parallel=8
+has "peak per GPU"
+printf '{"model_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "per_device_train_batch_size": 1, "bf16": true, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"min_num_params": 20000000}}\n' > "$T/sizewrap3.json"
+expect 0 "$M" import --catalog contrib/models --trainer "$T/sizewrap3.json"
+key wrap_policy size;  key min_num_params 20000000
+has "transformers 4: min_num_params > 0 selects SIZE_BASED_WRAP"
+printf '{"per_device_train_batch_size": 4, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"auto_wrap_policy": "NO_WRAP"}}\n' > "$T/nowrap.json"
+expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/nowrap.json"
+has "NO_WRAP is not modelled"
+printf '{"per_device_train_batch_size": 4, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"version": 2, "auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 1000}}\n' > "$T/sizewrap4.json"
+expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/sizewrap4.json"
+has "SIZE_BASED_WRAP is modelled for FSDP1 only"
 printf '{"per_device_train_batch_size": 4, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}}\n' > "$T/tfwrap.json"
 expect 0 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/tfwrap.json"
 key sharding_strategy FULL_SHARD

@@ -453,6 +453,12 @@ def run_rank(setup, rank=0, world=1, trace=False):
             os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"] = ",".join(
                 sorted(c.__name__ for c in decoder_layer_classes(model)))
             policy = fsdp_auto_wrap_policy(model)
+        elif popt.get("wrap_policy") == "size":         # size-based auto-wrap (feat_wrap.py)
+            # accelerate's SIZE_BASED_WRAP: functools.partial(size_based_auto_wrap_policy,
+            # min_num_params=N) (accelerate/utils/dataclasses.py:2102-2105)
+            import functools
+            from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+            policy = functools.partial(size_based_auto_wrap_policy, min_num_params=popt["min_num_params"])
         wrapped = FSDP(model, auto_wrap_policy=policy,
                        use_orig_params=popt.get("use_orig_params", True), mixed_precision=mp,
                        sharding_strategy=getattr(ShardingStrategy, popt.get("sharding", "FULL_SHARD")),

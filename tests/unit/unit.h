@@ -31,6 +31,7 @@ Suite *towers_suite(void);
 Suite *pixtral_suite(void);
 Suite *liger_suite(void);
 Suite *lorahead_suite(void);
+Suite *wrap_suite(void);
 
 /* unit_spec.c: shared specs (each asserts what it needs) */
 mm_spec *unit_preset(const char *name);              /* contrib/models/NAME.yaml */

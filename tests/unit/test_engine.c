@@ -28,16 +28,29 @@ static const char *const variants[][3] = {
     {"training.gradient_checkpointing={enabled: true, offload: true}", NULL, NULL},
 };
 
+/* the spec at path with variant v applied, NULL when the spec refuses one of
+ * its keys (that variant is skipped) */
+static mm_spec *load_variant(const char *path, size_t v)
+{
+    mm_error e;
+    mm_spec *s = mm_spec_load_file(path, &e);
+    ck_assert_msg(s != NULL, "%s", e.msg);
+    for (size_t k = 0; k < 3 && variants[v][k]; k++)
+        if (mm_spec_set(s, variants[v][k], &e) != 0) {
+            mm_spec_free(s);
+            return NULL;
+        }
+    return s;
+}
+
 static void check_spec(const char *path)
 {
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         mm_error e;
-        mm_spec *s = mm_spec_load_file(path, &e);
-        ck_assert_msg(s != NULL, "%s", e.msg);
-        int ok = 1;
-        for (size_t k = 0; k < 3 && variants[v][k] && ok; k++)
-            ok = mm_spec_set(s, variants[v][k], &e) == 0; /* a key a spec refuses: skip it */
-        for (int nofold = 0; ok && nofold < 2; nofold++) {
+        mm_spec *s = load_variant(path, v);
+        if (!s)
+            continue;
+        for (int nofold = 0; nofold < 2; nofold++) {
             sim sm;
             step_cfg cfg = {.dp = s->training.data_parallel, .nofold = nofold};
             int rc = step_run(s, &sm, &cfg, &e);
@@ -60,15 +73,9 @@ static void check_snapshot(const char *path)
 {
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         mm_error e;
-        mm_spec *s = mm_spec_load_file(path, &e);
-        ck_assert_msg(s != NULL, "%s", e.msg);
-        int ok = 1;
-        for (size_t k = 0; k < 3 && variants[v][k] && ok; k++)
-            ok = mm_spec_set(s, variants[v][k], &e) == 0;
-        if (!ok) {
-            mm_spec_free(s);
+        mm_spec *s = load_variant(path, v);
+        if (!s)
             continue;
-        }
         sim a, b;
         step_cfg ca = {.dp = s->training.data_parallel, .symbolic = 1, .track_peak = 1};
         ck_assert_msg(step_run(s, &a, &ca, &e) == 0, "%s variant %zu: %s", path, v, e.msg);

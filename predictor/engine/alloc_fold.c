@@ -534,7 +534,8 @@ static int collect_changes(const mm_allocator *a, mm_alloc_mark *m)
             return -1;
         m->t[m->nt++] = a->b[k];
     }
-    qsort(m->still, m->nstill, sizeof *m->still, by_u64);
+    if (m->nstill)
+        qsort(m->still, m->nstill, sizeof *m->still, by_u64);
     return 0;
 }
 

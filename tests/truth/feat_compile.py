@@ -6,7 +6,9 @@ Small models (2 layers, hidden 128, a small vocabulary): inductor compiles every
 and backward with its C++ backend on a shared 2-core machine.  Which emulations a compiled row
 runs with, and why, is in docs/oracle.md ("torch.compile rows").
 
-    setups()    the rows, called by ONE line of truth.py config_list
+    all_setups()    the rows, called by ONE line of truth.py config_list; titan_setups() are
+                    FSDP2 steps compiled the torchtitan way (each decoder layer before
+                    fully_shard), titan_eager_setups() the same steps eager
 """
 import hashlib
 import json

@@ -154,8 +154,9 @@ MEANING = {
     "training.activation_offloading": "forward saves of >= 1 KiB wait on the host "
                                       "(torchtune / TRL activation offloading)",
     "training.torch_compile": "torch.compile(model), inductor, default mode: the eager prediction as a "
-                              "bound (the prediction says so); refused with a vision tower, DDP, ZeRO or "
-                              "FSDP (docs/oracle.md)",
+                              "bound (the prediction says so); refused with a vision tower, DDP, ZeRO, "
+                              "FSDP (FSDP2 compiled per block was measured: one row 304 B above the "
+                              "eager prediction) or selective_op checkpointing (docs/oracle.md)",
     "training.liger_kernel": "Liger-Kernel (HF use_liger_kernel / liger_kernel_config): true = the "
                              "apply function's defaults, or the map below; Llama, Qwen2 and LLaVA "
                              "over either; refused elsewhere with the reason",

@@ -54,13 +54,6 @@ static const imp_rule ac_rules[] = {
     {"preserve_rng_state", 'i', "an RNG state per checkpoint: bytes"},
     {"determinism_check", 'i', "a check of the recomputation"}, {"debug", 'i', "logging"},
 };
-static const imp_rule compile_rules[] = {
-    /* training.torch_compile exists; torchtitan always shards with FSDP2,
-     * which the spec refuses with torch_compile (docs/oracle.md) */
-    {"enable", 'd', "false|torch.compile under FSDP2 is not modelled (training.torch_compile "
-                    "is refused with FSDP)"},
-    {"components", 'i', "compile.enable only (false)"}, {"backend", 'i', "compile.enable only"},
-};
 static const imp_rule validation_rules[] = {
     {"enable", 'd', "false|validation forwards between steps are not modelled"},
     {"dataset", 'i', VAL}, {"dataset_path", 'i', VAL}, {"local_batch_size", 'i', VAL},
@@ -86,6 +79,51 @@ static const imp_rule table_rules[] = {
     {"experimental", 'i', "extension modules: the model is named by model.name"},
 };
 
+/* compile.*: torchtitan @ 9810191bb^ models/llama3/infra/parallelize.py l.107-123 compiles
+ * each TransformerBlock after activation checkpointing and before fully_shard (apply_compile
+ * l.256-267: torch.compile(block, backend=compile.backend, fullgraph=True)) when "model" is in
+ * compile.components (config/job_config.py l.721-727: enable false, components ["model",
+ * "loss"], backend "inductor"); "loss" compiles the loss function (components/loss.py
+ * l.33-35).  Both map to training.torch_compile: the truth rows compile this way, with and
+ * without the loss (tests/truth/feat_compile.py titan_setups); the spec refuses it under
+ * FSDP2 with what those rows measured (spec_links.c, docs/oracle.md) */
+static int titan_compile(imp_job *j, hfc *h)
+{
+    int on;
+    char be[64], w[160];
+    if (imp_bool(h, "enable", 0, &on) || hf_str(h, "backend", "inductor", be, sizeof be))
+        return -1;
+    const mm_node *c = hf_node(h, "components");
+    int model = c == NULL, loss = c == NULL;       /* absent: ["model", "loss"] */
+    if (c && c->type != MM_NODE_SEQ)
+        return hf_fail(h, "components", "expected a list of \"model\" and \"loss\"");
+    for (size_t i = 0; c && i < c->n; i++) {
+        const mm_node *v = c->vals[i];
+        if (v->type == MM_NODE_SCALAR && !strcmp(v->str, "model"))
+            model = 1;
+        else if (v->type == MM_NODE_SCALAR && !strcmp(v->str, "loss"))
+            loss = 1;
+        else
+            return hf_fail(h, "components", "expected \"model\" and / or \"loss\"");
+    }
+    if (!on) {
+        imp_note(j->s, "ignored compile.enable: false is torchtitan's default (compile.components "
+                       "and compile.backend act only when it is true)");
+        return 0;
+    }
+    if (strcmp(be, "inductor"))
+        return hf_fail(h, "backend", "'%s' is not measured (inductor is)", be);
+    if (!model && loss)
+        return hf_fail(h, "components", "the loss compiled alone, the blocks eager, is not "
+                                        "measured (\"model\" with or without \"loss\" is)");
+    if (!model)
+        return 0;                                   /* components = []: nothing compiled */
+    imp_set(&j->s->training, "torch_compile", hf_where(h, "enable", w, sizeof w), "true");
+    imp_note(j->s, "compile.components %s: each TransformerBlock compiled before fully_shard",
+             loss ? "model, loss" : "model");
+    return 0;
+}
+
 typedef int (*table_fn)(imp_job *j, hfc *h);
 static const struct table {
     const char *name;
@@ -99,7 +137,7 @@ static const struct table {
     T("parallelism", imp_titan_parallel, parallel_rules),
     T("activation_checkpoint", imp_titan_ac, ac_rules),
     T("optimizer", imp_titan_optimizer, optimizer_rules),
-    T("compile", NULL, compile_rules), T("validation", NULL, validation_rules),
+    {"compile", titan_compile, NULL, 0}, T("validation", NULL, validation_rules),
     T("fault_tolerance", NULL, ft_rules), T("debug", NULL, debug_rules),
 #undef T
 };

@@ -464,8 +464,30 @@ tt '[model]\nflavor = "debugmodel"\n[parallelism]\ndata_parallel_replicate_degre
     "t.toml:4:1: parallelism.data_parallel_replicate_degree: 2: HSDP"
 tt '[model]\nflavor = "debugmodel"\n[parallelism]\ncontext_parallel_degree = 4\n' \
     "t.toml:4:1: parallelism.context_parallel_degree: 4: context parallelism is not modelled"
-tt '[model]\nflavor = "debugmodel"\n[compile]\nenable = true\n' \
-    "t.toml:4:1: compile.enable: only false (torchtitan's default) is modelled"
+# compile.enable = true (components ["model", "loss"]): each block compiled before fully_shard
+# (apply_compile) maps to training.torch_compile, which the spec refuses under FSDP2 with the
+# measured reason (a compiled FSDP2 row 304 B above the eager prediction, docs/oracle.md)
+sed 's/^enable=false$/enable=true/' "$TT/debug_model.toml" > "$T/tt-compile.toml"
+expect 0 grep -c '^enable=true' "$T/tt-compile.toml"
+expect 2 "$M" import --torchtitan "$T/tt-compile.toml"
+has "training.torch_compile: torch.compile under FSDP2 is refused: measured per-block compiled FSDP2 steps"
+hasnt "compile.enable: false is torchtitan's default"
+expect 0 "$M" import --torchtitan "$TT/debug_model.toml"
+has "ignored compile.enable: false is torchtitan's default"
+# the 8B recipe (op-level selective checkpointing) compiled: refused the same way
+sed 's/^enable=false$/enable=true/' "$TT/llama3_8b.toml" > "$T/tt8c.toml"
+expect 2 "$M" import --catalog contrib/models --torchtitan "$T/tt8c.toml"
+has "training.torch_compile: torch.compile under FSDP2 is refused"
+# components = []: nothing compiled (parallelize.py: "model" not in components), the eager job
+printf '[model]\nflavor = "debugmodel"\n[compile]\nenable = true\ncomponents = []\n' > "$T/t0.toml"
+expect 0 "$M" import --torchtitan "$T/t0.toml"
+hasnt "torch_compile"
+tt '[model]\nflavor = "debugmodel"\n[compile]\nenable = true\ncomponents = ["loss"]\n' \
+    "t.toml:5:1: compile.components: the loss compiled alone, the blocks eager, is not measured"
+tt '[model]\nflavor = "debugmodel"\n[compile]\nenable = true\nbackend = "aot_eager"\n' \
+    "t.toml:5:1: compile.backend: 'aot_eager' is not measured"
+tt '[model]\nflavor = "debugmodel"\n[compile]\nenable = true\ncomponents = ["model", 3]\n' \
+    "t.toml:5:1: compile.components: expected \"model\" and / or \"loss\""
 tt '[model]\nflavor = "debugmodel"\nconverters = ["float8"]\n' \
     "t.toml:3:1: model.converters: model converters (float8, MX) are not modelled"
 tt '[model]\nflavor = "8B_flex"\n' "t.toml:2:1: model.flavor: '8B_flex' is not mapped"

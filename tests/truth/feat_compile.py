@@ -6,7 +6,9 @@ Small models (2 layers, hidden 128, a small vocabulary): inductor compiles every
 and backward with its C++ backend on a shared 2-core machine.  Which emulations a compiled row
 runs with, and why, is in docs/oracle.md ("torch.compile rows").
 
-    setups()    the rows, called by ONE line of truth.py config_list
+    all_setups()    the rows, called by ONE line of truth.py config_list; titan_setups() are
+                    FSDP2 steps compiled the torchtitan way (each decoder layer before
+                    fully_shard), titan_eager_setups() the same steps eager
 """
 import hashlib
 import json
@@ -182,4 +184,83 @@ def sac_setups():
 
 def all_setups():
     """the one generator truth.py config_list calls"""
-    return setups() + sac_setups() + ddp_setups()
+    return setups() + sac_setups() + ddp_setups() + titan_setups() + titan_eager_setups()
+
+
+# ------------------------------------------------- torchtitan's per-block compile under FSDP2
+# torchtitan @ 9810191bb^ (the TOML configs that mmguard imports), models/llama3/infra/parallelize.py
+# parallelize_llama l.107-123: activation checkpointing first (apply_ac), then apply_compile
+# (l.256-267: each TransformerBlock replaced by torch.compile(block, backend=compile.backend,
+# fullgraph=True), model.layers.register_module), then apply_fsdp (fully_shard per block, then the
+# root).  compile.components (config/job_config.py l.721-727, default ["model", "loss"]): "model"
+# is that per-block compile; "loss" compiles the loss function, torch.compile(loss_fn,
+# backend=...) (components/loss.py l.33-35).  Here the HF decoder layers are the blocks (transformers'
+# GradientCheckpointingLayer.__call__ holds the checkpoint, so compiling the layer object, as
+# torchtitan compiles its checkpoint wrapper, traces the checkpoint into the graph) and the loss is
+# the model's loss_function (ForCausalLMLoss: the fp32 upcast and cross-entropy).
+TITAN_ROWS = [
+    # (precision, fsdp2 mixed_precision, attention, checkpointing, B, S, components[, model])
+    ("bf16", None, "sdpa", False, 2, 128, ("model",)),
+    ("bf16", None, "sdpa", GC, 2, 128, ("model",)),
+    ("fp32", "bf16", "sdpa", False, 2, 128, ("model", "loss")),
+    ("fp32", "bf16", "sdpa", GC, 2, 128, ("model", "loss")),
+    ("bf16", None, "sdpa", GC, 2, 256, ("model", "loss")),
+    ("fp32", None, "eager", GC, 1, 128, ("model",)),
+    ("fp32", "bf16", "sdpa", False, 2, 128, ("model",)),
+    # torchtitan's layer-level selective AC ("2": every second block), a larger model
+    ("fp32", "bf16", "sdpa", dict(GC, every_n_layers=2), 2, 256, ("model", "loss"),
+     {"hidden": 128, "layers": 4, "vocab": 4096}),
+    ("bf16", None, "sdpa", GC, 2, 256, ("model",), {"hidden": 256, "layers": 3, "vocab": 8192}),
+]
+TITAN_MODEL = {"hidden": 128, "layers": 2, "vocab": 4096}
+
+
+def titan_setups():
+    import truth
+    out = []
+    for row in TITAN_ROWS:
+        prec, mp, attn, gc_, B, S, comps = row[:7]
+        model = row[7] if len(row) > 7 else TITAN_MODEL
+        s = truth.make_setup("llama", "full", prec, attn, gc_, B, S, 0, None, "adamw_torch", "fsdp2", 2,
+                             popt={"reshard_after_forward": True, "mixed_precision": mp},
+                             model=dict(model), seed=14)
+        s["torch_compile"] = {"backend": "inductor", "mode": None, "per_block": True, "fullgraph": True,
+                              "components": list(comps)}
+        key = json.dumps({k2: s[k2] for k2 in sorted(s) if k2 not in ("hf_class", "id")}, sort_keys=True)
+        s["id"] = "llama-fsdp2-2-full-%s-%s-titancompile-%s" % (prec, attn, hashlib.sha1(key.encode()).hexdigest()[:10])
+        out.append(s)
+    return out
+
+
+def titan_eager_setups():
+    """the same FSDP2 steps run eagerly: the compiled rows' peaks against the eager measurement,
+    apart from the eager prediction's own error (docs/oracle.md)"""
+    out = []
+    for s in titan_setups():
+        s = dict(s)
+        del s["torch_compile"]
+        s["id"] = s["id"].replace("-titancompile-", "-titaneager-")
+        out.append(s)
+    return out
+
+
+def per_block(setup):
+    """a row compiled torchtitan's way (each block, before fully_shard), not the Trainer's"""
+    return bool((setup.get("torch_compile") or {}).get("per_block"))
+
+
+def compile_blocks(model, setup, classes):
+    """torchtitan's apply_compile on the HF decoder layers and, with "loss" in components, its
+    loss compile; returns the compiled blocks, which fully_shard then wraps (apply_fsdp)"""
+    import torch
+    tc = setup["torch_compile"]
+    blocks = []
+    for name, parent in list(model.named_modules()):
+        for cname, child in list(parent.named_children()):
+            if isinstance(child, classes):
+                c = torch.compile(child, backend=tc["backend"], fullgraph=tc.get("fullgraph", True))
+                parent.register_module(cname, c)
+                blocks.append(c)
+    if "loss" in tc.get("components", ()):
+        model.loss_function = torch.compile(model.loss_function, backend=tc["backend"])
+    return blocks

@@ -329,7 +329,7 @@ class Meter:
 def compile_args(setup):
     """TrainingArguments' torch_compile keys of a compiled row (tests/truth/feat_compile.py)"""
     tc = setup.get("torch_compile")
-    if not tc:
+    if not tc or tc.get("per_block"):     # torchtitan's per-block compile: not the Trainer's
         return {}
     return {"torch_compile": True, "torch_compile_backend": tc.get("backend"), "torch_compile_mode": tc.get("mode")}
 
@@ -472,14 +472,16 @@ def run_rank(setup, rank=0, world=1, trace=False):
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         raf = popt.get("reshard_after_forward", True)
         classes = tuple(decoder_layer_classes(model))
-        for m in list(model.modules()):
-            if isinstance(m, classes):
-                fully_shard(m, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
+        blocks = [m for m in model.modules() if isinstance(m, classes)]
+        if setup.get("torch_compile"):      # torchtitan: each block compiled, then sharded (feat_compile.py)
+            blocks = __import__("feat_compile").compile_blocks(model, setup, classes)
+        for m in blocks:
+            fully_shard(m, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
     elif par == "tp":                           # tensor parallelism, DTensor on gloo (tests/truth/tp.py)
         wrapped = __import__("tp").apply(model, setup, world)
         batch = __import__("tp").adjust_batch(batch, setup)
-    if prec == "amp_bf16" or setup.get("torch_compile"):
+    if prec == "amp_bf16" or (setup.get("torch_compile") and not setup["torch_compile"].get("per_block")):
         # torch_compile: accelerate's prepare_model compiles last, torch.compile(model, backend=, mode=)
         # from the Trainer's TorchDynamoPlugin (accelerator.py l.2068-2073, trainer.py l.765-769)
         wrapped = trainer.accelerator.prepare_model(wrapped, device_placement=False)

@@ -3,7 +3,7 @@
  * spec/spec_liger.c says for which models): what each kernel's Python wrapper
  * allocates around its launch, what it saves for backward, and which gradients
  * it writes in place.  Source: linkedin/Liger-Kernel ead96b61 (2026-08-21),
- * src/liger_kernel/ops/{rms_norm,swiglu,rope}.py; line numbers are of that
+ * src/liger_kernel/ops/{rms_norm,swiglu,rope,layer_norm}.py; line numbers are of that
  * commit.  The kernels compute in registers: no intermediate is a tensor. */
 #include "ops.h"
 
@@ -61,14 +61,55 @@ static int32_t liger_rms_norm(lctx *c, const char *name, int32_t x, uint64_t row
     return y;
 }
 
-/* a decoder RMSNorm (input / post-attention / final): Liger's when it patches them
- * (_patch_rms_norm_module on the base model's norm and every layer's two,
- * monkey_patch.py:278, :284-285), else transformers' */
+/* LigerLayerNormFunction (ops/layer_norm.py:307-320; _patch_layer_norm_module,
+ * monkey_patch.py:103).  forward (layer_norm_forward :169-227): Y empty in X's dtype
+ * (:189), Mean and RSTD one per row in X's dtype, not fp32 (:190-191); saves X, W, B,
+ * Mean, RSTD (:312).  backward (layer_norm_backward :230-304): _DW and _DB (sm_count, H)
+ * fp32 (:257-258), DX a new tensor (:268: the ordinary input gradient), DW / DB =
+ * _D*.sum(0).to(dtype) (:301-302) whether or not the weights need them. */
+static int32_t liger_layer_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t w)
+{
+    uint32_t r = op_row(c, name, "layernorm");
+    int tw = op_trainable(c);
+    op_param(c, r, op_mul(c, 2, w), tw);
+    op_label(c, name, r);
+    uint64_t e = esz(c, x);
+    int32_t y = op_new(c, r, op_mul(c, rows, w), e);
+    int32_t mean = op_new(c, r, rows, e), rstd = op_new(c, r, rows, e);
+    sim_node *n = op_node(c, r, y, x, -1, -1, tw);
+    op_save(c, n, x);
+    op_save(c, n, mean);
+    op_save(c, n, rstd);
+    if (n) {
+        uint64_t tmp = op_mul3(c, 2 * LIGER_SM_COUNT, w, F32);
+        if (c->wdt != F32) /* one fp32 sum alive before its .to(W.dtype) */
+            tmp = sim_add(c->s, tmp, op_mul(c, w, F32));
+        if (tw)
+            op_wgrad(c, n, op_mul(c, 2, w));
+        else
+            tmp = sim_add(c->s, tmp, op_mul3(c, 2, w, c->wdt));
+        n->bwd_tmp = tmp;
+    }
+    op_drop(c, mean);
+    op_drop(c, rstd);
+    return y;
+}
+
+/* a block's pre-norm (decoder input / post-attention, the vision blocks' norm1 / norm2)
+ * and the decoder's final norm: Liger's where it patches them, else transformers'.
+ * Decoder RMSNorms: _patch_rms_norm_module on the base model's norm and every layer's two
+ * (monkey_patch.py:278, :284-285; Qwen-VL :1944-1952, :2034-2041).  Vision blocks
+ * (liger.vision_norms): Qwen2-VL's LayerNorms (_patch_layer_norm_module, :1937-1939),
+ * Qwen2.5-VL's RMSNorms (:2027-2030); the tower's merger ln_q and MLP keep transformers'. */
 int32_t op_decoder_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t w,
                         norm_kind k)
 {
-    if (k == NORM_RMS && c->m->kind == MOD_DECODER && c->spec->training.liger.rms_norm)
+    const liger_spec *l = &c->spec->training.liger;
+    int here = c->m->kind == MOD_DECODER || (c->m->kind == MOD_VISION && l->vision_norms);
+    if (here && k == NORM_RMS && l->rms_norm)
         return liger_rms_norm(c, name, x, rows, w);
+    if (here && k == NORM_LAYER && l->layer_norm)
+        return liger_layer_norm(c, name, x, rows, w);
     return op_norm(c, name, x, rows, w, k, 1);
 }
 

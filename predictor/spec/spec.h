@@ -170,7 +170,10 @@ typedef struct liger_spec {
     int enabled;                  /* liger_kernel given, true or a map */
     int rope, rms_norm, swiglu;   /* model/ops_liger.c */
     int fused_linear_cross_entropy; /* sets loss: fused_linear (ops_loss.c fused_loss) */
-    int cross_entropy, layer_norm, geglu; /* accepted false only (spec_liger.c says why) */
+    int layer_norm;               /* LigerLayerNorm (Qwen2-VL's vision blocks; else false only) */
+    int vision_norms;             /* the model type patches the vision blocks' norm1 / norm2
+                                   * (Qwen2-VL: LayerNorm, Qwen2.5-VL: RMSNorm): spec_liger.c */
+    int cross_entropy, geglu;     /* accepted false only (spec_liger.c says why) */
 } liger_spec;
 
 typedef struct training_spec {

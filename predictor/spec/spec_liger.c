@@ -16,7 +16,15 @@
  * :221, _qwen2 :1598, both (rope, cross_entropy, fused_linear_cross_entropy, rms_norm,
  * swiglu)) and LLaVA with one of them (apply_liger_kernel_to_llava :355 patches its
  * text model with the text model's function, :396-411; the CLIP tower's model_type
- * is in no table, :426-430).  Model types Liger has no function for are refused with
+ * is in no table, :426-430), and Qwen2-VL / Qwen2.5-VL (apply_liger_kernel_to_qwen2_vl
+ * :1860 (rope, cross_entropy, fused_linear_cross_entropy, rms_norm, layer_norm, swiglu),
+ * _qwen2_5_vl :1955 (the same less layer_norm)): on an instance they patch the text
+ * model's RMSNorms and MLPs (:1942-1952, :2032-2041) and the vision blocks' norm1 / norm2
+ * (:1933-1939 LayerNorm, :2024-2030 RMSNorm); their rope replaces
+ * apply_multimodal_rotary_pos_emb (:1899-1900, :1990-1991), a name transformers 5.17's
+ * modeling_qwen2_vl / _qwen2_5_vl no longer call (the rotary embedding recomposes the
+ * sections; attention calls apply_rotary_pos_emb): rope changes nothing there, and the
+ * model keeps transformers' RoPE for the M-RoPE decoders.  Model types Liger has no function for are refused with
  * that reason; those it patches in ways not modelled yet (LayerNorm in a tower, GeGLU
  * and Gemma's casting, MoE experts, instance-versus-class patches of Qwen3's q/k
  * norms) are refused with theirs. */
@@ -75,6 +83,10 @@ static const char *liger_model_type(const mm_spec *s, const char **why)
         return NULL;
     if (!v)
         return text ? dec : NULL;
+    /* Qwen2-VL / Qwen2.5-VL: the tower's model_type picks the function (the two share the
+     * qwen2_vl text decoder); one image kind, dynamic resolution */
+    if (!strcmp(dec, "qwen2_vl") && vis && (!strcmp(vis, "qwen2_vl") || !strcmp(vis, "qwen2_5_vl")))
+        return vis;
     /* LLaVA-1.5: CLIP, the mlp projector, one fixed-size image (llava_next and
      * llava_onevision cut anyres grids and are other model types) */
     if (vis && !strcmp(vis, "clip") && con && !strcmp(con, "mlp") && v->img.kind == IMG_FIXED && text)
@@ -94,14 +106,13 @@ static const char *liger_model_type(const mm_spec *s, const char **why)
 static const char *not_modelled(const mm_spec *s)
 {
     const char *dec = fam_name(s, MOD_DECODER), *vis = fam_name(s, MOD_VISION);
-    if (vis && (!strcmp(vis, "qwen2_vl") || !strcmp(vis, "intern_vit") || !strcmp(vis, "mllama") ||
-                !strcmp(vis, "siglip")))
+    if (vis && (!strcmp(vis, "intern_vit") || !strcmp(vis, "mllama") || !strcmp(vis, "siglip")))
         return "Liger's function for this model also patches the vision tower's LayerNorm "
-               "(apply_liger_kernel_to_qwen2_vl :1860, _internvl :2672, _mllama :523, "
-               "_gemma3 :1151, _smolvlm :2784): not modelled yet";
-    if (vis && (!strcmp(vis, "qwen2_5_vl") || !strcmp(vis, "qwen3_vl")))
-        return "apply_liger_kernel_to_qwen2_5_vl (:1955) / _qwen3_vl (:2044) patch the "
-               "multimodal RoPE and the text model's norms: not modelled yet";
+               "(apply_liger_kernel_to_internvl :2672, _mllama :523, _gemma3 :1151, "
+               "_smolvlm :2784): not modelled yet for these towers (Qwen2-VL's is)";
+    if (vis && !strcmp(vis, "qwen3_vl"))
+        return "apply_liger_kernel_to_qwen3_vl (:2044) patches the text model's norms and "
+               "Qwen3-VL's interleaved M-RoPE: not modelled yet";
     if (dec && !strcmp(dec, "gemma3"))
         return "apply_liger_kernel_to_gemma3_text (GeGLU, Gemma's RMSNorm casting with offset "
                "1, not in place) is not modelled yet";
@@ -124,7 +135,7 @@ static int check_switches(dctx *c, const mm_node *v, const liger_spec *l, const 
         return key_fail(c, k, "training.liger_kernel.cross_entropy",
                         "Liger's non-fused cross-entropy (ops/cross_entropy.py) is not modelled "
                         "yet; fused_linear_cross_entropy is");
-    if (l->layer_norm && (k = mm_node_get(v, "layer_norm")))
+    if (l->layer_norm && strcmp(mt, "qwen2_vl") && (k = mm_node_get(v, "layer_norm")))
         return key_fail(c, k, "training.liger_kernel.layer_norm",
                         "apply_liger_kernel_to_%s takes no layer_norm: "
                         "_apply_liger_kernel_to_instance drops it (monkey_patch.py:3645)", mt);
@@ -180,6 +191,14 @@ int spec_liger(dctx *c, const mm_node *tr, mm_spec *s)
     const char *why, *mt = liger_model_type(s, &why);
     if (!mt)
         return key_fail(c, v, "training.liger_kernel", "%s", why ? why : not_modelled(s));
+    /* apply_liger_kernel_to_qwen2_vl's layer_norm defaults true (monkey_patch.py:1866);
+     * both Qwen-VL functions patch the vision blocks' norm1 / norm2 on an instance */
+    int qvl = !strcmp(mt, "qwen2_vl") || !strcmp(mt, "qwen2_5_vl");
+    l->vision_norms = qvl;
+    if (!strcmp(mt, "qwen2_vl")) {
+        const mm_node *k = v->type == MM_NODE_MAP ? mm_node_get(v, "layer_norm") : NULL;
+        l->layer_norm = k ? l->layer_norm : 1;
+    }
     if (check_switches(c, v, l, mt))
         return -1;
     return liger_loss(c, tr, s);

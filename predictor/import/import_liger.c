@@ -18,7 +18,11 @@
  * modeling_qwen2_*vl.Qwen2RMSNorm and .apply_multimodal_rotary_pos_emb (:1899-1903,
  * :1990-1993), names transformers 5.17's modules no longer use (their norms are
  * Qwen2VLRMSNorm / Qwen2_5_VLRMSNorm), while Qwen2MLP and torch's LayerNorm (Qwen2-VL's
- * vision blocks and merger ln_q) are swapped: liger_kernel {rms_norm: false}.  Other model types Liger patches (its table,
+ * vision blocks and merger ln_q) are swapped: liger_kernel {rms_norm: false}.  gemma3 /
+ * gemma3_text on an instance (:1064-1148, :1151-1240): liger_kernel as configured; their
+ * class path swaps modeling_siglip.nn.LayerNorm, which is torch.nn's own class (every
+ * LayerNorm built afterwards), and Gemma's RMSNorm class: not modelled, the loss only.
+ * Other model types Liger patches (its table,
  * :3534-3585) keep the fused loss the spec models (loss: fused_linear) and say which
  * kernels are assumed to keep what transformers' ops keep; model types it does not
  * patch get nothing. */
@@ -62,6 +66,28 @@ static int qwen_vl(imp_job *j, const char *t)
     return (!strcmp(t, "qwen2_vl") || !strcmp(t, "qwen2_5_vl")) && f && !strcmp(f, "qwen2_vl");
 }
 
+/* a Gemma 3 job (Gemma3ForConditionalGeneration or the text model alone) */
+static int gemma3(imp_job *j, const char *t)
+{
+    imp_section *d = imp_find_module(j->s, "decoder");
+    const char *f = d ? imp_get(d, "family") : NULL;
+    return (!strcmp(t, "gemma3") || !strcmp(t, "gemma3_text")) && f && !strcmp(f, "gemma3");
+}
+
+/* a liger_kernel_config key the model type's apply function has no parameter for
+ * (monkey_patch.py: _qwen2_vl :1860, _qwen2_5_vl :1955, _gemma3_text :1064, _gemma3 :1151) */
+static int dropped(imp_job *j, const char *t, const char *k)
+{
+    int g = gemma3(j, t), q = qwen_vl(j, t);
+    if (!strcmp(k, "swiglu"))
+        return g;
+    if (!strcmp(k, "geglu"))
+        return q;
+    if (!strcmp(k, "layer_norm"))
+        return (q || g) && strcmp(t, "qwen2_vl") && strcmp(t, "gemma3");
+    return 0;
+}
+
 /* liger_kernel_config: {kernel: bool} as the map the spec takes; LLaVA's instance path
  * keeps only the loss switches (monkey_patch.py:3645 filters by the signature) */
 static int config_map(imp_job *j, hfc *h, int llava, const char *t, char *out, size_t n)
@@ -92,10 +118,8 @@ static int config_map(imp_job *j, hfc *h, int llava, const char *t, char *out, s
                      hf_where(h, "liger_kernel_config", w, sizeof w), k);
             continue;
         }
-        /* apply_liger_kernel_to_qwen2_5_vl takes no layer_norm and neither takes geglu:
-         * the instance path drops them (monkey_patch.py:3645) */
-        if ((!strcmp(k, "layer_norm") && !strcmp(t, "qwen2_5_vl")) ||
-            (!strcmp(k, "geglu") && qwen_vl(j, t))) {
+        /* the instance path drops what the function does not take (monkey_patch.py:3645) */
+        if (dropped(j, t, k)) {
             imp_note(j->s, "ignored %s.%s: apply_liger_kernel_to_%s has no such parameter; "
                            "_apply_liger_kernel_to_instance drops it (Liger monkey_patch.py:3645)",
                      hf_where(h, "liger_kernel_config", w, sizeof w), k, t);
@@ -116,7 +140,7 @@ int imp_liger(imp_job *j, hfc *h, const char *key, int instance)
     int llava = !strcmp(t, "llava") && text_modelled(j);
     /* a preset (no model_type): the spec decides, and refuses with the reason */
     if (!t[0] || !strcmp(t, "llama") || !strcmp(t, "qwen2") || (llava && instance) ||
-        (qwen_vl(j, t) && instance)) {
+        ((qwen_vl(j, t) || gemma3(j, t)) && instance)) {
         if (instance && config_map(j, h, llava, t, map, sizeof map))
             return -1;
         imp_set(&j->s->training, "liger_kernel", w, "%s", instance ? map : "true");

@@ -37,7 +37,14 @@ VL_ROWS = [(f, mode, "bf16", gc_, 1, 256, VL, ALL) for f in ("qwen2_vl", "qwen2_
     ("qwen2_vl", "full", "bf16", False, 2, 256, VL, dict(ALL, layer_norm=False)),
     ("qwen2_5_vl", "full", "bf16", GC, 2, 256, VL, {"rms_norm": True, "swiglu": False, "rope": True}),
 ]
-VL_IMAGE = {"qwen2_vl": (112, 168), "qwen2_5_vl": (112, 168)}
+VL_IMAGE = {"qwen2_vl": (112, 168), "qwen2_5_vl": (112, 168), "gemma3": (64, 64)}
+# Gemma 3 (apply_liger_kernel_to_gemma3: GeGLU, Gemma-cast RMSNorm not in place, RoPE, the SigLIP
+# tower's LayerNorms): frozen tower + LoRA and full fine-tuning, with and without checkpointing
+G3 = {"rms_norm": True, "geglu": True, "rope": True, "layer_norm": True}
+VL_ROWS += [("gemma3", mode, "bf16", gc_, 1, 256, {}, G3) for mode in ("full", "lora") for gc_ in (False, GC)] + [
+    ("gemma3", "full", "bf16", False, 2, 256, {}, {"rms_norm": False, "geglu": True, "rope": False,
+                                                   "layer_norm": False}),
+]
 # (issue 23, with the spec key) the kernels under autocast (fp32 weights and residual stream)
 # and beside the data-parallel strategies: (family, mode, precision, checkpointing, B, S,
 # model, liger, parallel, world)

@@ -715,6 +715,50 @@ def liger_layer_norm_allocates_what_liger_does():
 
 
 @test
+def liger_geglu_saves_a_b_and_backward_writes_in_place():
+    import emul_liger as L
+    a = torch.randn(4, 8, 48, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(4, 8, 48, dtype=torch.bfloat16, requires_grad=True)
+    a2, b2 = a * 1, b * 1
+    base = M.live()
+    M.reset_peak()
+    c = L.LigerGELUMulEmul.apply(a2, b2)
+    assert M.live() - base == nbytes(c) and M.reset_peak() - base == nbytes(c)
+    g = torch.randn_like(c)
+    pa, pb = a2.data_ptr(), b2.data_ptr()
+    live0 = M.live()
+    M.reset_peak()
+    da, db = torch.autograd.grad(c, (a2, b2), g)
+    assert (M.live() - live0, M.reset_peak() - live0) == (0, 0)
+    assert (da.data_ptr(), db.data_ptr()) == (pa, pb)
+    ar, br = (t.detach().float().requires_grad_() for t in (a, b))
+    (F.gelu(ar, approximate="tanh") * br).backward(g.float())
+    close(da, ar.grad, 6e-2)
+    close(db, br.grad, 6e-2)
+
+
+@test
+def liger_rms_norm_gemma_is_not_in_place():
+    """Gemma 3's patch (offset 1, gemma casting, in_place False): dX = zeros_like(dY), a new
+    tensor beside the incoming gradient."""
+    import emul_liger as L
+    x = torch.randn(6, 10, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    y = L.LigerRMSNormEmul.apply(x, w, 1e-6, 1.0, True, False)
+    g = torch.randn_like(y)
+    live0 = M.live()
+    M.reset_peak()
+    y.backward(g)
+    lv = M.live() - live0
+    assert lv == nbytes(x) + 64 - 60 * 4, lv          # x.grad new, w.grad; RSTD freed
+    xr, wr = (t.detach().float().requires_grad_() for t in (x, w))
+    yr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + wr)
+    yr.backward(g.float())
+    close(y, yr, 3e-2)
+    close(x.grad, xr.grad, 6e-2)
+
+
+@test
 def liger_mrope_rotates_in_place_and_saves_cos_sin():
     """LigerQwen2VLMRopeFunction: q, k rotated in place with the sections' cos / sin
     (3, b, s, d) recomposed in registers; nothing allocated."""

@@ -1,8 +1,9 @@
 /* test_liger.c - issue 23: training.liger_kernel.  Each of Liger's kernels changes
- * what it claims (model/ops_liger.c, from Liger-Kernel's ops/{rms_norm,swiglu,rope}.py),
- * true turns on the apply function's defaults (Qwen2-VL / Qwen2.5-VL: the vision blocks'
- * norms too), and models Liger does not patch, or
- * patches in ways not modelled, are refused with the reason (spec/spec_liger.c). */
+ * what it claims (model/ops_liger.c, from Liger-Kernel's
+ * ops/{rms_norm,swiglu,geglu,rope,layer_norm}.py), true turns on the apply function's
+ * defaults (Qwen2-VL / Qwen2.5-VL: the vision blocks' norms too; Gemma 3: GeGLU, Gemma's
+ * RMSNorms, SigLIP's LayerNorms), and models Liger does not patch, or patches in ways not
+ * modelled, are refused with the reason (spec/spec_liger.c). */
 #include "unit.h"
 #include "mmguard.h"
 
@@ -237,6 +238,90 @@ START_TEST(qwen_vl_rope_changes_nothing)
 }
 END_TEST
 
+/* a tiny Gemma 3 (SigLIP 224 px / 14 = 256 patches, avg-pool projector, Gemma 3 text
+ * model with q/k norms and sandwich norms), every module trained, bf16 */
+static mm_prediction g3_predict(const char *liger, int vision)
+{
+    static const char *const g3 =
+        "name: tiny-gemma3\n"
+        "modules:\n"
+        "%s"
+        "  - {name: language_model, type: decoder, family: gemma3, hidden_size: 512,\n"
+        "     num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 4, head_dim: 64,\n"
+        "     intermediate_size: 1376, vocab_size: 32000, hidden_act: gelu_pytorch_tanh,\n"
+        "     trainable: true}\n"
+        "training: {micro_batch_size: 1, seq_len: 512, images_per_sample: %d, precision: bf16,\n"
+        "           liger_kernel: %s}\n";
+    static const char *const tower =
+        "  - {name: vision_tower, type: vision, family: siglip, hidden_size: 128,\n"
+        "     num_hidden_layers: 2, num_attention_heads: 4, intermediate_size: 512,\n"
+        "     image_size: 224, patch_size: 14, hidden_act: gelu_pytorch_tanh,\n"
+        "     output_hidden_states: false, feature_post_norm: true, trainable: true}\n"
+        "  - {name: projector, type: connector, family: avg_pool, pool_kernel: 4,\n"
+        "     input_size: 128, hidden_size: 512, trainable: true}\n";
+    char buf[3072];
+    mm_error e;
+    mm_prediction p;
+    snprintf(buf, sizeof buf, g3, vision ? tower : "", vision ? 1 : 0, liger);
+    mm_spec *s = mm_spec_load_buffer(buf, strlen(buf), "g3.yaml", MM_FMT_YAML, &e);
+    ck_assert_msg(s != NULL, "%s: %s", liger, e.msg);
+    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    mm_spec_free(s);
+    return p;
+}
+
+/* Gemma 3: geglu is LigerGELUMulFunction (a and b saved, no gelu(gate) product: one
+ * T x I bf16 less per layer than transformers' act_fn(gate) * up); rms_norm covers the
+ * q / k norms and the sandwich norms (Gemma casting, dX a new tensor) */
+START_TEST(gemma3_geglu_and_gemma_rms_norm)
+{
+    for (int vision = 0; vision < 2; vision++) {
+        const char *off = "{fused_linear_cross_entropy: false, rms_norm: false, geglu: false, "
+                          "rope: false, layer_norm: false}";
+        const char *txt = "{fused_linear_cross_entropy: false, rms_norm: false, geglu: false, rope: false}";
+        mm_prediction a = g3_predict(vision ? off : txt, vision),
+                      b = g3_predict(vision ? "{fused_linear_cross_entropy: false, rms_norm: false, "
+                                              "rope: false, layer_norm: false}"
+                                            : "{fused_linear_cross_entropy: false, rms_norm: false, "
+                                              "rope: false}", vision),
+                      c = g3_predict(vision ? "{fused_linear_cross_entropy: false, geglu: false, "
+                                              "rope: false, layer_norm: false}"
+                                            : "{fused_linear_cross_entropy: false, geglu: false, "
+                                              "rope: false}", vision);
+        ck_assert_uint_gt(acts_of(&a, "mlp.act_fn"), acts_of(&b, "mlp.act_fn"));
+        ck_assert_uint_lt(b.allocated_peak_bytes, a.allocated_peak_bytes);
+        ck_assert_uint_gt(acts_of(&a, "self_attn.q_norm"), acts_of(&c, "self_attn.q_norm"));
+        ck_assert_uint_gt(acts_of(&a, "pre_feedforward_layernorm"),
+                          acts_of(&c, "pre_feedforward_layernorm"));
+        ck_assert_uint_lt(c.allocated_peak_bytes, a.allocated_peak_bytes);
+        mm_prediction_free(&a);
+        mm_prediction_free(&b);
+        mm_prediction_free(&c);
+    }
+}
+END_TEST
+
+/* Gemma 3's SigLIP: layer_norm switches the encoder layers' LayerNorms (Mean / RSTD in
+ * bf16: 2 x 2 bytes less per row and norm); the post_layernorm is Liger's either way
+ * (apply_liger_kernel_to_gemma3 :1217); the text-only function takes no layer_norm */
+START_TEST(gemma3_siglip_layer_norm)
+{
+    mm_prediction a = g3_predict("{fused_linear_cross_entropy: false, layer_norm: false}", 1),
+                  b = g3_predict("{fused_linear_cross_entropy: false}", 1);
+    ck_assert_uint_eq(acts_of(&a, "layers.norm") - acts_of(&b, "layers.norm"), 2 * 2 * 256 * 2 * 2);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+    mm_error e;
+    mm_spec *s = unit_preset("gemma-3-27b-qlora");
+    ck_assert_msg(mm_spec_set(s, "training.liger_kernel={swiglu: true}", &e) != 0, "accepted");
+    ck_assert_msg(strstr(e.msg, "apply_liger_kernel_to_gemma3 takes no swiglu"), "%s", e.msg);
+    mm_spec_free(s);
+    s = unit_preset("gemma-3-27b-qlora");
+    ck_assert_msg(mm_spec_set(s, "training.liger_kernel=true", &e) == 0, "%s", e.msg);
+    mm_spec_free(s);
+}
+END_TEST
+
 /* what Liger does not do, or does in ways not modelled, is refused with the reason */
 START_TEST(refused_where_not_what_runs)
 {
@@ -265,6 +350,8 @@ Suite *liger_suite(void)
     tcase_add_test(tc, qwen2_vl_tower_layer_norm);
     tcase_add_test(tc, qwen2_5_vl_tower_rms_norm);
     tcase_add_test(tc, qwen_vl_rope_changes_nothing);
+    tcase_add_test(tc, gemma3_geglu_and_gemma_rms_norm);
+    tcase_add_test(tc, gemma3_siglip_layer_norm);
     tcase_add_test(tc, refused_where_not_what_runs);
     suite_add_tcase(s, tc);
     return s;

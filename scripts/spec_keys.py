@@ -158,19 +158,24 @@ MEANING = {
                               "FSDP (FSDP2 compiled per block was measured: one row 304 B above the "
                               "eager prediction) or selective_op checkpointing (docs/oracle.md)",
     "training.liger_kernel": "Liger-Kernel (HF use_liger_kernel / liger_kernel_config): true = the "
-                             "apply function's defaults, or the map below; Llama, Qwen2 and LLaVA "
-                             "over either; refused elsewhere with the reason",
-    "liger_kernel.rope": "LigerRopeFunction: q and k rotated in place, only cos / sin saved",
-    "liger_kernel.rms_norm": "LigerRMSNormFunction on the decoder's norms: saves its input and one "
-                             "fp32 rstd per row, dX written over dY, (132, hidden) fp32 dW partials",
+                             "apply function's defaults, or the map below; Llama, Qwen2, LLaVA "
+                             "over either, Qwen2-VL, Qwen2.5-VL and Gemma 3; refused elsewhere with the reason",
+    "liger_kernel.rope": "LigerRopeFunction: q and k rotated in place, only cos / sin saved; Qwen-VL's "
+                         "M-RoPE swap names a function transformers 5.17 no longer calls: no change",
+    "liger_kernel.rms_norm": "LigerRMSNormFunction on the decoder's norms (and Qwen2.5-VL's vision "
+                             "blocks', Gemma 3's q/k, sandwich and projector norms): saves its input "
+                             "and one fp32 rstd per row, dX written over dY (Gemma: a new dX), "
+                             "(132, hidden) fp32 dW partials",
     "liger_kernel.swiglu": "LigerSiLUMulFunction: saves gate and up only (no silu product), their "
                            "gradients written over them",
     "liger_kernel.fused_linear_cross_entropy": "the loss becomes loss: fused_linear (no logits; "
                                                "a conflicting training.loss is refused)",
     "liger_kernel.cross_entropy": "true refused: Liger's non-fused cross-entropy is not modelled",
-    "liger_kernel.layer_norm": "true refused: the modelled families' apply functions take no "
-                               "layer_norm (Liger drops it)",
-    "liger_kernel.geglu": "true refused: the modelled families' MLPs are SwiGLU",
+    "liger_kernel.layer_norm": "Qwen2-VL, Gemma 3 (default true): LigerLayerNormFunction on the "
+                               "vision blocks' LayerNorms (Mean / RSTD in X's dtype, (132, H) fp32 "
+                               "dW / dB partials); true refused elsewhere (Liger drops it)",
+    "liger_kernel.geglu": "Gemma 3 (default true): LigerGELUMulFunction, gate and up saved (no "
+                          "gelu product), their gradients written over them; true refused elsewhere",
     "training.tensor_parallel": "torch.distributed.tensor.parallel degree (torchtitan's block "
                                 "plan: q/k/v/gate/up colwise, o/down rowwise), one TP group per "
                                 "rank set, no data parallel beside it; refused with ZeRO, FSDP, "

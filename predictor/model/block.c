@@ -49,8 +49,8 @@ static int32_t qk_norm(lctx *c, const char *name, int32_t x, uint64_t heads)
     const module_spec *m = c->m;
     norm_kind k = m->norm == NORM_RMS_GEMMA ? NORM_RMS_GEMMA : NORM_RMS;
     int32_t y = m->qk_norm == QKN_HEAD
-                    ? op_norm(c, name, x, op_mul(c, c->T, heads), m->head_dim, k, 1)
-                    : op_norm(c, name, x, c->T, op_mul(c, heads, m->head_dim), k, 1);
+                    ? op_decoder_norm(c, name, x, op_mul(c, c->T, heads), m->head_dim, k)
+                    : op_decoder_norm(c, name, x, c->T, op_mul(c, heads, m->head_dim), k);
     op_drop(c, x);
     return y;
 }
@@ -168,7 +168,7 @@ static int32_t sublayer(lctx *c, int32_t x, int which, int attn)
     op_drop(c, z);
     f = seq_redistribute(c, f, 0);
     if (m->sandwich_norm) {
-        int32_t p = op_norm(c, norm_name(c, which == 0 ? 1 : 3), f, T, h, m->norm, 1);
+        int32_t p = op_decoder_norm(c, norm_name(c, which == 0 ? 1 : 3), f, T, h, m->norm);
         op_drop(c, f);
         f = p;
     }

@@ -108,7 +108,7 @@ static int32_t avg_pool(lctx *c, int32_t x, uint64_t rows, uint64_t h)
     int32_t p = op_new(c, r, op_mul(c, out_rows, h), esz_of(c, x));
     op_node(c, r, p, x, -1, -1, 0); /* AvgPool2dBackward keeps sizes */
     op_drop(c, x);
-    int32_t z = op_norm(c, "mm_soft_emb_norm", p, out_rows, h, m->conn_norm, 1);
+    int32_t z = op_decoder_norm(c, "mm_soft_emb_norm", p, out_rows, h, m->conn_norm); /* Liger */
     op_drop(c, p);
     int32_t y = op_linear(c, "mm_input_projection", z, out_rows, h, m->hidden_size, 0,
                           LT_MLP_ALL);

@@ -84,6 +84,8 @@ int op_liger_swiglu(const lctx *c);
 int op_liger_rope(const lctx *c);
 int32_t op_decoder_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t w,
                         norm_kind k);
+int32_t op_vision_post_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t w,
+                            norm_kind k);
 int32_t op_liger_silu_mul(lctx *c, int32_t a, int32_t b, uint64_t elems);
 int32_t op_liger_rotary(lctx *c, uint32_t r, int32_t x, uint64_t elems);
 /* attention core: q (T x heads x d), k/v (T x kv x d); chunks of S tokens */

@@ -176,7 +176,7 @@ int32_t vision_module(lctx *c)
     release_tuple(c, feat, sel);
     uint32_t rpost = op_row(c, "post_layernorm", "layernorm");
     if (m->post_layernorm && m->feature_post_norm) {
-        int32_t y = op_norm(c, "post_layernorm", feat, c->T, h, m->norm, 1);
+        int32_t y = op_vision_post_norm(c, "post_layernorm", feat, c->T, h, m->norm); /* Liger */
         op_drop(c, feat);
         feat = y;
     } else if (m->post_layernorm) { /* parameters only: never reaches the loss */

@@ -172,7 +172,14 @@ typedef struct liger_spec {
     int enabled;                  /* liger_kernel given, true or a map */
     int rope, rms_norm, swiglu;   /* model/ops_liger.c */
     int fused_linear_cross_entropy; /* sets loss: fused_linear (ops_loss.c fused_loss) */
-    int cross_entropy, layer_norm, geglu; /* accepted false only (spec_liger.c says why) */
+    int layer_norm;               /* LigerLayerNorm (Qwen2-VL's, Gemma 3's SigLIP's blocks) */
+    int geglu;                    /* LigerGELUMulFunction (Gemma 3's MLP) */
+    int vision_norms;             /* the model type patches the vision blocks' norms
+                                   * (Qwen2-VL: LayerNorm, Qwen2.5-VL: RMSNorm, Gemma 3: SigLIP
+                                   * LayerNorm): spec_liger.c */
+    int vision_post_ln;           /* and the tower's post_layernorm, always (Gemma 3) */
+    int connector_norm;           /* and the projector's norm (Gemma 3 mm_soft_emb_norm) */
+    int cross_entropy;            /* accepted false only (spec_liger.c says why) */
 } liger_spec;
 
 typedef struct training_spec {

@@ -244,10 +244,15 @@ report_to: none
 deepspeed: ds.json
 YAML
 printf '{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",\n "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}\n' > "$T/ds.json"
-expect 0 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/sft.yaml"
+expect 0 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/sft.yaml" -o "$T/sft-spec.yaml"
+expect 0 cat "$T/sft-spec.yaml"
 key micro_batch_size 2;  key gradient_accumulation_steps 4;  key seq_len 4096;  key packing true
-key loss fused_linear;  key attention flash;  key optimizer paged_adamw_8bit;  key zero_stage 2
+# use_liger_kernel on Qwen2-VL: the Trainer's instance patch (text norms, MLPs, the vision
+# blocks' LayerNorms, the loss) is modelled: training.liger_kernel, predicted
+key liger_kernel true;  hasnt "not modelled yet";  key attention flash;  key optimizer paged_adamw_8bit;  key zero_stage 2
 key precision bf16;  key reduce_bucket_size 12845056
+expect 0 "$M" predict "$T/sft-spec.yaml"
+expect 0 cat "$T/sft-spec.yaml"
 has "gradient_checkpointing: {enabled: true, use_reentrant: false}"
 has "assumed TRL SFTConfig's defaults"
 printf '{"per_device_train_batch_size": 4, "bf16": true, "fsdp": "full_shard auto_wrap offload",\n "fsdp_config": {"backward_prefetch": "backward_pre", "fsdp_transformer_layer_cls_to_wrap": ["Qwen2VLDecoderLayer"]}}\n' > "$T/fsdp.json"
@@ -355,6 +360,12 @@ expect 0 "$M" predict "$T/lg-spec.yaml"
 printf 'use_liger_kernel: true\n' > "$T/lg.yaml"
 expect 0 "$M" import --hf "$S/llava-1.5-7b-hf" --trainer "$T/lg.yaml"
 key liger_kernel true
+# Qwen2.5-VL: liger_kernel_config's layer_norm is no parameter of its function (dropped)
+printf 'use_liger_kernel: true\nliger_kernel_config: {layer_norm: false, swiglu: false}\n' > "$T/lg.yaml"
+expect 0 "$M" import --hf "$S/qwen2.5-vl-7b-instruct" --trainer "$T/lg.yaml" -o "$T/lg-spec.yaml"
+expect 0 cat "$T/lg-spec.yaml"
+key liger_kernel '\{swiglu: false\}';  has "ignored liger_kernel_config.layer_norm"
+expect 0 "$M" predict "$T/lg-spec.yaml"
 printf 'model_name_or_path: Qwen/Qwen2-VL-7B-Instruct\nstage: dpo\n' > "$T/dpo.yaml"
 expect 2 "$M" import --catalog "$CAT" --llamafactory "$T/dpo.yaml"
 has "dpo.yaml:2:1: stage: stage dpo is not modelled"
@@ -376,7 +387,10 @@ YAML
 expect 0 "$M" import --catalog "$CAT" --llamafactory "$T/lf.yaml"
 has "lora: {r: 16, alpha: 64, dropout: 0, target_modules: [q_proj, v_proj]}"
 has "quantization: {bits: 4, quant_type: nf4, double_quant: true}"
-key loss fused_linear;  key packing true;  key attention flash;  key gradient_checkpointing false
+# enable_liger_kernel: the class patch before the model is built; on transformers 5.17 its
+# RMSNorm / RoPE swaps name nothing the module uses: the MLP, LayerNorm and loss are Liger's
+key liger_kernel '\{rms_norm: false\}';  has "names transformers 5.17 no longer uses"
+key packing true;  key attention flash;  key gradient_checkpointing false
 key micro_batch_size 2
 has "max_pixels: 589824"
 printf 'model_name_or_path: Qwen/Qwen2-VL-7B-Instruct\nlora_rank: eight\n' > "$T/rank.yaml"
@@ -564,11 +578,13 @@ key packing true
 expect 0 "$M" predict "$T/sw-pf.yaml"
 sw() { printf "$1" > "$T/s.sh"; expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"; has "$2"; }
 Q='swift sft --model Qwen/Qwen2.5-VL-7B-Instruct'
-# --use_liger_kernel: transformers' Trainer patches Qwen2.5-VL; only its fused loss is modelled
+# --use_liger_kernel: transformers' Trainer patches Qwen2.5-VL (text norms and MLPs, the
+# vision blocks' RMSNorms, the loss): training.liger_kernel, predicted
 printf "$Q --max_pixels 1003520 \\\\\n  --use_liger_kernel true\n" > "$T/s.sh"
-expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh"
-key loss fused_linear
-has "Liger's other kernels for 'qwen2_5_vl'"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh" -o "$T/sw-lg.yaml"
+expect 0 cat "$T/sw-lg.yaml"
+key liger_kernel true;  hasnt "not modelled yet"
+expect 0 "$M" predict "$T/sw-lg.yaml"
 # vit_gradient_checkpointing apart from gradient_checkpointing: the tower's own switch
 # (ms-swift trainers/mixin.py), which makes a trained ViT's step heavier without checkpointing
 for v in true false; do

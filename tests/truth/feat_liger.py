@@ -28,6 +28,23 @@ ROWS = [
     ("llava", "lora", "bf16", False, 1, 128, {"hidden": 128, "layers": 2}, ALL),
     ("llava", "full", "bf16", GC, 1, 128, {"hidden": 128, "layers": 2}, ALL),
 ]
+# (issue 23) Qwen2-VL / Qwen2.5-VL: apply_liger_kernel_to_qwen2_vl / _qwen2_5_vl(model=...), which
+# also patch the vision blocks' norms (Qwen2-VL LayerNorm, Qwen2.5-VL RMSNorm): one image each,
+# frozen tower + LoRA on the language model and full fine-tuning, with and without checkpointing
+VL = {"hidden": 128, "layers": 2}
+VL_ROWS = [(f, mode, "bf16", gc_, 1, 256, VL, ALL) for f in ("qwen2_vl", "qwen2_5_vl")
+           for mode in ("full", "lora") for gc_ in (False, GC)] + [
+    ("qwen2_vl", "full", "bf16", False, 2, 256, VL, dict(ALL, layer_norm=False)),
+    ("qwen2_5_vl", "full", "bf16", GC, 2, 256, VL, {"rms_norm": True, "swiglu": False, "rope": True}),
+]
+VL_IMAGE = {"qwen2_vl": (112, 168), "qwen2_5_vl": (112, 168), "gemma3": (64, 64)}
+# Gemma 3 (apply_liger_kernel_to_gemma3: GeGLU, Gemma-cast RMSNorm not in place, RoPE, the SigLIP
+# tower's LayerNorms): frozen tower + LoRA and full fine-tuning, with and without checkpointing
+G3 = {"rms_norm": True, "geglu": True, "rope": True, "layer_norm": True}
+VL_ROWS += [("gemma3", mode, "bf16", gc_, 1, 256, {}, G3) for mode in ("full", "lora") for gc_ in (False, GC)] + [
+    ("gemma3", "full", "bf16", False, 2, 256, {}, {"rms_norm": False, "geglu": True, "rope": False,
+                                                   "layer_norm": False}),
+]
 # (issue 23, with the spec key) the kernels under autocast (fp32 weights and residual stream)
 # and beside the data-parallel strategies: (family, mode, precision, checkpointing, B, S,
 # model, liger, parallel, world)
@@ -41,9 +58,9 @@ PAR_ROWS = [
 def setups():
     import truth
     out = []
-    rows = [r + ("single", 1) for r in ROWS] + PAR_ROWS
+    rows = [r + ("single", 1) for r in ROWS] + PAR_ROWS + [r + ("single", 1) for r in VL_ROWS]
     for fam, mode, prec, gc_, B, S, model, lig, par, world in rows:
-        k, img = (1, (112, 112)) if fam == "llava" else (0, None)
+        k, img = (1, (112, 112)) if fam == "llava" else (1, VL_IMAGE[fam]) if fam in VL_IMAGE else (0, None)
         s = truth.make_setup(fam, mode, prec, "sdpa", gc_, B, S, k, img, "adamw_torch", par, world,
                              model=model, seed=17)
         s["liger"] = dict(lig)

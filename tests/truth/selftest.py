@@ -685,6 +685,105 @@ def liger_rope_rotates_in_place():
     close(qs.grad, qa.grad, 1e-5)
     close(ks.grad, ka.grad, 1e-5)
 
+
+@test
+def liger_layer_norm_allocates_what_liger_does():
+    """forward: Y + Mean + RSTD in X's dtype (bf16, one per row); backward: a new DX, fp32
+    (132, H) _DW and _DB, their sums cast to the weights' dtype."""
+    import emul_liger as L
+    x = torch.randn(6, 10, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    base = M.live()
+    M.reset_peak()
+    y = L.LigerLayerNormEmul.apply(x, w, b, 1e-6)
+    assert M.live() - base == nbytes(y) + 2 * 60 * 2, M.live() - base
+    g = torch.randn_like(y)
+    live0 = M.live()
+    M.reset_peak()
+    y.backward(g)
+    # x.grad (a new DX), w.grad and b.grad stay; Mean and RSTD leave with the saved tensors
+    lv, pk = M.live() - live0, M.reset_peak() - live0
+    assert lv == nbytes(x) + 2 * 64 - 2 * 60 * 2, lv
+    # peak at DB's cast: DX + _DW + _DB + bf16 DW + fp32 DB sum + bf16 DB
+    assert pk == nbytes(x) + 2 * L.SM_COUNT * 32 * 4 + 64 + 32 * 4 + 64, pk
+    xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, b))
+    F.layer_norm(xr, (32,), wr, br, 1e-6).backward(g.float())
+    close(x.grad, xr.grad, 6e-2)
+    close(w.grad, wr.grad, 1e-1)
+    close(b.grad, br.grad, 6e-2)
+
+
+@test
+def liger_geglu_saves_a_b_and_backward_writes_in_place():
+    import emul_liger as L
+    a = torch.randn(4, 8, 48, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(4, 8, 48, dtype=torch.bfloat16, requires_grad=True)
+    a2, b2 = a * 1, b * 1
+    base = M.live()
+    M.reset_peak()
+    c = L.LigerGELUMulEmul.apply(a2, b2)
+    assert M.live() - base == nbytes(c) and M.reset_peak() - base == nbytes(c)
+    g = torch.randn_like(c)
+    pa, pb = a2.data_ptr(), b2.data_ptr()
+    live0 = M.live()
+    M.reset_peak()
+    da, db = torch.autograd.grad(c, (a2, b2), g)
+    assert (M.live() - live0, M.reset_peak() - live0) == (0, 0)
+    assert (da.data_ptr(), db.data_ptr()) == (pa, pb)
+    ar, br = (t.detach().float().requires_grad_() for t in (a, b))
+    (F.gelu(ar, approximate="tanh") * br).backward(g.float())
+    close(da, ar.grad, 6e-2)
+    close(db, br.grad, 6e-2)
+
+
+@test
+def liger_rms_norm_gemma_is_not_in_place():
+    """Gemma 3's patch (offset 1, gemma casting, in_place False): dX = zeros_like(dY), a new
+    tensor beside the incoming gradient."""
+    import emul_liger as L
+    x = torch.randn(6, 10, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    y = L.LigerRMSNormEmul.apply(x, w, 1e-6, 1.0, True, False)
+    g = torch.randn_like(y)
+    live0 = M.live()
+    M.reset_peak()
+    y.backward(g)
+    lv = M.live() - live0
+    assert lv == nbytes(x) + 64 - 60 * 4, lv          # x.grad new, w.grad; RSTD freed
+    xr, wr = (t.detach().float().requires_grad_() for t in (x, w))
+    yr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + wr)
+    yr.backward(g.float())
+    close(y, yr, 3e-2)
+    close(x.grad, xr.grad, 6e-2)
+
+
+@test
+def liger_mrope_rotates_in_place_and_saves_cos_sin():
+    """LigerQwen2VLMRopeFunction: q, k rotated in place with the sections' cos / sin
+    (3, b, s, d) recomposed in registers; nothing allocated."""
+    import emul_liger as L
+    B, H, S, D, sec = 1, 2, 5, 16, [2, 3, 3]
+    qs = torch.randn(B, S, H * D, requires_grad=True)
+    ks = torch.randn(B, S, H * D, requires_grad=True)
+    ang = torch.randn(3, B, S, D // 2)
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+    q0, k0 = qs * 1, ks * 1
+    q = q0.view(B, S, H, D).transpose(1, 2)
+    k = k0.view(B, S, H, D).transpose(1, 2)
+    base = M.live()
+    M.reset_peak()
+    qo, ko = L.liger_multimodal_rotary_pos_emb(q, k, cos, sin, sec)
+    assert (M.live() - base, M.reset_peak() - base) == (0, 0)
+    assert qo.data_ptr() == q0.data_ptr()
+    def pick(t):
+        return torch.cat([m[i % 3] for i, m in enumerate(t.split(sec * 2, dim=-1))], dim=-1).unsqueeze(1)
+    c, s_ = pick(cos), pick(sin)
+    def rh(t):
+        return torch.cat((-t[..., D // 2:], t[..., : D // 2]), -1)
+    qr = qs.detach().view(B, S, H, D).transpose(1, 2)
+    close(qo, qr * c + rh(qr) * s_, 1e-5)
+
 def _row(setup, trace=False):
     args = [sys.executable, os.path.join(HERE, "truth.py"), "run", json.dumps(setup)]
     if trace:

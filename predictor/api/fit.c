@@ -414,11 +414,17 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     else
         out->max_micro_batch_ckpt = out->max_micro_batch;
     with_expandable(&c, spec, out);
-    out->min_zero_stage = spec->fsdp.version ? -1 : smallest_zero(&c, spec, &at);
+    /* tensor parallel is modelled alone (spec_tp.c): no ZeRO stage, no data
+     * parallel beside it to suggest */
+    int tp = spec->training.tensor_parallel > 1;
+    out->min_zero_stage = spec->fsdp.version || tp ? -1 : smallest_zero(&c, spec, &at);
     if (out->min_zero_stage >= 0)
         summarize(&at, &out->zero);
     reset(&c, spec);
-    more_gpus(&c, spec, out);
+    if (!tp)
+        more_gpus(&c, spec, out);
+    else
+        out->min_data_parallel_zero = -1;
     mm_spec_free(c.s);
     return 0;
 }

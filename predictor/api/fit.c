@@ -15,10 +15,13 @@
  * bound every search from above - a configuration whose live bytes exceed
  * the allocator's capacity runs out of memory, judged without a replay.  The
  * micro-batch search starts from the spec's own verdict (the plugin's, passed
- * in), guesses the answer from its allocator cache and one more sample of
- * the live bytes, and judges the guess and its neighbour: two verdicts when
- * the guess is right (the LLaVA-1.5-7B preset on 8 H100s: 26 M instructions,
- * 65 M with the former bisection; docs/plugin.md, "Cost").  Under
+ * in), guesses the answer from its allocator cache (as it is, and grown
+ * with the activations) and one more sample of the live bytes, and judges
+ * the guess and its neighbour: two verdicts when the guess is right (the
+ * LLaVA-1.5-7B preset on 8 H100s: 26 M instructions, 65 M with the former
+ * secant search on the live bytes and bisection of verdicts; every preset
+ * at the five cards and two flush policies of tests/fit/fit_search.c:
+ * 8.2 G, was 10.9 G; docs/plugin.md, "Cost").  Under
  * flush=reject only "fits without a flush" is asked, which the uncapped
  * replay stopped at the capacity answers (verdict_fits_clean).  The verdict
  * is not monotone in the micro-batch everywhere (fragmentation: llama-3.1-8b
@@ -114,59 +117,68 @@ static void judge_at(const fitctx *c, span *b, uint64_t x)
         b->hi = x;
 }
 
-/* Largest x in the span that fits and whose successor does not, from the
- * guess g: g, then its neighbour, then steps doubling away from it until the
- * answer is bracketed, then a bisection.  Where the verdict is monotone in
- * the micro-batch (it grows with it, but fragmentation can break that) the
- * answer is the one any bisection finds; from a good guess it costs two
- * verdicts (tests/fit/fit_search.c holds it to a plain bisection). */
-static uint32_t search_from(const fitctx *c, span *b, uint64_t g)
+/* Largest x in the span that fits and whose successor does not, from two
+ * guesses g[0] >= g[1] (0: none): g[0], then its neighbour above, then steps
+ * doubling upwards until one fails; when g[0] fails, the one below it, then
+ * g[1], and when that fails too (or there is none) steps doubling
+ * downwards; then a bisection of what is left.  Where the
+ * verdict is monotone in the micro-batch the answer is the one any bisection
+ * finds; from a right guess it costs two verdicts (tests/fit/fit_search.c). */
+static uint32_t search_from(const fitctx *c, span *b, const uint64_t g[2])
 {
-    uint64_t top = b->hi ? b->hi : (uint64_t)MM_MB_CAP + 1;
-    if (g > b->lo && g < top) {
-        judge_at(c, b, g);
-        top = b->hi ? b->hi : (uint64_t)MM_MB_CAP + 1;
-        for (uint64_t step = 1; b->lo == g && g + step < top; step *= 2) { /* upwards */
-            judge_at(c, b, g + step);
-            g = b->lo;
-            top = b->hi ? b->hi : top;
+#define TOP (b->hi ? b->hi : (uint64_t)MM_MB_CAP + 1)
+    uint64_t x = g[0];
+    if (x > b->lo && x < TOP) {
+        judge_at(c, b, x);
+        for (uint64_t step = 1; b->lo == x && x + step < TOP; step *= 2) { /* upwards */
+            judge_at(c, b, x + step);
+            x = b->lo;
         }
-        for (uint64_t step = 1; b->hi == g && g > b->lo + step; step *= 2) { /* downwards */
-            judge_at(c, b, g - step);
-            g = b->hi;
+        if (b->hi == x && x - 1 > b->lo) { /* the one below, then g[1] */
+            judge_at(c, b, --x);
+            if (b->hi == x && g[1] > b->lo && g[1] < x) {
+                judge_at(c, b, g[1]);
+                x = b->hi == g[1] ? g[1] : 0; /* it fits: the answer is between them */
+            }
+        }
+        for (uint64_t step = 1; x && b->hi == x && x > b->lo + step; step *= 2) { /* downwards */
+            judge_at(c, b, x - step);
+            x = b->hi;
         }
     }
-    top = b->hi ? b->hi : (uint64_t)MM_MB_CAP + 1;
-    if (!b->hi && b->lo + 1 < top) { /* nothing above fails yet: the ceiling */
+    if (!b->hi && b->lo < MM_MB_CAP) /* nothing above fails yet: the ceiling */
         judge_at(c, b, MM_MB_CAP);
-        top = b->hi ? b->hi : top;
-    }
-    while (top > b->lo + 1) {
-        judge_at(c, b, b->lo + (top - b->lo) / 2);
-        top = b->hi ? b->hi : top;
-    }
+    while (TOP > b->lo + 1)
+        judge_at(c, b, b->lo + (TOP - b->lo) / 2);
+#undef TOP
     return (uint32_t)b->lo;
 }
 
 /* Where the answer probably is, from the verdict v0 at x0 (fits: its
  * allocator cache, the uncapped reserved peak less the live bytes) and the
  * live bytes at x0 and x1 (they grow with the micro-batch, nearly linearly:
- * activations do, model states do not): the largest x whose live bytes plus
- * that cache fit the usable bytes.  Without a cache known (v0 does not fit)
- * the largest whose live bytes do.  Only a guess: every answer is judged.
- * 0 when there is nothing to go on. */
-static uint64_t guess(const fitctx *c, const mm_verdict *v0, uint64_t x0, uint64_t live0,
-                      uint64_t x1, uint64_t live1)
+ * activations do, model states do not): g[0] the largest x whose live bytes
+ * plus that cache fit the usable bytes, g[1] the same with the cache grown
+ * as the live bytes' part that grows with x (the cache holds freed
+ * activation blocks; the answer lies between the two on the presets).
+ * Without a cache known (v0 does not fit) the largest whose live bytes fit.
+ * Only guesses: every answer is judged.  0 when there is nothing to go on. */
+static void guess(const fitctx *c, const mm_verdict *v0, uint64_t x0, uint64_t live0, uint64_t x1,
+                  uint64_t live1, uint64_t g[2])
 {
+    g[0] = g[1] = 0;
     if (!live0 || live1 == UINT64_MAX || x1 == x0 ||
         (x1 > x0 ? live1 <= live0 : live1 >= live0))
-        return 0;
+        return;
     double slope = ((double)live1 - (double)live0) / ((double)x1 - (double)x0);
-    double cache = 0;
+    double cache = 0, usable = (double)c->usable;
     if (v0->kind == MM_VERDICT_FITS && v0->reserved_uncapped > v0->allocated_peak)
         cache = (double)(v0->reserved_uncapped - v0->allocated_peak);
-    double g = (double)x0 + ((double)c->usable - cache - (double)live0) / slope;
-    return g >= 1 && g <= (double)MM_MB_CAP ? (uint64_t)g : g > (double)MM_MB_CAP ? MM_MB_CAP : 1;
+    double fixed = (double)live0 - slope * (double)x0; /* the line's value at 0 */
+    double x[2] = {(double)x0 + (usable - cache - (double)live0) / slope,
+                   (usable - fixed) / (slope + cache / (double)x0)};
+    for (int i = 0; i < 2; i++)
+        g[i] = x[i] >= (double)MM_MB_CAP ? MM_MB_CAP : x[i] >= 1 ? (uint64_t)x[i] : 1;
 }
 
 /* The largest micro-batch that fits, from the micro-batch c->s has (at_spec:
@@ -197,8 +209,11 @@ static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
     uint64_t live1 = x1 && x1 != x0 ? probe_live(c, x1) : UINT64_MAX;
     if (x1 > x0 && live1 > c->usable)
         b.hi = x1;
-    uint64_t g = guess(c, at_spec, x0, live0, x1, live1);
-    uint32_t r = search_from(c, &b, g ? g : x0);
+    uint64_t g[2];
+    guess(c, at_spec, x0, live0, x1, live1, g);
+    if (!g[0])
+        g[0] = x0;
+    uint32_t r = search_from(c, &b, g);
     c->s->training.micro_batch_size = mb;
     return r;
 }
@@ -234,7 +249,8 @@ static uint32_t max_batch_no_flush(const fitctx *c, uint32_t max, const mm_verdi
         b.lo = mb;
     else if (mb < max)
         b.hi = mb;
-    uint32_t r = search_from(&nf, &b, b.hi - 1);
+    const uint64_t g[2] = {b.hi - 1, 0};
+    uint32_t r = search_from(&nf, &b, g);
     if (r) { /* its verdict, in full */
         c->s->training.micro_batch_size = r;
         judge(c, out);

@@ -14,14 +14,15 @@
 # the coverage of the parsers it is attacking.  Working corpora grow under
 # $(BUILD)/fuzz/corpus/<harness>; the committed seeds in tests/fuzz/corpus/
 # are read-only inputs (the ms-swift and torchtitan readers are seeded with their
-# import fixtures themselves, tests/fixtures/import/{ms-swift,torchtitan}).  Crash/leak/timeout reproducers land in
+# import fixtures themselves, tests/fixtures/import/{ms-swift,torchtitan}, the
+# config.json reader with every fixture directory holding one).  Crash/leak/timeout reproducers land in
 # $(BUILD)/fuzz/artifacts/.  Every file in tests/fuzz/regressions/<harness>/
 # is replayed first.
 
 FUZZ_CC       ?= clang
 FUZZ_SECONDS  ?= 60
 FUZZ_CHECK_SECONDS ?= 10
-FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record import_ds import_trainer import_args import_lf import_titan import_swift memreq outcome report
+FUZZ_HARNESSES := spec_yaml spec_json set config size alloc request record import_ds import_trainer import_args import_lf import_titan import_swift import_hf memreq outcome report
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_CFLAGS    = $(CSTD) -O1 -g $(WARN) $(FUZZ_SAN) $(PKG_CFLAGS) $(PRED_INC) -Ispank_plugin $(CFLAGS)
 FUZZ_DIR      := $(BUILD)/fuzz
@@ -96,7 +97,8 @@ define fuzz_run
 	  dict=""; [ -f tests/fuzz/$$h.dict ] && dict="-dict=tests/fuzz/$$h.dict"; \
 	  seeds=tests/fuzz/corpus/$$h; \
 	  case $$h in import_swift) seeds=tests/fixtures/import/ms-swift;; \
-	              import_titan) seeds=tests/fixtures/import/torchtitan;; esac; \
+	              import_titan) seeds=tests/fixtures/import/torchtitan;; \
+	              import_hf) seeds="tests/fuzz/corpus/import_hf $$(ls -d tests/fixtures/import/*/config.json | xargs -n1 dirname)";; esac; \
 	  echo "== fuzz_$$h for $(1) s"; \
 	  $(FUZZ_ENV) $(FUZZ_DIR)/fuzz_$$h $(FUZZ_RUN_FLAGS) $$dict -max_total_time=$(1) \
 	    -artifact_prefix=$(FUZZ_DIR)/artifacts/$$h- \

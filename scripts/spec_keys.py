@@ -97,12 +97,18 @@ MEANING = {
     "quantization.bits": "4 (nf4/fp4) or 8 (int8)",
     "quantization.block_size": "values per absmax block",
     "image_processor.kind": "fixed | dynamic (Qwen min/max_pixels) | tiles (InternVL) | "
-                            "anyres (LLaVA-OneVision) | mllama | split (Idefics3)",
+                            "anyres (LLaVA-OneVision) | mllama | split (Idefics3) | "
+                            "pixtral (own size, longest side <= longest_edge)",
     "image_processor.image_grid_pinpoints": "anyres: the candidate resolutions",
     "training.micro_batch_size": "samples per GPU per micro-step",
     "training.seq_len": "tokens per sample entering the language model, image tokens included",
     "training.image_size": "the worst-case image, [height, width] or one side",
-    "training.video_frames": "frames per sample (video towers)",
+    "training.video_frames": "frames of each video: a sample's `images_per_sample` are videos "
+                             "of this many frames (Qwen-VL towers only, refused elsewhere)",
+    "training.video_min_pixels": "a video frame's smart_resize lower bound (with video_frames); "
+                                 "default: the image processor's min_pixels",
+    "training.video_max_pixels": "a video frame's smart_resize upper bound (with video_frames); "
+                                 "default: the image processor's max_pixels",
     "training.precision": "dtype of weights and activations",
     "training.master_weights": "fp32: fp32 weights under autocast, fp32 grads and states",
     "training.autocast": "torch.autocast around the forward (AMP)",
@@ -139,6 +145,12 @@ MEANING = {
                                   "(torchtune, HF sync_each_batch); false: the HF "
                                   "Trainer / Accelerate way, no_sync until the last one, the "
                                   "unsharded gradients alive in between (docs/parallel.md)",
+    "fsdp.wrap_policy": "the FSDP units: transformer_layer (one per _no_split_modules layer), "
+                        "peft_lora (PEFT's fsdp_auto_wrap_policy, FSDP1), size (torch's "
+                        "size_based_auto_wrap_policy with min_num_params, FSDP1, a text decoder; "
+                        "docs/parallel.md)",
+    "fsdp.min_num_params": "wrap_policy size only (required there): the parameters a module's "
+                           "not-yet-wrapped subtree must reach to be a unit",
     "training.activation_offloading": "forward saves of >= 1 KiB wait on the host "
                                       "(torchtune / TRL activation offloading)",
     "training.torch_compile": "torch.compile(model), inductor, default mode: the eager prediction as a "
@@ -162,10 +174,11 @@ MEANING = {
                                 "plan: q/k/v/gate/up colwise, o/down rowwise), one TP group per "
                                 "rank set, no data parallel beside it; refused with ZeRO, FSDP, "
                                 "LoRA, autocast, compile, VLM towers, MoE (docs/parallel.md)",
-    "training.sequence_parallel": "with tensor_parallel: torchtitan's SequenceParallel norms, "
-                                  "vocabulary-sharded embedding / lm_head and loss_parallel, "
-                                  "judged by the prediction without it as a bound (the "
-                                  "prediction says so)",
+    "training.sequence_parallel": "with tensor_parallel: torchtitan's SequenceParallel norms "
+                                  "and residuals at tokens/tp, the all-gathers / reduce-scatters "
+                                  "around attention, MLP, embedding and lm_head, vocabulary-"
+                                  "sharded embedding / lm_head and loss_parallel; sdpa, the "
+                                  "standard fp32 loss, untied divisible vocabulary",
     "training.optimizer_in_backward": "the step runs per parameter inside backward "
                                       "(no full set of gradients)",
     "gradient_checkpointing.use_reentrant": "default: false with transformers >= 5, else true",

@@ -86,11 +86,12 @@ mm_overheads predict_overheads(const mm_spec *sp)
 /* What the first (symbolic) run leaves for the rest of a prediction. */
 typedef struct run1 {
     sim rows;              /* its rows and parameter counts, for the later runs */
-    uint64_t largest, host, outside, peak_event;
+    uint64_t largest, host, outside;
 } run1;
 
 static void run1_free(run1 *r)
 {
+    free(r->rows.snap_row_fact);
     free(r->rows.rows);
     free(r->rows.layer_tp);
     free(r->rows.layer_p);
@@ -98,18 +99,27 @@ static void run1_free(run1 *r)
     memset(r, 0, sizeof *r);
 }
 
-/* One run gives the spec's allocated peak, where it happens, the N = 1 peak
- * and the dp terms for N >= 2. */
+/* One run gives the spec's allocated peak, where it happens, the N = 1 peak,
+ * the dp terms for N >= 2 and the breakdown at the peak (r->rows.snap_*). */
 static int first_run(const mm_spec *sp, mm_prediction *out, run1 *r, int nofold, mm_error *err)
 {
     sim s;
-    step_cfg cfg = {.dp = sp->training.data_parallel, .symbolic = 1, .nofold = nofold};
+    step_cfg cfg = {.dp = sp->training.data_parallel, .symbolic = 1, .nofold = nofold,
+                    .track_peak = 1};
     memset(r, 0, sizeof *r);
     if (step_run(sp, &s, &cfg, err)) {
         sim_free(&s);
         return -1;
     }
-    r->peak_event = s.peak_event;
+    if (sim_peak_snapshot(&s)) {
+        mm_err(err, s.oom ? "out of memory" : "internal error: peak snapshot missing");
+        sim_free(&s);
+        return -1;
+    }
+    memcpy(r->rows.snap_fact, s.snap_fact, sizeof r->rows.snap_fact);
+    r->rows.snap_row_fact = s.snap_row_fact;
+    r->rows.snap_nrows = s.snap_nrows;
+    s.snap_row_fact = NULL;
     out->allocated_peak_bytes = s.peak;
     out->peak_phase = s.peak_phase;
     memcpy(out->phase_peak, s.phase_peak, sizeof out->phase_peak);
@@ -273,27 +283,19 @@ int mm_predict_keep(const mm_spec *sp, mm_prediction *out, mm_error *err, unsign
         mm_prediction_free(out);
         return -1;
     }
-    /* replay to the peak event for the breakdown */
-    sim s;
-    step_cfg snap = {.rows_from = &r.rows, .largest_param = r.largest,
-                     .dp = sp->training.data_parallel, .nofold = nofold, .snap_at = r.peak_event};
-    int rc = step_run(sp, &s, &snap, err);
-    if (!rc && (!s.snapped || !s.snap_row_fact)) {
-        mm_err(err, "internal error: peak snapshot missing");
+    /* the breakdown at the peak, from the first run */
+    device_figures(sp, &r, out);
+    const char *bound = mm_spec_bound(sp);
+    snprintf(out->bound, sizeof out->bound, "%s", bound ? bound : "");
+    set_factor(&out->factors, r.rows.snap_fact);
+    out->factors.overhead = out->peak_bytes - out->allocated_peak_bytes;
+    int rc = 0;
+    if (fill_modules(sp, &r.rows, out)) {
+        mm_err(err, "out of memory");
         rc = -1;
     }
-    if (!rc) {
-        device_figures(sp, &r, out);
-        const char *bound = mm_spec_bound(sp);
-        snprintf(out->bound, sizeof out->bound, "%s", bound ? bound : "");
-        set_factor(&out->factors, s.snap_fact);
-        out->factors.overhead = out->peak_bytes - out->allocated_peak_bytes;
-        if (fill_modules(sp, &s, out)) {
-            mm_err(err, "out of memory");
-            rc = -1;
-        }
-    }
-    sim_free(&s);
+    free(r.rows.snap_row_fact); /* the keep's rows are rows only */
+    r.rows.snap_row_fact = NULL;
     if (keep && !rc) { /* the first run's rows, peak and paged bytes: the verdict's step */
         keep->rows = r.rows;
         keep->rows.peak = out->allocated_peak_bytes;

@@ -8,6 +8,14 @@
 static void maybe_free(sim *s, int32_t id);
 static void unsave(sim *s, int32_t id);
 
+/* one change of the live bytes (account), kept while track_peak is on */
+struct sim_undo {
+    uint64_t bytes;
+    uint32_t row;
+    uint8_t f, sharded;
+    int8_t sign;
+};
+
 void sim_init(sim *s, uint64_t dp, int symbolic)
 {
     memset(s, 0, sizeof *s);
@@ -23,6 +31,7 @@ void sim_free(sim *s)
     free(s->terms);
     free(s->rows);
     free(s->snap_row_fact);
+    free(s->undo);
     free(s->ev);
     if (!s->tables_borrowed) {
         free(s->layer_tp);
@@ -152,41 +161,96 @@ static void add_term(sim *s, uint64_t f, uint64_t sh)
     s->nterms++;
 }
 
-static void snapshot(sim *s)
+/* the factors of a snapshot from the live bytes per factor: the sharded
+ * bytes are rounded once, as the peak is; each factor gets its floor and the
+ * last sharded one the remainder, so the factors add up */
+static void snap_factors(sim *s, const uint64_t *fx, const uint64_t *fsh, const uint64_t *fm,
+                         uint64_t live_sharded)
 {
-    s->snapped = 1;
-    s->stopped = 1; /* a replay only exists for this snapshot: stop here */
-    /* the sharded bytes are rounded once, as the peak is; each factor gets its
-     * floor and the last sharded one the remainder, so the factors add up */
     uint64_t acc = 0;
     int last = -1;
     for (int f = 0; f < F_NFACT; f++) {
-        uint64_t sh = s->fact_sharded[f] / s->dp;
+        uint64_t sh = fsh[f] / s->dp;
         acc += sh;
-        if (s->fact_sharded[f])
+        if (fsh[f])
             last = f;
-        s->snap_fact[f] = s->fact_fixed[f] + sh + (s->dp > 1 ? s->fact_multi[f] : 0);
+        s->snap_fact[f] = fx[f] + sh + (s->dp > 1 ? fm[f] : 0);
     }
     if (last >= 0)
-        s->snap_fact[last] += mm_ceil_div(s->live_sharded, s->dp) - acc;
+        s->snap_fact[last] += mm_ceil_div(live_sharded, s->dp) - acc;
+}
+
+static int fact_of(const sim_tensor *t)
+{
+    return t->cls == F_TEMP && (t->refs || t->vrefs) ? F_ACT : t->cls;
+}
+
+/* bytes a tensor of `bytes` and sharding `sharded` takes on this rank */
+static uint64_t rank_of(const sim *s, uint64_t bytes, int sharded)
+{
+    if (sharded == SIM_MULTI)
+        return s->dp > 1 ? bytes : 0;
+    return sharded == SIM_SHARDED ? mm_ceil_div(bytes, s->dp) : bytes;
+}
+
+/* the live tensors' bytes per (row, factor) into snap_row_fact */
+static int snap_rows(sim *s)
+{
     if (!s->snap_row_fact) {
         s->snap_row_fact = calloc(s->nrows * F_NFACT + 1, sizeof *s->snap_row_fact);
         s->snap_nrows = s->nrows;
     }
     if (!s->snap_row_fact) {
         s->oom = 1;
-        return;
+        return -1;
     }
     for (size_t i = 0; i < s->nt; i++) {
         const sim_tensor *t = &s->t[i];
         if (!t->alive || t->row >= s->snap_nrows)
             continue;
-        int f = t->cls == F_TEMP && (t->refs || t->vrefs) ? F_ACT : t->cls;
-        if (t->sharded == SIM_MULTI && s->dp == 1)
-            continue;
-        uint64_t b = t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, s->dp) : t->bytes;
-        s->snap_row_fact[t->row * F_NFACT + (size_t)f] += b;
+        s->snap_row_fact[t->row * F_NFACT + (size_t)fact_of(t)] += rank_of(s, t->bytes, t->sharded);
     }
+    return 0;
+}
+
+static void snapshot(sim *s)
+{
+    s->snapped = 1;
+    s->stopped = 1; /* a replay only exists for this snapshot: stop here */
+    snap_factors(s, s->fact_fixed, s->fact_sharded, s->fact_multi, s->live_sharded);
+    snap_rows(s);
+}
+
+int sim_peak_snapshot(sim *s)
+{
+    if (!s->track_peak || !s->peak_event || s->oom)
+        return -1;
+    uint64_t fx[F_NFACT], fsh[F_NFACT], fm[F_NFACT], lsh = s->live_sharded;
+    memcpy(fx, s->fact_fixed, sizeof fx);
+    memcpy(fsh, s->fact_sharded, sizeof fsh);
+    memcpy(fm, s->fact_multi, sizeof fm);
+    free(s->snap_row_fact);
+    s->snap_row_fact = NULL;
+    if (snap_rows(s)) /* the end state, then every change since the peak undone */
+        return -1;
+    for (size_t i = s->nundo; i-- > 0;) {
+        const struct sim_undo *u = &s->undo[i];
+        uint64_t b = u->bytes, r = rank_of(s, b, u->sharded);
+        uint64_t *slot = &s->snap_row_fact[u->row * F_NFACT + u->f];
+        uint64_t *fact = u->sharded == SIM_MULTI ? &fm[u->f] : u->sharded ? &fsh[u->f] : &fx[u->f];
+        if (u->sign > 0) {
+            *slot -= r;
+            *fact -= b;
+            lsh -= u->sharded == SIM_SHARDED ? b : 0;
+        } else {
+            *slot += r;
+            *fact += b;
+            lsh += u->sharded == SIM_SHARDED ? b : 0;
+        }
+    }
+    snap_factors(s, fx, fsh, fm, lsh);
+    s->snapped = 1;
+    return 0;
 }
 
 /* called after every allocation: the only moments a new peak can appear */
@@ -199,6 +263,7 @@ static void event(sim *s)
         s->phase_peak_event[s->phase] = s->nevents;
     }
     if (live > s->peak) {
+        s->nundo = 0; /* the breakdown at this peak is the state now */
         s->peak = live;
         s->peak_event = s->nevents;
         s->peak_phase = s->phase;
@@ -214,52 +279,104 @@ static void event(sim *s)
         snapshot(s);
 }
 
-static int fact_of(const sim_tensor *t)
+static void undo_push(sim *s, const sim_tensor *t, int f, int sign)
 {
-    return t->cls == F_TEMP && (t->refs || t->vrefs) ? F_ACT : t->cls;
+    if (s->nundo == s->capundo) {
+        size_t cap = s->capundo ? s->capundo * 2 : 4096;
+        struct sim_undo *u = realloc(s->undo, cap * sizeof *u);
+        if (!u) {
+            s->oom = 1;
+            return;
+        }
+        s->undo = u;
+        s->capundo = cap;
+    }
+    s->undo[s->nundo++] = (struct sim_undo){.bytes = t->bytes, .row = t->row, .f = (uint8_t)f,
+                                            .sharded = t->sharded, .sign = (int8_t)sign};
 }
 
-static void account(sim *s, const sim_tensor *t, int sign)
+static inline void account(sim *s, const sim_tensor *t, int sign)
 {
     int f = fact_of(t);
+    if (s->track_peak)
+        undo_push(s, t, f, sign);
+    uint64_t *live, *fact;
     if (t->sharded == SIM_MULTI) {
-        s->live_multi = sign > 0 ? mm_sat_add(s->live_multi, t->bytes) : s->live_multi - t->bytes;
-        s->fact_multi[f] = sign > 0 ? mm_sat_add(s->fact_multi[f], t->bytes) : s->fact_multi[f] - t->bytes;
+        live = &s->live_multi;
+        fact = &s->fact_multi[f];
     } else if (t->sharded) {
-        s->live_sharded = sign > 0 ? mm_sat_add(s->live_sharded, t->bytes) : s->live_sharded - t->bytes;
-        s->fact_sharded[f] = sign > 0 ? mm_sat_add(s->fact_sharded[f], t->bytes) : s->fact_sharded[f] - t->bytes;
+        live = &s->live_sharded;
+        fact = &s->fact_sharded[f];
     } else {
-        s->live_fixed = sign > 0 ? mm_sat_add(s->live_fixed, t->bytes) : s->live_fixed - t->bytes;
-        s->fact_fixed[f] = sign > 0 ? mm_sat_add(s->fact_fixed[f], t->bytes) : s->fact_fixed[f] - t->bytes;
+        live = &s->live_fixed;
+        fact = &s->fact_fixed[f];
     }
-    if (s->live_fixed == UINT64_MAX || s->live_sharded == UINT64_MAX || s->live_multi == UINT64_MAX)
+    if (sign < 0) {
+        *live -= t->bytes;
+        *fact -= t->bytes;
+        return;
+    }
+    *live = mm_sat_add(*live, t->bytes);
+    *fact = mm_sat_add(*fact, t->bytes);
+    if (*live == UINT64_MAX)
         s->overflow = 1;
 }
 
 /* bytes a tensor takes on this rank */
 static uint64_t rank_bytes(const sim *s, const sim_tensor *t)
 {
-    if (t->sharded == SIM_MULTI)
-        return s->dp > 1 ? t->bytes : 0;
-    return t->sharded == SIM_SHARDED ? mm_ceil_div(t->bytes, s->dp) : t->bytes;
+    return rank_of(s, t->bytes, t->sharded);
 }
 
-static void log_event(sim *s, int32_t id, int is_free)
+/* room for `cap` tensors / events: 0, or -1 (oom set).  A new array with the
+ * used part copied, not realloc, which copies the whole old capacity */
+static void *regrow(sim *s, void *old, size_t used, size_t cap, size_t size)
+{
+    void *p = malloc(cap * size);
+    if (!p) {
+        s->oom = 1;
+        return NULL;
+    }
+    if (used)
+        memcpy(p, old, used * size);
+    free(old);
+    return p;
+}
+
+static int grow_tensors(sim *s, size_t cap)
+{
+    sim_tensor *t = regrow(s, s->t, s->nt, cap, sizeof *t);
+    if (!t)
+        return -1;
+    s->t = t;
+    s->capt = cap;
+    return 0;
+}
+
+static int grow_events(sim *s, size_t cap)
+{
+    sim_ev *e = regrow(s, s->ev, s->nev, cap, sizeof *e);
+    if (!e)
+        return -1;
+    s->ev = e;
+    s->capev = cap;
+    return 0;
+}
+
+void sim_reserve(sim *s, size_t tensors)
+{
+    if (tensors > s->capt && !grow_tensors(s, tensors) && s->log && 2 * tensors > s->capev)
+        grow_events(s, 2 * tensors); /* an allocation and a free per tensor at most */
+}
+
+static inline void log_event(sim *s, int32_t id, int is_free)
 {
     const sim_tensor *t = &s->t[id];
     uint64_t b = rank_bytes(s, t);
     if (!b)
         return;
-    if (s->nev == s->capev) {
-        size_t cap = s->capev ? s->capev * 2 : 4096;
-        sim_ev *e = realloc(s->ev, cap * sizeof *e);
-        if (!e) {
-            s->oom = 1;
-            return;
-        }
-        s->ev = e;
-        s->capev = cap;
-    }
+    if (s->nev == s->capev && grow_events(s, s->capev ? s->capev * 2 : 4096))
+        return;
     s->ev[s->nev++] = (sim_ev){.bytes = b, .id = id, .row = t->row, .is_free = (uint8_t)is_free,
                                .phase = (uint8_t)s->phase, .cls = t->cls};
 }
@@ -267,16 +384,8 @@ static void log_event(sim *s, int32_t id, int is_free)
 /* a tensor record that is not on the device (alive 0) */
 static int32_t sim_alloc_quiet(sim *s, uint32_t row, uint64_t bytes)
 {
-    if (s->nt == s->capt) {
-        size_t cap = s->capt ? s->capt * 2 : 1024;
-        sim_tensor *t = realloc(s->t, cap * sizeof *t);
-        if (!t) {
-            s->oom = 1;
-            return -1;
-        }
-        s->t = t;
-        s->capt = cap;
-    }
+    if (s->nt == s->capt && grow_tensors(s, s->capt ? s->capt * 2 : 1024))
+        return -1;
     int32_t id = (int32_t)s->nt++;
     s->t[id] = (sim_tensor){.bytes = bytes, .vbytes = bytes, .base = -1, .row = row,
                             .cls = F_TEMP, .grad = -1};
@@ -287,16 +396,8 @@ int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded)
 {
     if (s->stopped)
         return -1;
-    if (s->nt == s->capt) {
-        size_t cap = s->capt ? s->capt * 2 : 1024;
-        sim_tensor *t = realloc(s->t, cap * sizeof *t);
-        if (!t) {
-            s->oom = 1;
-            return -1;
-        }
-        s->t = t;
-        s->capt = cap;
-    }
+    if (s->nt == s->capt && grow_tensors(s, s->capt ? s->capt * 2 : 1024))
+        return -1;
     int32_t id = (int32_t)s->nt++;
     sim_tensor *t = &s->t[id];
     *t = (sim_tensor){.bytes = bytes, .vbytes = bytes, .base = -1, .row = row,
@@ -335,16 +436,8 @@ int32_t sim_view(sim *s, uint32_t row, int32_t base, uint64_t vbytes)
 {
     if (s->stopped || base < 0)
         return -1;
-    if (s->nt == s->capt) {
-        size_t cap = s->capt ? s->capt * 2 : 1024;
-        sim_tensor *t = realloc(s->t, cap * sizeof *t);
-        if (!t) {
-            s->oom = 1;
-            return -1;
-        }
-        s->t = t;
-        s->capt = cap;
-    }
+    if (s->nt == s->capt && grow_tensors(s, s->capt ? s->capt * 2 : 1024))
+        return -1;
     while (s->t[base].base >= 0) /* a view of a view shares the first base */
         base = s->t[base].base;
     int32_t id = (int32_t)s->nt++;
@@ -655,16 +748,19 @@ void sim_release_grads(sim *s)
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx)
 {
     for (size_t k = to; k-- > from;) {
-        sim_node n = s->tape[k]; /* copy: recompute may grow (realloc) the tape */
         if (s->oom || s->stopped)
             return;
-        sim_label(s, NULL, n.row);
+        const sim_node *p = &s->tape[k];
+        sim_label(s, NULL, p->row);
+        if (!p->marker && !p->ckpt) {
+            node_backward(s, p); /* makes no node: the tape stays where it is */
+            continue;
+        }
+        sim_node n = *p; /* copy: a marker or recompute may grow (realloc) the tape */
         if (n.marker)
             n.marker(s, &n, n.marker_ctx);
-        else if (n.ckpt)
-            ckpt_backward(s, &n, fn, ctx);
         else
-            node_backward(s, &n);
+            ckpt_backward(s, &n, fn, ctx);
     }
 }
 

@@ -126,13 +126,20 @@ typedef struct sim {
     const char *peak_label;
     uint64_t phase_peak[MM_PHASE_COUNT];
     uint64_t phase_peak_event[MM_PHASE_COUNT]; /* the event of each phase's peak */
-    /* snapshot at a given event (second pass) */
+    /* snapshot at a given event, the run stopped there (dp_paged_at; a prediction
+     * keeps its breakdown at the peak with track_peak instead) */
     uint64_t snap_at;          /* 0 = none */
     int snapped;
     int stopped;               /* snapshot taken: the rest of the replay is skipped */
     uint64_t snap_fact[F_NFACT];
     uint64_t *snap_row_fact;   /* snap_nrows * F_NFACT, filled at the snapshot */
     size_t snap_nrows;
+    /* the breakdown at the peak without a second run (track_peak): every change
+     * of the live bytes since the newest peak, undone from the end state by
+     * sim_peak_snapshot */
+    int track_peak;
+    struct sim_undo *undo;
+    size_t nundo, capundo;
     /* pareto terms (symbolic mode) */
     mm_dp_term *terms;
     size_t nterms, capterms;
@@ -180,6 +187,9 @@ void sim_free(sim *s);
 uint32_t sim_row_get(sim *s, uint32_t module, const char *name, const char *kind);
 uint32_t sim_row_get_tmp(sim *s, uint32_t module, const char *name, const char *kind);
 
+/* room for `tensors` tensors (and, with the log on, their events) up front:
+ * what a run expects to create is then never copied by a growing array */
+void sim_reserve(sim *s, size_t tensors);
 int32_t sim_alloc(sim *s, uint32_t row, uint64_t bytes, int cls, int sharded);
 /* A view of `base` (reshape, transpose, slice, unbind ...): no storage of its
  * own; it keeps the base alive while it lives.  `vbytes` is its own size,
@@ -205,6 +215,11 @@ void sim_transient_sharded(sim *s, uint32_t row, uint64_t bytes);
 void sim_set_phase(sim *s, mm_phase p);
 void sim_label(sim *s, const char *label, uint32_t row);
 uint64_t sim_live(const sim *s);
+
+/* With track_peak set before the step: the snapshot a run with snap_at =
+ * peak_event would take (snap_fact, snap_row_fact), from this run's end state.
+ * 0, or -1 when there was no event (no peak) or no memory. */
+int sim_peak_snapshot(sim *s);
 
 /* Backward over tape[from, to) in reverse.  `recompute` re-runs a checkpointed
  * layer (implemented by layers.c) and returns its recomputed output. */

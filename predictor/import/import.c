@@ -156,10 +156,12 @@ void imp_training_defaults(imp_spec *s, int dynamic_size)
     for (size_t i = 0; i < s->nmod; i++)
         if (!strcmp(s->mod[i].type, "vision"))
             ip = imp_get(&s->mod[i], "image_processor");
-    /* anyres images reach ~7.4k tokens at the largest grid (LLaVA-OneVision) */
+    /* anyres images reach ~7.4k tokens at the largest grid (LLaVA-OneVision), a
+     * 1024-px Pixtral image 4160 ([IMG] + [IMG_BREAK] / [IMG_END]) */
     if (!imp_get(t, "seq_len"))
         imp_set(t, "seq_len", "assumed (no sequence length given): the longest sample, images included",
-                "%s", !vlm ? "2048" : ip && strstr(ip, "anyres") ? "8192" : "4096");
+                "%s", !vlm ? "2048" : ip && (strstr(ip, "anyres") || strstr(ip, "pixtral"))
+                                          ? "8192" : "4096");
     if (vlm && !imp_get(t, "images_per_sample"))
         imp_set(t, "images_per_sample", "assumed: one image per sample", "1");
     if (dynamic_size && vlm && ip && strstr(ip, "dynamic") && !imp_get(t, "image_size"))

@@ -12,7 +12,8 @@
 
 static const char *const vlm_types[] = {"llava", "llava_onevision", "qwen2_vl", "qwen2_5_vl",
                                         "qwen3_vl", "qwen3_vl_moe", "internvl", "internvl_chat",
-                                        "gemma3", "mllama", "idefics3", "smolvlm", NULL};
+                                        "gemma3", "mllama", "idefics3", "smolvlm", "mistral3",
+                                        NULL};
 
 /* the text part of a VLM: its sub-config (or the top level) and model_type */
 static const mm_node *text_part(const mm_node *root, const char *top, char *ttype, size_t n,
@@ -37,6 +38,8 @@ static const mm_node *text_part(const mm_node *root, const char *top, char *ttyp
         snprintf(ttype, n, "mllama_text_model");
     else if (!strcmp(top, "llava_onevision") || !strcmp(top, "internvl"))
         snprintf(ttype, n, "qwen2");
+    else if (!strcmp(top, "mistral3")) /* Mistral3Config's text_config default */
+        snprintf(ttype, n, "mistral");
     else
         snprintf(ttype, n, "llama");
     if (!t && (!strcmp(top, "qwen2_vl") || !strcmp(top, "qwen2_5_vl"))) {
@@ -87,10 +90,10 @@ static int vlm(imp_spec *s, const mm_node *root, const char *top, const char *fi
     hf_mark(&rh, "llm_config");
     hf_mark(&rh, "vision_config");
     /* transformers 5.17 ties by the top-level flag, whose class default is true
-     * for InternVLConfig and Gemma3Config (a converted config that leaves it out
-     * is tied) */
+     * for InternVLConfig, Gemma3Config and Mistral3Config (a converted config that
+     * leaves it out is tied) */
     int top_tie = -1, tie;
-    int top_def = !strcmp(top, "internvl") || !strcmp(top, "gemma3");
+    int top_def = !strcmp(top, "internvl") || !strcmp(top, "gemma3") || !strcmp(top, "mistral3");
     if (t != root && (mm_node_get(root, "tie_word_embeddings") || top_def)) {
         if (hf_bool(&rh, "tie_word_embeddings", top_def, &tie))
             return -1;
@@ -130,7 +133,23 @@ static int vlm(imp_spec *s, const mm_node *root, const char *top, const char *fi
         imp_note(s, "ignored the top-level use_cache: the language model reads its own "
                     "(%s.use_cache)", tkey);
     hf_mark(&rh, "use_cache");
-    return hf_finish(&rh);
+    return imp_hf_quant(&rh, s, 1) || hf_finish(&rh) ? -1 : 0;
+}
+
+/* VLMs the families do not describe, and what is missing (the rest get
+ * the language-model reader's list of what is described) */
+static const char *unmodelled_why(const char *t)
+{
+    static const char *const types[][2] = {
+        {"minicpmv", "MiniCPM-V's connector is a perceiver resampler (cross-attention of learned "
+                     "queries over the patches, resampler.py), which no family has"},
+        {"idefics2", "Idefics2's connector is a perceiver resampler (Idefics2PerceiverResampler), "
+                     "which no family has"},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(types[i][0], t))
+            return types[i][1];
+    return NULL;
 }
 
 static int is_vlm(const char *t)
@@ -157,12 +176,17 @@ int imp_hf_buffer(imp_spec *s, const char *buf, size_t len, const char *name, co
     }
     char top[48];
     snprintf(top, sizeof top, "%.40s", mt->str);
+    const char *why = unmodelled_why(top);
+    if (why) {
+        mm_err_at(err, name, mt->line, mt->col, "model_type: '%s' is refused: %s", top, why);
+        goto out;
+    }
     if (is_vlm(top)) {
         rc = vlm(s, root, top, name, err);
     } else {
         hfc h;
         hfc_init(&h, s, root, "", name, err);
-        rc = imp_hf_text(&h, top, -1, s) || hf_finish(&h) ? -1 : 0;
+        rc = imp_hf_text(&h, top, -1, s) || imp_hf_quant(&h, s, 0) || hf_finish(&h) ? -1 : 0;
     }
     if (!rc && pre)
         rc = imp_hf_preprocessor(s, pre, prelen, prename, top, err);

@@ -2,7 +2,7 @@
  * model's projector keys -> the connector.  Defaults are the transformers
  * 5.17 vision config classes' (CLIPVisionConfig, SiglipVisionConfig,
  * Qwen2VL / Qwen2_5_VL / Qwen3VL VisionConfig, InternVLVisionConfig,
- * Idefics3 / SmolVLM VisionConfig, MllamaVisionConfig) and, for InternVL's
+ * Idefics3 / SmolVLM VisionConfig, MllamaVisionConfig, PixtralVisionConfig) and, for InternVL's
  * original remote-code format, InternVisionConfig's. */
 #include "import_hf.h"
 
@@ -30,6 +30,7 @@ static const vis_class vis_classes[] = {
     {"idefics3_vision", "idefics3", 1152, 3072, 12, 16, 224, 32, "gelu_pytorch_tanh"},
     {"smolvlm_vision", "idefics3", 1152, 3072, 12, 16, 224, 32, "gelu_pytorch_tanh"},
     {"mllama_vision_model", "mllama", 1280, 5120, 32, 16, 448, 14, "gelu"},
+    {"pixtral", "pixtral", 1024, 4096, 24, 16, 1024, 16, "gelu"}, /* PixtralVisionConfig */
 };
 
 static const vis_class *vis_class_of(const char *type)
@@ -190,6 +191,22 @@ static int mllama_vision(hfc *v, imp_section *m, uint64_t h, uint64_t *out_dim)
     return 0;
 }
 
+/* PixtralVisionConfig.__post_init__ (configuration_pixtral.py:55-57) derives
+ * head_dim = hidden_size // num_attention_heads; PixtralAttention uses that
+ * (modeling_pixtral.py:178), so a config.json's head_dim must agree */
+static int pixtral_vision(hfc *v, imp_section *m)
+{
+    uint64_t h = 0, a = 0, hd;
+    key_parse_u64(imp_get(m, "hidden_size"), &h);
+    key_parse_u64(imp_get(m, "num_attention_heads"), &a);
+    if (!a || hf_u64(v, "head_dim", h / a, &hd))
+        return -1;
+    if (hd != h / a)
+        return hf_fail(v, "head_dim", "%llu is not hidden_size / num_attention_heads = %llu "
+                                      "(PixtralAttention derives it)", ULL(hd), ULL(h / a));
+    return 0;
+}
+
 /* which hidden state and whether the CLS token is kept */
 static int feature_layer(hfc *top, imp_section *m, const char *top_type)
 {
@@ -200,7 +217,8 @@ static int feature_layer(hfc *top, imp_section *m, const char *top_type)
         return hf_fail(top, "vision_feature_layer", "several concatenated layers are not modelled");
     if (!strcmp(top_type, "llava") && hf_i64(top, "vision_feature_layer", -2, &sel))
         return -1;
-    if ((!strcmp(top_type, "llava_onevision") || !strcmp(top_type, "internvl")) &&
+    if ((!strcmp(top_type, "llava_onevision") || !strcmp(top_type, "internvl") ||
+         !strcmp(top_type, "mistral3")) &&
         hf_i64(top, "vision_feature_layer", -1, &sel))
         return -1;
     if (!strcmp(top_type, "internvl_chat") && hf_i64(top, "select_layer", -1, &sel))
@@ -273,6 +291,18 @@ static int connector(hfc *top, const char *top_type, imp_spec *s, uint64_t vh, u
         imp_set(c, "family", "Gemma3MultiModalProjector", "avg_pool");
         imp_set(c, "pool_kernel", "patches per side / sqrt(mm_tokens_per_image)", "%llu",
                 ULL(g / side));
+    } else if (!strcmp(top_type, "mistral3")) { /* Mistral3Config (configuration_mistral3.py) */
+        uint64_t sm;
+        int bias;
+        if (hf_u64(top, "spatial_merge_size", 2, &sm) || hf_str(top, "projector_hidden_act", "gelu",
+                                                                 act, sizeof act) ||
+            hf_bool(top, "multimodal_projector_bias", 0, &bias))
+            return -1;
+        imp_set(c, "family", "Mistral3MultiModalProjector", "mistral3_merger");
+        imp_set(c, "merge_size", hf_where(top, "spatial_merge_size", w, sizeof w), "%llu", ULL(sm));
+        imp_set(c, "hidden_act", hf_where(top, "projector_hidden_act", w, sizeof w), "%s", act);
+        if (bias)
+            imp_set(c, "bias", "multimodal_projector_bias", "true");
     } else if (!strcmp(top_type, "mllama")) {
         imp_set(c, "family", "multi_modal_projector", "linear");
         vh = mllama_dim;
@@ -296,6 +326,7 @@ int imp_hf_vision(hfc *top, hfc *v, const char *top_type, imp_spec *s)
                                            : !strcmp(top_type, "mllama") ? "mllama_vision_model"
                                            : !strcmp(top_type, "idefics3") ? "idefics3_vision"
                                            : !strcmp(top_type, "smolvlm") ? "smolvlm_vision"
+                                           : !strcmp(top_type, "mistral3") ? "pixtral"
                                            : "siglip_vision_model");
     const vis_class *vc = vis_class_of(vtype);
     if (!vc)
@@ -315,6 +346,8 @@ int imp_hf_vision(hfc *top, hfc *v, const char *top_type, imp_spec *s)
     if (!strcmp(vc->family, "intern_vit") && intern_vit(v, m, !strcmp(vtype, "intern_vit_6b")))
         return -1;
     if (!strcmp(vc->family, "mllama") && mllama_vision(v, m, vh, &od))
+        return -1;
+    if (!strcmp(vc->family, "pixtral") && pixtral_vision(v, m))
         return -1;
     if (!strcmp(vc->family, "siglip")) {
         int head;

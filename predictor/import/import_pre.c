@@ -1,7 +1,7 @@
 /* import_pre.c - preprocessor_config.json -> the vision module's image
  * processor: what decides how many tiles and patches an image becomes
  * (transformers 5.17 image processors: Qwen2VL, CLIP/Siglip, LlavaOnevision,
- * GotOcr2 (InternVL), Gemma3, Mllama, Idefics3). */
+ * GotOcr2 (InternVL), Gemma3, Mllama, Idefics3, Pixtral). */
 #include "import_hf.h"
 
 #include <stdio.h>
@@ -113,6 +113,31 @@ static int split(hfc *p, imp_section *v)
     return 0;
 }
 
+/* PixtralImageProcessor: the longest side at most size.longest_edge, sides rounded up
+ * to patch_size (image_processing_pil_pixtral.py:90-103, 141-158) */
+static int pixtral(hfc *p, imp_section *v)
+{
+    const mm_node *size = hf_node(p, "size"), *ps = hf_node(p, "patch_size");
+    uint64_t longest = size_of(size, "longest_edge"), patch = size_of(ps, "height"), vp = 0, mg = 1;
+    if (!longest)
+        return hf_fail(p, "size", "expected {longest_edge: N}");
+    key_parse_u64(imp_get(v, "patch_size"), &vp);
+    /* Mistral3: PixtralProcessor hands the image processor patch x spatial_merge_size
+     * (processing_pixtral.py:94); a saved processor may hold either */
+    const char *ms = imp_get(imp_module(p->s, "connector"), "merge_size");
+    if (ms && key_parse_u64(ms, &mg))
+        mg = 1;
+    uint64_t pw = size_of(ps, "width");
+    if (mg > 1 && patch == vp * mg && pw == patch)
+        patch = pw = vp;
+    if (patch && (patch != vp || pw != vp))
+        return hf_fail(p, "patch_size", "%llu differs from the model's patch_size %llu",
+                       ULL(patch), ULL(vp));
+    imp_set(v, "image_processor", "PixtralImageProcessor size.longest_edge",
+            "{kind: pixtral, longest_edge: %llu}", ULL(longest));
+    return 0;
+}
+
 int imp_hf_preprocessor(imp_spec *s, const char *buf, size_t len, const char *name,
                         const char *top, mm_error *err)
 {
@@ -131,6 +156,7 @@ int imp_hf_preprocessor(imp_spec *s, const char *buf, size_t len, const char *na
     else if (!rc && !strcmp(top, "llava_onevision") && hf_node(&p, "image_grid_pinpoints"))
         rc = anyres(&p, s, v);
     else if (!rc && (!strcmp(top, "idefics3") || !strcmp(top, "smolvlm"))) rc = split(&p, v);
+    else if (!rc && !strncmp(type, "PixtralImageProcessor", 21)) rc = pixtral(&p, v);
     else if (!rc && !strcmp(top, "mllama")) {
         uint64_t t;
         rc = hf_u64(&p, "max_image_tiles", 4, &t);

@@ -18,5 +18,8 @@ typedef struct swift_cmd {
 int imp_swift_split(swift_cmd *c, const char *buf, size_t len, const char *name,
                     swift_owns_fn owns, mm_error *err);
 void imp_swift_cmd_free(swift_cmd *c);
+/* the Qwen2/2.5-VL video variables (VIDEO_*_PIXELS, FPS*): video_frames and a
+ * frame's bounds (import_swift_video.c) */
+int imp_swift_video(imp_job *j, hfc *env);
 
 #endif

@@ -73,11 +73,8 @@ static const imp_rule env_rules[] = {
     {"NNODES", 'i', "the GPU count is the job's"}, {"NODE_RANK", 'i', "the launcher"},
     {"MASTER_ADDR", 'i', "the launcher"}, {"MASTER_PORT", 'i', "the launcher"},
     {"OMP_NUM_THREADS", 'i', "host threads"},
-    {"VIDEO_MAX_PIXELS", 'r', "video samples are not mapped for ms-swift (training.video_frames)"},
-    {"VIDEO_MIN_PIXELS", 'r', "video samples are not mapped for ms-swift"},
-    {"FPS_MAX_FRAMES", 'r', "video samples are not mapped for ms-swift"},
-    {"FPS", 'r', "video samples are not mapped for ms-swift"},
-    {"NFRAMES", 'r', "video samples are not mapped for ms-swift"},
+    {"NFRAMES", 'r', "Ovis2's frame count: the Qwen-VL templates sample by FPS and "
+                     "FPS_MAX_FRAMES, and Ovis is not modelled"},
 };
 
 static const mm_node *flag_or_env(hfc *h, hfc *env, const char *flag, const char *var,
@@ -394,6 +391,7 @@ int imp_swift_buffer(imp_job *j, const char *buf, size_t len, const char *name, 
     if (swift_model(j, &hs, &c) || swift_trainer_defaults(j, &c, name, err) ||
         imp_trainer_map(j, &ht) || swift_dtype(j, &hs) || swift_attention(j, &hs) ||
         swift_tuning(j, &hs) || swift_seq(j, &hs) || swift_pixels(j, &hs, &he) ||
+        imp_swift_video(j, &he) ||
         swift_ckpt(j, &hs) || swift_deepspeed(j, &hs) ||
         imp_rules_finish(&hs, swift_rules, sizeof swift_rules / sizeof swift_rules[0],
                          "ms-swift") ||

@@ -161,7 +161,7 @@ int imp_titan_parallel(imp_job *j, hfc *h)
     static const char *const why[] = {
         "HSDP (replicated FSDP groups) is not modelled",
         "not mapped: mmguard models one tensor-parallel group without FSDP (training."
-        "tensor_parallel, with sequence_parallel: true for torchtitan's plan, judged by a bound; "
+        "tensor_parallel, with sequence_parallel: true for torchtitan's plan; "
         "docs/parallel.md), while this importer reads torchtitan's FSDP2 set-up; with "
         "data_parallel_shard_degree > 1 torchtitan adds FSDP2 over the TP groups (2-D, not "
         "modelled)",

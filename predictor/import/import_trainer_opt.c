@@ -113,7 +113,6 @@ static int fsdp_options(hfc *h, const mm_node *v, int *shard, int *offload)
 }
 
 static const imp_rule fsdp_rules[] = {
-    {"min_num_params", 'd', "0|the spec wraps each transformer layer"},
     {"transformer_layer_cls_to_wrap", 'i', "the spec wraps each transformer layer, as the auto "
                                            "wrap policy does with the model's _no_split_modules"},
     {"sync_module_states", 'i', "a broadcast at start-up"},
@@ -121,12 +120,54 @@ static const imp_rule fsdp_rules[] = {
     {"xla", 'd', "false|XLA is not modelled"}, {"xla_fsdp_v2", 'd', "false|XLA is not modelled"},
     {"xla_fsdp_grad_ckpt", 'd', "false|XLA is not modelled"},
     {"state_dict_type", 'i', "checkpoint files"},
-    /* accelerate (FullyShardedDataParallelPlugin, fsdp_auto_wrap_policy): SIZE_BASED_WRAP walks
-     * torch's _recursive_wrap (torch/distributed/fsdp/wrap.py :488-563, size_based_auto_wrap_policy
-     * :341-392) and NO_WRAP leaves one root unit; neither is the per-layer unit modelled here */
-    {"auto_wrap_policy", 'd', "TRANSFORMER_BASED_WRAP|the spec wraps each transformer layer "
-                              "(SIZE_BASED_WRAP and NO_WRAP units are not modelled)"},
 };
+
+/* The auto-wrap policy, the one place it is mapped (auto_wrap_policy and
+ * min_num_params, with or without accelerate's "fsdp_" prefix).  transformers 5
+ * (training_args.py, the accelerate plugin's kwargs: auto_wrap_policy, default
+ * TRANSFORMER_BASED_WRAP; min_num_params passed when SIZE_BASED_WRAP and > 0);
+ * transformers 4 chose SIZE_BASED_WRAP itself when fsdp_config.min_num_params > 0
+ * (its `auto_wrap` option: FSDP_AUTO_WRAP_POLICY[1] and FSDP_MIN_NUM_PARAMS), so a
+ * min_num_params without a policy is read that way.  accelerate builds
+ * functools.partial(size_based_auto_wrap_policy, min_num_params=N) for N > 0 and no
+ * policy at all for 0 (accelerate/utils/dataclasses.py:2102-2107): fsdp.wrap_policy
+ * size (spec_train.c check_wrap_size).  NO_WRAP (one root unit) is refused. */
+static int fsdp_wrap(hfc *f, imp_section *fs, int64_t ver)
+{
+    char pol[64], w[160];
+    uint64_t n;
+    int named = hf_node(f, "auto_wrap_policy") != NULL;
+    if (hf_str(f, "auto_wrap_policy", "TRANSFORMER_BASED_WRAP", pol, sizeof pol) ||
+        imp_u64(f, "min_num_params", 0, 0, 1000000000000000ull, &n))
+        return -1;
+    for (char *p = pol; *p; p++)
+        *p = (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+    int size = !strcmp(pol, "SIZE_BASED_WRAP") || (!named && n > 0);
+    if (!size && strcmp(pol, "TRANSFORMER_BASED_WRAP"))
+        return hf_fail(f, "auto_wrap_policy", "%s is not modelled: only TRANSFORMER_BASED_WRAP (a "
+                       "unit per transformer layer) and SIZE_BASED_WRAP (fsdp.wrap_policy size) "
+                       "are; NO_WRAP leaves the whole model in one root unit", pol);
+    if (!size) {
+        if (n)
+            imp_note(f->s, "ignored %s: read with SIZE_BASED_WRAP only",
+                     hf_where(f, "min_num_params", w, sizeof w));
+        return 0;
+    }
+    if (!n)
+        return hf_fail(f, "min_num_params", "SIZE_BASED_WRAP with min_num_params 0: accelerate "
+                       "then passes no policy (utils/dataclasses.py:2104-2107), one root unit: not "
+                       "modelled");
+    if (ver != 1)
+        return hf_fail(f, "auto_wrap_policy", "SIZE_BASED_WRAP is modelled for FSDP1 only: "
+                       "accelerate's FSDP2 policy (fsdp2_prepare_auto_wrap_policy) shards every "
+                       "module above min_num_params and carves the embedding and lm_head out");
+    imp_set(fs, "wrap_policy", named ? hf_where(f, "auto_wrap_policy", w, sizeof w)
+                                     : "transformers 4: min_num_params > 0 selects SIZE_BASED_WRAP",
+            "size");
+    imp_set(fs, "min_num_params", hf_where(f, "min_num_params", w, sizeof w), "%llu",
+            (unsigned long long)n);
+    return 0;
+}
 
 /* transformers strips an "fsdp_" prefix from fsdp_config keys */
 static mm_node *unprefixed(const mm_node *c)
@@ -200,6 +241,8 @@ static int fsdp_read(imp_job *j, hfc *h, const mm_node *c, int shard, int offloa
     if (ckpt)
         imp_set(&j->s->training, "gradient_checkpointing", hf_where(&f, "activation_checkpointing",
                 w, sizeof w), "{enabled: true, use_reentrant: false}");
+    if (fsdp_wrap(&f, fs, ver))
+        return -1;
     return imp_rules_finish(&f, fsdp_rules, sizeof fsdp_rules / sizeof fsdp_rules[0], "FSDP");
 }
 

@@ -46,7 +46,8 @@ static const imp_rule trainer_rules[] = {
     {"run_name", 'i', META}, {"disable_tqdm", 'i', LOG}, {"remove_unused_columns", 'i', DATA},
     {"label_names", 'i', DATA}, {"load_best_model_at_end", 'i', SAVE},
     {"metric_for_best_model", 'i', EVAL}, {"greater_is_better", 'i', EVAL},
-    {"ignore_data_skip", 'i', DATA}, {"fsdp_min_num_params", 'd', "0|the spec wraps each layer"},
+    {"ignore_data_skip", 'i', DATA}, {"fsdp_min_num_params", 'd',
+     "0|deprecated: write it as fsdp_config.min_num_params, which is read"},
     {"fsdp_transformer_layer_cls_to_wrap", 'i', "the spec wraps each transformer layer"},
     {"accelerator_config", 'i', "dataloader dispatching on the host (with FSDP its "
                                     "sync_each_batch is read)"},

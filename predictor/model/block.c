@@ -65,8 +65,8 @@ static int sliding_here(const lctx *c)
  * is_causal cannot say it (sliding window, bidirectional image tokens) */
 static int32_t layer_mask(const lctx *c)
 {
-    if (c->m->kind != MOD_DECODER)
-        return -1;
+    if (c->m->kind != MOD_DECODER) /* Pixtral's block-diagonal image mask (vision_pixtral.c) */
+        return c->m->img.kind == IMG_PIXTRAL ? c->mask : -1;
     return sliding_here(c) && c->mask_sliding >= 0 ? c->mask_sliding : c->mask;
 }
 
@@ -97,7 +97,8 @@ static int32_t self_attention(lctx *c, int32_t z)
     }
     attn_opts o = {.B = c->B, .S = c->S, .heads = a, .kv = kv, .d = d,
                    .causal = m->kind == MOD_DECODER, .mask = layer_mask(c),
-                   .softmax_fp32 = m->softmax_fp32, .chunks = c->chunks};
+                   .softmax_fp32 = m->softmax_fp32, .chunks = c->chunks,
+                   .float_bias = m->kind == MOD_VISION && m->img.kind == IMG_PIXTRAL};
     if (c->chunks) { /* packed: attention per image, or per window (Qwen2.5-VL) */
         o.chunks = c->chunks;
         if (c->win_chunks > c->chunks && !lset_has(&m->full_attention, c->layer))
@@ -139,17 +140,33 @@ static int32_t layer_scale(lctx *c, const char *name, int32_t x)
     return y;
 }
 
-/* x + f(norm(x)) with the optional post norm and layer scale */
+/* sequence parallel: x (sequence-sharded) all-gathered, or f (a partial sum of
+ * every token) reduce-scattered, around attention and the MLP (c->on_seq) */
+static int32_t seq_redistribute(lctx *c, int32_t x, int gather)
+{
+    if (!c->on_seq || c->m->kind != MOD_DECODER)
+        return x;
+    int32_t y = c->on_seq(c, x, gather, c->m->hidden_size);
+    op_drop(c, x);
+    return y;
+}
+
+/* x + f(norm(x)) with the optional post norm and layer scale; under sequence
+ * parallel the norm and the residual hold T / seq_shards tokens (SequenceParallel) */
 static int32_t sublayer(lctx *c, int32_t x, int which, int attn)
 {
     const module_spec *m = c->m;
     uint64_t T = c->T, h = m->hidden_size;
+    if (c->on_seq && m->kind == MOD_DECODER && c->seq_shards > 1)
+        T /= c->seq_shards;
     int32_t z = op_decoder_norm(c, norm_name(c, which == 0 ? 0 : m->sandwich_norm ? 2 : 1), x, T,
                                 h, m->norm);
+    z = seq_redistribute(c, z, 1);
     int32_t f = attn ? self_attention(c, z)
                 : moe_here(c) ? moe_block(c, z)
                               : block_dense_mlp(c, z, m->intermediate_size);
     op_drop(c, z);
+    f = seq_redistribute(c, f, 0);
     if (m->sandwich_norm) {
         int32_t p = op_norm(c, norm_name(c, which == 0 ? 1 : 3), f, T, h, m->norm, 1);
         op_drop(c, f);

@@ -6,7 +6,9 @@
  *   pixel_shuffle  InternVL (LayerNorm(4h), Linear, GELU, Linear) and Idefics3 /
  *                  SmolVLM (one Linear): two permute().contiguous() copies first;
  *   avg_pool       Gemma 3: (B, h, g, g) copy, AvgPool2d, Gemma RMSNorm, matmul;
- *   linear         Mllama: one Linear to the text width.
+ *   linear         Mllama: one Linear to the text width;
+ *   mistral3       Mistral-Small-3.1: RMSNorm, each image's 2x2 patches unfolded into
+ *                  one row, Linear(4h, h), then LLaVA's Linear, GELU, Linear.
  * Qwen3-VL's DeepStack mergers (norm after the merge) run from the vision
  * loop through connector_deepstack. */
 #include "block.h"
@@ -114,6 +116,35 @@ static int32_t avg_pool(lctx *c, int32_t x, uint64_t rows, uint64_t h)
     return y;
 }
 
+/* Mistral3MultiModalProjector.forward (transformers 5.17 models/mistral3/
+ * modeling_mistral3.py, Mistral3PatchMerger.forward): norm (a new (P, h)); per
+ * image view / permute (views) and F.unfold(kernel = stride = merge): im2col, a new
+ * (h k, P_i / k) whose col2im backward is a full-size gradient; .view().t() (views);
+ * torch.cat, a new (P / k, h k) the merging Linear keeps; the unfolded list and the
+ * normed features go when the merger returns */
+static int32_t mistral3(lctx *c, int32_t x, uint64_t rows, uint64_t h)
+{
+    const module_spec *m = c->m;
+    uint64_t k = op_mul(c, m->merge_size, m->merge_size), out_rows = rows / k;
+    int32_t z = op_norm(c, "norm", x, rows, h, m->conn_norm, 1);
+    op_drop(c, x);
+    uint32_t r = op_row(c, "patch_merger", "unfold");
+    op_label(c, "patch merger unfold", r);
+    int32_t un = op_new(c, r, op_mul(c, rows, h), esz_of(c, z));
+    op_node(c, r, un, z, -1, -1, 0);
+    int32_t cat = op_new(c, r, op_mul(c, rows, h), esz_of(c, z));
+    sim_node *n = op_node(c, r, cat, un, -1, -1, 0);
+    if (n)
+        n->grad_views = 1;
+    int32_t y = op_linear(c, "patch_merger.merging_layer", cat, out_rows, op_mul(c, h, k), h, 0,
+                          LT_MLP_ALL);
+    op_drop(c, cat);
+    op_drop(c, un);
+    op_drop(c, z);
+    uint64_t mid = m->intermediate_size ? m->intermediate_size : m->hidden_size;
+    return mlp(c, y, out_rows, h, mid, m->hidden_size);
+}
+
 int32_t connector_module(lctx *c, int32_t feat)
 {
     const module_spec *m = c->m;
@@ -128,6 +159,8 @@ int32_t connector_module(lctx *c, int32_t feat)
         return pixel_shuffle(c, feat, rows, h);
     case CONN_AVG_POOL:
         return avg_pool(c, feat, rows, h);
+    case CONN_MISTRAL3:
+        return mistral3(c, feat, rows, h);
     case CONN_MLP:
     case CONN_LINEAR:
     default: {

@@ -51,8 +51,10 @@ static int32_t embed(lctx *c, int32_t feat)
     uint64_t llava = m->merge == MERGE_LLAVA && feat >= 0 && c->B > 1
                          ? op_mul3(c, m->vocab_size, m->hidden_size, c->gdt) : 0;
     uint64_t rows = m->embedding_rows ? m->embedding_rows : m->vocab_size;
+    op_unit_event(c, OP_UNIT_EMBED, SIM_LAYER_BEGIN); /* embed_tokens' FSDP unit */
     int32_t emb = op_embedding(c, "embed_tokens", c->T, rows, m->hidden_size,
                                m->tie_word_embeddings, llava);
+    op_unit_event(c, OP_UNIT_EMBED, SIM_LAYER_END);
     if (c->input_grads && !c->counting && emb >= 0)
         c->s->t[emb].rg = 1; /* enable_input_require_grads() */
     if (m->scale_embeddings) { /* * embed_scale: a new tensor */
@@ -63,6 +65,12 @@ static int32_t embed(lctx *c, int32_t feat)
     }
     /* LoRA on embed_tokens wraps the whole module (its embed_scale included) */
     emb = op_lora_embedding(c, emb, c->T, rows, m->hidden_size);
+    if (c->on_seq) { /* sequence parallel: the vocabulary-sharded lookup's partial sum,
+                      * reduce-scattered to the sequence shards (train/parallel_tp.c) */
+        int32_t e = c->on_seq(c, emb, 0, m->hidden_size);
+        op_drop(c, emb);
+        emb = e;
+    }
     if (feat < 0 || m->merge == MERGE_CROSS_ATTENTION)
         return emb;
     return merge_images(c, emb, feat);
@@ -152,6 +160,7 @@ int32_t decoder_module(lctx *c, int32_t image_features)
         c->cross_states = image_features;
         image_features = -1;
     }
+    op_unit_event(c, OP_UNIT_BASE, SIM_LAYER_BEGIN); /* the base model's FSDP unit */
     int32_t x = embed(c, image_features);
     rotary(c, x);
     masks(c, has_images);
@@ -169,8 +178,15 @@ int32_t decoder_module(lctx *c, int32_t image_features)
     c->cos = c->sin = c->mask = c->mask_sliding = c->cross_states = c->mask_cross = -1;
     for (size_t i = 0; i < c->ntaps; i++)
         op_drop(c, c->taps[i]);
-    int32_t z = op_decoder_norm(c, "norm", x, c->T, m->hidden_size, m->norm);
+    int32_t z = op_decoder_norm(c, "norm", x, c->on_seq ? c->T / c->seq_shards : c->T,
+                                m->hidden_size, m->norm);
     op_drop(c, x);
+    op_unit_event(c, OP_UNIT_BASE, SIM_LAYER_END);
+    if (c->on_seq) { /* lm_head's input all-gathered (ColwiseParallel input Shard(1)) */
+        int32_t g = c->on_seq(c, z, 1, m->hidden_size);
+        op_drop(c, z);
+        z = g;
+    }
     uint64_t rows = c->spec->training.logits_to_keep
                         ? op_mul(c, c->B, c->spec->training.logits_to_keep) : c->T;
     int32_t loss = op_lm_head_loss(c, z, rows, m->hidden_size, m->vocab_size,

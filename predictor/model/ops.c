@@ -144,10 +144,19 @@ static int32_t to_fp32(lctx *c, uint32_t r, int32_t x, uint64_t elems)
     return op_plain(c, r, x, -1, elems, F32);
 }
 
-/* x32 * rsqrt(x32.pow(2).mean(-1) + eps): PowBackward0 keeps x32 (its backward
- * makes two rows x width fp32 temporaries), MeanBackward keeps sizes,
- * RsqrtBackward keeps its result, MulBackward0 keeps x32 and the rsqrt
- * (its rsqrt gradient is a (grad * x32) product, then summed). */
+/* x32 * rsqrt(x32.pow(2).mean(-1) + eps): PowBackward0 keeps x32, MeanBackward
+ * keeps sizes, RsqrtBackward keeps its result, MulBackward0 keeps x32 and the
+ * rsqrt (its rsqrt gradient is a (grad * x32) product, then summed).
+ * PowBackward0's backward (torch/csrc/autograd/FunctionsManual.cpp pow_backward:
+ * `return grad * (exp * self.pow(exp - 1)).conj()`) makes self.pow(1), exp * it and
+ * the product with grad, three rows x width fp32 tensors; the first two are C++
+ * temporaries of that one full-expression, so they die only after the product is
+ * made: all three are alive together, beside the gradient MulBackward0 gave x32
+ * before, into which the product is then added (in place: input_buffer.cpp
+ * accumulate).  The truth trace of tests/truth/data/traces/
+ * llama-tp-2-full-bf16-sdpa-eaedef1e3a.txt shows them at its peak, in the final
+ * norm's backward: pow.Tensor_Scalar, mul.Scalar and two mul.Tensor of T x h x 4 B
+ * beside MeanBackward's div.Scalar. */
 static int32_t rms_core(lctx *c, uint32_t r, int32_t x32, uint64_t rows, uint64_t w)
 {
     uint64_t Tw = op_mul(c, rows, w);
@@ -155,7 +164,7 @@ static int32_t rms_core(lctx *c, uint32_t r, int32_t x32, uint64_t rows, uint64_
     sim_node *n = op_node(c, r, p, x32, -1, -1, 0);
     op_save(c, n, x32);
     if (n)
-        n->bwd_tmp = op_mul(c, Tw, 2 * F32);
+        n->bwd_tmp = op_mul(c, Tw, 3 * F32);
     int32_t v = op_plain(c, r, p, -1, rows, F32); /* mean */
     op_drop(c, p);
     int32_t ve = op_plain(c, r, v, -1, rows, F32); /* + eps */

@@ -14,7 +14,10 @@ uint32_t op_row(lctx *c, const char *name, const char *kind);
 void op_param(lctx *c, uint32_t r, uint64_t n, int trainable);
 int32_t op_new(lctx *c, uint32_t r, uint64_t elems, uint64_t bytes_per);
 int32_t op_view(lctx *c, uint32_t r, int32_t base, uint64_t vbytes);
-int op_rg(const lctx *c, int32_t id);
+static inline int op_rg(const lctx *c, int32_t id)
+{
+    return id >= 0 && c->s->t[id].rg;
+}
 void op_drop(lctx *c, int32_t id);
 void op_hold(lctx *c, int32_t id);
 sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, int32_t in2,
@@ -92,6 +95,7 @@ typedef struct attn_opts {
     int causal;
     int32_t mask;           /* an explicit mask tensor (sdpa/eager), -1 none */
     int softmax_fp32;
+    int float_bias;         /* the mask is an additive float tensor SDPA takes as it is */
 } attn_opts;
 int32_t op_attention(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o);
 /* nn.Embedding lookup of T tokens into width h; V rows */
@@ -99,5 +103,8 @@ int32_t op_embedding(lctx *c, const char *name, uint64_t T, uint64_t V, uint64_t
                      uint64_t extra_bwd);
 /* the loss over logits of the decoder's tokens (chunked / fused variants) */
 int32_t op_lm_head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t V, int tied);
+/* before (SIM_LAYER_BEGIN) or after (SIM_LAYER_END) unit OP_UNIT_* runs, when the
+ * train layer asked (lctx.unit_events): its on_layer hook, as stack.c's layer loop */
+void op_unit_event(lctx *c, uint64_t unit, int what);
 
 #endif

@@ -102,13 +102,17 @@ static int32_t eager(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
     op_drop(c, prior);
     int32_t sc2 = op_plain(c, r, sc, -1, ss, dt); /* * scaling */
     op_drop(c, sc);
+    uint64_t se = dt; /* the scores' dtype after the mask */
     if (o->mask >= 0 || o->causal) {
-        int32_t sc3 = op_plain(c, r, sc2, -1, ss, dt); /* + attention_mask */
+        /* a float mask of a wider dtype (Pixtral's fp32 mask under autocast) promotes */
+        if (o->float_bias && o->mask >= 0 && esz_of(c, o->mask) > dt)
+            se = esz_of(c, o->mask);
+        int32_t sc3 = op_plain(c, r, sc2, -1, ss, se); /* + attention_mask */
         op_drop(c, sc2);
         sc2 = sc3;
     }
     int32_t f = sc2;
-    if (pb != dt) /* softmax(dtype=float32) converts its input first */
+    if (pb != se) /* softmax(dtype=float32) converts its input first */
         f = op_plain(c, r, sc2, -1, ss, F32);
     int32_t p32 = op_new(c, r, ss, pb);
     n = op_node(c, r, p32, f, -1, -1, 0);
@@ -164,6 +168,25 @@ static int32_t fused(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
     if (!flash && o->mask >= 0 && c->s->t[o->mask].esz == 1) {
         uint64_t skv = o->Skv ? o->Skv : o->S, bq = B / (o->chunks ? o->chunks : 1);
         bias = op_new(c, r, op_mul3(c, bq, o->S, round_up(skv, 16)), dt);
+    } else if (!flash && o->mask >= 0 && o->float_bias) {
+        /* a float mask (Pixtral's) goes in as it is: the memory-efficient kernel
+         * saves it, or, when its last dim is no multiple of 16, a padded copy
+         * made in this call (attention.cpp preprocess_mask / pad_bias) */
+        uint64_t skv = o->Skv ? o->Skv : o->S, me = esz_of(c, o->mask);
+        int32_t m = o->mask;
+        if (c->amp && me != dt) { /* autocast casts every floating argument, the mask too
+                                     (lower_precision_fp list), per call */
+            m = op_new(c, r, op_mul3(c, B, o->S, skv), dt);
+            me = dt;
+        } else {
+            op_hold(c, m);
+        }
+        if (skv % 16) {
+            bias = op_new(c, r, op_mul3(c, B, o->S, round_up(skv, 16)), me);
+            op_drop(c, m);
+        } else {
+            bias = m;
+        }
     }
     /* the kernel's outputs: selective checkpointing saves them (op_sac_new) */
     int32_t out = op_sac_new(c, r, qe, dt);

@@ -45,12 +45,27 @@ int32_t op_embedding(lctx *c, const char *name, uint64_t T, uint64_t V, uint64_t
 static int32_t cross_entropy(lctx *c, uint32_t rl, int32_t l32, uint64_t rows, uint64_t V,
                              int32_t target)
 {
-    uint64_t TV = op_mul(c, rows, V);
-    int32_t lsm = op_new(c, rl, TV, esz_of(c, l32));
+    uint64_t TV = op_mul(c, rows, V), e = esz_of(c, l32);
+    /* loss_parallel (c->loss_parallel, V the rank's vocabulary shard; torch 2.13
+     * torch/distributed/tensor/parallel/loss.py): _log_softmax (l.197-221) makes
+     * shifted = x - all_reduce(amax) and exp(shifted) for the sum before the result,
+     * shifted - logsumexp; its backward (l.259-266) is grad_output.to(input_dtype),
+     * the same tensor; _nll_loss_and_log_softmax_backward (l.451-518) makes
+     * zeros_like(x), exp(x), their sum and the sum * grad_output, three of them alive
+     * at once beside the output gradient's bytes */
+    int32_t shifted = c->loss_parallel ? op_new(c, rl, TV, e) : -1;
+    if (c->loss_parallel && !c->counting)
+        sim_transient(c->s, rl, op_mul(c, TV, e));
+    int32_t lsm = op_new(c, rl, TV, e);
+    op_drop(c, shifted);
     sim_node *n = op_node(c, rl, lsm, l32, -1, -1, 0);
     op_save(c, n, lsm);
+    if (n && c->loss_parallel)
+        n->grad_views = 1;
     int32_t loss = op_new(c, rl, 1, F32);
     n = op_node(c, rl, loss, lsm, -1, -1, 0);
+    if (n && c->loss_parallel)
+        n->bwd_tmp = op_mul3(c, TV, e, 2);
     op_save(c, n, lsm);
     op_save(c, n, target);
     op_drop(c, lsm);
@@ -182,6 +197,15 @@ static int32_t fused_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_
     return loss;
 }
 
+void op_unit_event(lctx *c, uint64_t unit, int what)
+{
+    sim *s = c->s;
+    if (!c->unit_events || !s->on_layer || c->counting)
+        return;
+    sim_layer_ev e = {.module = c->mi, .layer = unit, .count = 1, .what = what, .grad = c->grad};
+    s->on_layer(s, &e, s->on_layer_ctx);
+}
+
 static int32_t head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t V, int tied,
                          uint32_t rh)
 {
@@ -190,7 +214,9 @@ static int32_t head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t
         return fused_loss(c, z, rows, h, V, tied, rh);
     if (k == LOSS_CHUNKED)
         return chunked_loss(c, z, rows, h, V, tied, rh);
+    op_unit_event(c, OP_UNIT_HEAD, SIM_LAYER_BEGIN); /* lm_head's FSDP unit */
     int32_t logits = lm_head(c, rh, z, rows, h, V, tied);
+    op_unit_event(c, OP_UNIT_HEAD, SIM_LAYER_END);
     return standard_loss(c, logits, rows, V);
 }
 

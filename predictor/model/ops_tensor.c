@@ -97,11 +97,6 @@ static uint64_t esz(const lctx *c, int32_t id)
     return id >= 0 && c->s->t[id].esz ? c->s->t[id].esz : c->dt;
 }
 
-int op_rg(const lctx *c, int32_t id)
-{
-    return id >= 0 && c->s->t[id].rg;
-}
-
 void op_drop(lctx *c, int32_t id)
 {
     if (!c->counting)
@@ -122,16 +117,16 @@ sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, in
     if (c->counting || !c->grad)
         return NULL;
     int32_t ins[3] = {in0, in1, in2};
-    int any = trainable_w;
+    int rg[3], any = trainable_w;
     for (int i = 0; i < 3; i++)
-        any |= op_rg(c, ins[i]);
+        any |= rg[i] = op_rg(c, ins[i]);
     if (!any)
         return NULL;
     sim_node *n = sim_node_new(c->s, r, out);
     if (!n)
         return NULL;
-    for (int i = 0; i < 3; i++)
-        if (op_rg(c, ins[i]) && n->nin < SIM_MAX_IN)
+    for (int i = 0; i < 3; i++) /* the node made its output require grad */
+        if ((rg[i] || (out >= 0 && ins[i] == out)) && n->nin < SIM_MAX_IN)
             n->in[n->nin++] = ins[i];
     return n;
 }

@@ -12,6 +12,10 @@
 
 #define MAX_TAPS 16
 
+/* the units outside a decoder's layers an on_layer event may name in place of a
+ * layer (lctx.unit_events): embed_tokens, lm_head, the base model around them */
+enum { OP_UNIT_EMBED = MM_MAX_LAYERS + 1, OP_UNIT_HEAD, OP_UNIT_BASE };
+
 /* op-level selective checkpointing (torchtitan's "op" policy): the outputs
  * its policy saves in a checkpointed layer's forward, per (module, layer) in
  * forward order, each run ended by -1; the layer's re-run takes them back in
@@ -56,6 +60,17 @@ typedef struct lctx {
      * NULL: none */
     void (*on_linear)(struct lctx *c, uint32_t row, uint32_t lt, int32_t x, int32_t y,
                       struct sim_node *n, uint64_t rows, uint64_t out);
+    /* sequence parallel (train/parallel_tp.c): the decoder's residual stream, norms and
+     * embedding output hold T / seq_shards tokens; on_seq turns x (width `width`) from
+     * sequence-sharded to whole (gather 1: all-gather, before attention, MLP and lm_head)
+     * or from a partial sum of every token to sequence-sharded (gather 0: reduce-scatter,
+     * after o_proj, down_proj and the embedding) and returns the new tensor (x is kept:
+     * the caller drops it).  seq_shards 1 / on_seq NULL: none.  loss_parallel: the
+     * logits are sharded on the vocabulary and cross_entropy runs as
+     * torch.distributed.tensor.parallel.loss_parallel computes it (ops_loss.c) */
+    uint64_t seq_shards;
+    int32_t (*on_seq)(struct lctx *c, int32_t x, int gather, uint64_t width);
+    int loss_parallel;
     attn_kind attn;
     uint64_t dt;         /* activation dtype bytes */
     uint64_t wdt;        /* weight dtype bytes (fp32 under autocast) */
@@ -73,6 +88,8 @@ typedef struct lctx {
     uint64_t win_chunks;  /* Qwen2.5-VL: windows per batch for window-attention layers */
     uint64_t fold_from, fold_to; /* layers the last stack_run folded (a ballast stood in) */
     int32_t late_drop[4];
+    int unit_events;     /* FSDP1 wrap_policy size: tell on_layer where embed_tokens, lm_head
+                            and the base model run (op_unit_event; OP_UNIT_*) */
     int32_t *amp_cache;  /* autocast's casts of trainable fp32 weights, kept until the
                             autocast region ends (the end of the forward) */
     size_t n_amp, cap_amp;

@@ -28,7 +28,10 @@ void prog_enter_module(lctx *c, uint32_t mi)
     c->chunks = c->win_chunks = 0;
     const module_spec *v = mm_spec_module(sp, MOD_VISION);
     if (c->m->kind == MOD_VISION) {
-        if (c->m->packed) { /* one sequence of every patch, attention per image */
+        if (c->m->img.kind == IMG_PIXTRAL) { /* one sequence, a block mask (vision_pixtral.c) */
+            c->B = 1;
+            c->S = sim_mul(c->s, c->images, c->vt.patches);
+        } else if (c->m->packed) { /* one sequence of every patch, attention per image */
             c->B = c->images;
             c->S = c->vt.patches;
             c->chunks = c->images;

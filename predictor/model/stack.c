@@ -192,8 +192,12 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
             l = last;
         }
         layer_ev(c, l, 1, SIM_LAYER_BEGIN);
+        size_t nt0 = c->s->nt;
         int32_t y = run_layer(c, x, l);
         layer_ev(c, l, 1, SIM_LAYER_END);
+        if (l == first && !c->counting) /* the layers after it make as many tensors again,
+                                        the backward up to 3 times the forward's (step.c) */
+            sim_reserve(c->s, 5 * (c->s->nt + (c->s->nt - nt0) * (count - 1)));
         if (keep)
             keep[nk++] = y;
         else

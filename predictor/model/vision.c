@@ -1,7 +1,8 @@
 /* vision.c - the vision encoder: pixel values -> patch embedding (2-D conv,
  * or Qwen's 3-D conv over temporal patches) -> [class token] -> [learned
  * positions] -> [pre-norm] -> layers (batched tiles, or all images packed in one
- * sequence with attention per image / per window) -> the hidden state the
+ * sequence with attention per image / per window; Pixtral's entry, one
+ * sequence behind a block mask, is vision_pixtral.c) -> the hidden state the
  * family feeds its connector.  Frozen towers save nothing: no input needs a
  * gradient and no weight does. */
 #include "block.h"
@@ -155,12 +156,23 @@ int32_t vision_module(lctx *c)
     if (m->img.kind == IMG_MLLAMA)
         return mllama_vision(c);
     c->per_layer = 0;
-    int32_t x = embeddings(c);
-    vision_rotary(c);
+    int pixtral = m->img.kind == IMG_PIXTRAL;
+    int32_t keep[2] = {-1, -1};
+    /* Pixtral: patch_conv(pixel_values.to(weight dtype)) (modeling_pixtral.py:425-426);
+     * the images share one size here (the worst image), so no padded patches */
+    int32_t x = pixtral ? pixtral_embeddings(c, patch_embed(c, c->T), keep) : embeddings(c);
+    if (!pixtral)
+        vision_rotary(c);
     c->per_layer = 1;
     int64_t sel;
     int32_t feat = run_layers(c, x, &sel);
     c->per_layer = 0;
+    if (pixtral) { /* PixtralVisionModel.forward returns: its locals go */
+        op_drop(c, keep[0]);
+        op_drop(c, keep[1]);
+        op_drop(c, c->mask);
+        c->mask = -1;
+    }
     release_tuple(c, feat, sel);
     uint32_t rpost = op_row(c, "post_layernorm", "layernorm");
     if (m->post_layernorm && m->feature_post_norm) {

@@ -151,6 +151,28 @@ static void fam_mllama(module_spec *m)
                        GradientCheckpointingLayer: never checkpointed, not counted */
 }
 
+/* PixtralVisionModel (Pixtral-12B; transformers 5.17 models/pixtral/modeling_pixtral.py):
+ * patch_conv without bias (:394-400), RMSNorm ln_pre (:402) and per-layer norms
+ * (eps 1e-5, :275-278), q/k/v/o without bias (:186-189), the SiLU-gated MLP copied
+ * from Mistral (:234-248; the act is config.hidden_act), axial 2-D rotary applied in
+ * the model dtype (:83-96, :211), no class token, every image of the batch in one
+ * sequence behind generate_block_attention_mask (:371-384); hidden_states[0] is
+ * the conv output after ln_pre.  Images keep their size (image_processor pixtral). */
+static void fam_pixtral(module_spec *m)
+{
+    vis_common(m);
+    m->norm = NORM_RMS;
+    m->mlp = MLP_GATED;
+    m->mlp_bias = 0;
+    m->act = ACT_GELU; /* PixtralVisionConfig.hidden_act default; pixtral-12b says silu */
+    attn_bias(m, 0, 0, 0, 0);
+    m->pos = POS_ROPE2D;
+    m->rope_fp32 = 0;
+    m->pre_layernorm = 1;
+    m->hidden_tuple = 1;
+    m->img.kind = IMG_PIXTRAL;
+}
+
 /* ---- connectors -------------------------------------------------------------------- */
 
 /* LLaVA mlp2x_gelu / LlavaMultiModalProjector / LlavaOnevision: Linear, GELU, Linear */
@@ -217,6 +239,19 @@ static void fam_linear(module_spec *m)
     fam_mlp(m);
     m->conn = CONN_LINEAR;
     m->num_layers = 1;
+}
+
+/* Mistral3MultiModalProjector (Mistral-Small-3.1; models/mistral3/modeling_mistral3.py):
+ * RMSNorm over the vision width, Mistral3PatchMerger (spatial_merge_size 2: unfold, then
+ * Linear(4h, h) without bias), Linear, GELU, Linear (bias: multimodal_projector_bias,
+ * false by default in Mistral3Config) */
+static void fam_mistral3_merger(module_spec *m)
+{
+    fam_mlp(m);
+    m->conn = CONN_MISTRAL3;
+    m->conn_norm = NORM_RMS;
+    m->merge_size = 2;
+    m->conn_bias = 0;
 }
 
 /* ---- decoders ----------------------------------------------------------------------- */
@@ -331,6 +366,7 @@ static const family_def families[] = {
     {"intern_vit", MOD_VISION, "InternVLVisionModel", fam_intern_vit},
     {"idefics3", MOD_VISION, "Idefics3VisionTransformer", fam_idefics3},
     {"mllama", MOD_VISION, "MllamaVisionModel", fam_mllama},
+    {"pixtral", MOD_VISION, "PixtralVisionModel", fam_pixtral},
     {"mlp", MOD_CONNECTOR, "LlavaMultiModalProjector", fam_mlp},
     {"patch_merger", MOD_CONNECTOR, "Qwen2-VL PatchMerger", fam_patch_merger},
     {"patch_merger_rms", MOD_CONNECTOR, "Qwen2_5_VLPatchMerger", fam_patch_merger_rms},
@@ -338,6 +374,7 @@ static const family_def families[] = {
     {"pixel_shuffle_linear", MOD_CONNECTOR, "Idefics3Connector", fam_pixel_shuffle_linear},
     {"avg_pool", MOD_CONNECTOR, "Gemma3MultiModalProjector", fam_avg_pool},
     {"linear", MOD_CONNECTOR, "Mllama multi_modal_projector", fam_linear},
+    {"mistral3_merger", MOD_CONNECTOR, "Mistral3MultiModalProjector", fam_mistral3_merger},
     {"llama", MOD_DECODER, "LlamaModel", fam_llama},
     {"llava_llama", MOD_DECODER, "LLaVA (haotian-liu) LlavaLlamaForCausalLM", fam_llava_llama},
     {"qwen2", MOD_DECODER, "Qwen2Model", fam_qwen2},

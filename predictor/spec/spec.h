@@ -23,8 +23,9 @@ typedef enum { MLP_FC = 0, MLP_GATED } mlp_kind;
 typedef enum { QKN_NONE = 0, QKN_HEAD, QKN_FULL } qknorm_kind;
 typedef enum { POS_NONE = 0, POS_LEARNED, POS_ROPE, POS_MROPE, POS_ROPE2D, POS_LEARNED_ROPE2D } pos_kind;
 typedef enum { CONN_MLP = 0, CONN_PATCH_MERGER, CONN_PIXEL_SHUFFLE, CONN_AVG_POOL,
-               CONN_LINEAR } conn_kind;
-typedef enum { IMG_FIXED = 0, IMG_DYNAMIC, IMG_TILES, IMG_ANYRES, IMG_MLLAMA, IMG_SPLIT } img_kind;
+               CONN_LINEAR, CONN_MISTRAL3 } conn_kind;
+typedef enum { IMG_FIXED = 0, IMG_DYNAMIC, IMG_TILES, IMG_ANYRES, IMG_MLLAMA, IMG_SPLIT,
+               IMG_PIXTRAL } img_kind;
 typedef enum { MERGE_SCATTER = 0, MERGE_LLAVA, MERGE_CROSS_ATTENTION } merge_kind;
 typedef enum { EXPERTS_GROUPED = 0, EXPERTS_EAGER } experts_impl;
 typedef enum { PREC_BF16 = 0, PREC_FP16, PREC_FP32 } precision_kind;
@@ -64,7 +65,8 @@ typedef struct image_proc {
     uint64_t min_pixels, max_pixels;      /* dynamic (Qwen2-VL family) */
     uint64_t min_tiles, max_tiles;        /* tiles (InternVL), mllama, anyres max */
     int thumbnail;                        /* tiles: + a global thumbnail tile */
-    uint64_t longest_edge;                /* split (Idefics3): image resized to this */
+    uint64_t longest_edge;                /* split (Idefics3): image resized to this;
+                                             pixtral: the longest side at most this */
     size_t n_pinpoints;                   /* anyres (LLaVA-NeXT / OneVision) */
     uint64_t pinpoints[64][2];            /* (height, width) */
     int newline;                          /* anyres: an image_newline token per row */
@@ -177,6 +179,8 @@ typedef struct training_spec {
     uint64_t micro_batch_size, seq_len, images_per_sample;
     uint64_t image_height, image_width;   /* the largest image a sample carries */
     uint64_t video_frames;                /* frames of one video (Qwen dynamic only) */
+    uint64_t video_min_pixels, video_max_pixels; /* a frame's resize bounds, 0: the image
+                                                     processor's (spec_video.c) */
     precision_kind precision;
     master_kind master_weights;
     int autocast;                 /* torch.autocast around the forward */
@@ -256,6 +260,9 @@ typedef struct fsdp_spec {
                                      HF Trainer / Accelerate way, no_sync between them */
     int wrap_peft;                /* wrap_policy peft_lora: PEFT's fsdp_auto_wrap_policy, each
                                      trainable leaf (lora_A / lora_B) its own FSDP1 unit */
+    int wrap_size;                /* wrap_policy size: torch's size_based_auto_wrap_policy,
+                                     FSDP1 (train/parallel_wrap.c says which modules) */
+    uint64_t min_num_params;      /* its min_num_params (wrap_size only) */
 } fsdp_spec;
 
 typedef struct device_spec {

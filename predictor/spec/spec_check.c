@@ -127,6 +127,13 @@ static int check_vision(dctx *c, const mm_node *m, module_spec *ms)
             return bad(c, m, ms, "patch_size", "patch_size %llu exceeds image_size %llu",
                        ULL(ms->patch_size), ULL(ms->image_size));
     }
+    if (k == IMG_PIXTRAL && !ms->img.longest_edge && !ms->image_size)
+        return bad(c, m, ms, "image_size", "the pixtral image processor needs image_size or "
+                   "image_processor.longest_edge (the longest side in pixels)");
+    if (k == IMG_PIXTRAL && (ms->img.longest_edge ? ms->img.longest_edge : ms->image_size) <
+                                ms->patch_size)
+        return bad(c, m, ms, "patch_size", "patch_size %llu exceeds the longest image side",
+                   ULL(ms->patch_size));
     if (k == IMG_DYNAMIC) {
         if (!ms->temporal_patch_size || !ms->spatial_merge_size)
             return bad(c, m, ms, "spatial_merge_size",

@@ -36,5 +36,7 @@ int spec_resolve_refs(mm_spec *s, mm_error *err);
 int spec_check_links(dctx *c, const mm_node *root, mm_spec *s);
 /* spec_tp.c: training.tensor_parallel against what the TP model covers */
 int spec_check_tp(dctx *c, const mm_node *root, const mm_spec *s);
+/* training.video_frames and a frame's bounds (spec_video.c) */
+int spec_check_video(dctx *c, const mm_node *root, const mm_spec *s);
 
 #endif

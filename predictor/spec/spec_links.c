@@ -135,7 +135,8 @@ static int lora_head_loss(dctx *c, const mm_node *root, const mm_spec *s)
 int spec_check_links(dctx *c, const mm_node *root, mm_spec *s)
 {
     const mm_node *mods = mm_node_get(root, "modules");
-    if (one_per_kind(c, mods, s) || widths(c, mods, s) || images(c, root, s) ||
+    if (one_per_kind(c, mods, s) || widths(c, mods, s) || spec_check_video(c, root, s) ||
+        images(c, root, s) ||
         lora_head_loss(c, root, s) ||
         spec_check_tp(c, root, s))
         return -1;

@@ -242,7 +242,7 @@ int spec_quantization(dctx *c, const mm_node *v, module_spec *ms, const char *pr
 /* ---- the image processor ------------------------------------------------------------ */
 
 static const char *const img_names[] = {"fixed", "dynamic", "tiles", "anyres", "mllama", "split",
-                                        NULL};
+                                        "pixtral", NULL};
 #define I(f) offsetof(image_proc, f)
 static const keydesc img_keys[] = {
     {"kind", K_ENUM, I(kind), 0, 0, img_names, 0, 0, 0},

@@ -3,9 +3,9 @@
  * torchtitan's block plan (q/k/v/gate/up ColwiseParallel, o/down
  * RowwiseParallel), one tensor-parallel group (no data parallel beside it).
  * What the model does not cover is refused here with the reason.
- * training.sequence_parallel (torchtitan's SequenceParallel norms, sharded
- * embedding and loss parallel) is judged by the prediction without it as a
- * bound (api/bound.c); it needs a tensor-parallel group. */
+ * training.sequence_parallel (torchtitan's SequenceParallel norms, embedding
+ * and lm_head sharded on the vocabulary, loss parallel; train/parallel_tp.c)
+ * needs a tensor-parallel group and the setup the truth rows measure. */
 #include "spec_internal.h"
 
 #include <stddef.h>
@@ -73,6 +73,44 @@ static int tp_decoder(dctx *c, const mm_node *at, const module_spec *d, uint64_t
     return 0;
 }
 
+static int sp_fail(dctx *c, const mm_node *root, const char *why)
+{
+    return key_fail(c, mm_node_get(mm_node_get(root, "training"), "sequence_parallel"),
+                    "training.sequence_parallel", "%s", why);
+}
+
+/* sequence parallel: torchtitan's whole plan (parallel_tp.c) as the truth rows measure it
+ * (tests/truth/tp.py apply_sp): a Llama block, the embedding and lm_head sharded on the
+ * vocabulary, loss_parallel around F.cross_entropy on the fp32 logits, sdpa */
+static int tp_seq_check(dctx *c, const mm_node *root, const mm_spec *s, const module_spec *d)
+{
+    const training_spec *t = &s->training;
+    uint64_t tp = t->tensor_parallel;
+    attn_kind a = d->attention == ATT_INHERIT ? t->attention : d->attention;
+    if (t->seq_len % tp)
+        return sp_fail(c, root, "seq_len must be a multiple of tensor_parallel: the reduce-scatter "
+                                "to the sequence shards asserts it (torch "
+                                "_functional_collectives.py reduce_scatter_single)");
+    if (d->vocab_size % tp)
+        return sp_fail(c, root, "the vocabulary-sharded embedding and lm_head are modelled for a "
+                                "vocab_size that tensor_parallel divides");
+    if (d->tie_word_embeddings || (d->embedding_rows && d->embedding_rows != d->vocab_size))
+        return sp_fail(c, root, "a tied (or resized) embedding under the vocabulary-sharded plan "
+                                "is not modelled");
+    if (d->scale_embeddings || d->sandwich_norm || d->layer_scale)
+        return sp_fail(c, root, "the plan is torchtitan's Llama block; embedding scaling, sandwich "
+                                "norms and layer scale are not modelled with it");
+    if (t->loss != LOSS_STANDARD || !t->loss_upcast || t->logits_to_keep)
+        return sp_fail(c, root, "loss_parallel is modelled for the standard cross-entropy on all "
+                                "the fp32-upcast logits (no chunked / fused loss, loss_upcast "
+                                "false or logits_to_keep)");
+    if (a != ATT_SDPA || t->packing || t->liger.enabled)
+        return sp_fail(c, root, "measured with sdpa's causal path on whole sequences only (the "
+                                "model sees S/tp positions per rank: no mask from them), without "
+                                "packing or Liger kernels");
+    return 0;
+}
+
 int spec_check_tp(dctx *c, const mm_node *root, const mm_spec *s)
 {
     uint64_t tp = s->training.tensor_parallel;
@@ -87,5 +125,7 @@ int spec_check_tp(dctx *c, const mm_node *root, const mm_spec *s)
     const module_spec *d = mm_spec_module(s, MOD_DECODER);
     if (tp_strategy(c, at, s))
         return -1;
-    return d ? tp_decoder(c, at, d, tp) : 0;
+    if (d && tp_decoder(c, at, d, tp))
+        return -1;
+    return d && s->training.sequence_parallel ? tp_seq_check(c, root, s, d) : 0;
 }

@@ -24,6 +24,8 @@ static const keydesc training_keys[] = {
     {"images_per_sample", K_UINT, TR(images_per_sample), 0, 64, NULL, 0, 0, 0},
     {"image_size", K_SPECIAL, 0, 0, 0, NULL, 0, 0, 0},
     {"video_frames", K_UINT, TR(video_frames), 0, 4096, NULL, 0, 0, 0},
+    {"video_min_pixels", K_UINT, TR(video_min_pixels), 1, 1ull << 40, NULL, 0, 0, 0},
+    {"video_max_pixels", K_UINT, TR(video_max_pixels), 1, 1ull << 40, NULL, 0, 0, 0},
     {"precision", K_ENUM, TR(precision), 0, 0, prec_names, 0, 0, 0},
     {"master_weights", K_ENUM, TR(master_weights), 0, 0, master_names, 0, 0, 0},
     {"autocast", K_BOOL, TR(autocast), 0, 1, NULL, 0, 0, 0},
@@ -250,9 +252,10 @@ typedef struct fsdp_in {
     fsdp_spec f;
     int strategy, has_param, has_reduce;
     int bprefetch;
+    int wrap;                     /* index into wrap_names */
 } fsdp_in;
 static const char *const bpf_names[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH", NULL};
-static const char *const wrap_names[] = {"transformer_layer", "peft_lora", NULL};
+static const char *const wrap_names[] = {"transformer_layer", "peft_lora", "size", NULL};
 #define FS(f) offsetof(fsdp_in, f)
 static const keydesc fsdp_keys[] = {
     {"version", K_INT32, FS(f.version), 1, 2, NULL, 0, 1, 0},
@@ -268,7 +271,8 @@ static const keydesc fsdp_keys[] = {
     {"cpu_offload", K_BOOL, FS(f.cpu_offload), 0, 1, NULL, 0, 0, 0},
     {"model_dtype", K_ENUM, FS(f.model_dtype), 0, 0, fsdp_prec, 0, 0, 0},
     {"sync_each_micro_batch", K_BOOL, FS(f.sync_each_micro_batch), 0, 1, NULL, 0, 0, 0},
-    {"wrap_policy", K_ENUM, FS(f.wrap_peft), 0, 0, wrap_names, 0, 0, 0},
+    {"wrap_policy", K_ENUM, FS(wrap), 0, 0, wrap_names, 0, 0, 0},
+    {"min_num_params", K_UINT, FS(f.min_num_params), 1, 1e15, NULL, 0, 0, 0},
 };
 #undef FS
 
@@ -350,6 +354,60 @@ static int check_wrap_peft(dctx *c, const mm_node *fs, const mm_spec *s, const f
     return 0;
 }
 
+/* fsdp.wrap_policy size, fsdp.min_num_params: torch's size_based_auto_wrap_policy
+ * (torch 2.13 distributed/fsdp/wrap.py:341-397) walked by _recursive_wrap (:488-563;
+ * the root with only_wrap_children, _wrap_utils.py:76-102), as accelerate's
+ * SIZE_BASED_WRAP builds it: functools.partial(size_based_auto_wrap_policy,
+ * min_num_params=N) (accelerate/utils/dataclasses.py:2102-2105; N = 0 there means no
+ * policy at all: the import maps it to the default units, not here).  Which modules
+ * become units: train/parallel_wrap.c.  Refused with the reason: either key without
+ * the other; FSDP2 (accelerate's fsdp2_prepare_auto_wrap_policy, utils/fsdp_utils.py
+ * :964-968, shards every module whose subtree holds more than N parameters, the
+ * ModuleList included, then carves the embedding and [norm, lm_head] into units of
+ * their own, :856-880: not modelled); a model with a vision tower or connector (its
+ * module tree is not modelled); tied embeddings (the shared weight is counted in both
+ * embed_tokens' and lm_head's subtree); frozen and trainable parameters without
+ * use_orig_params (FSDP1 refuses a flat parameter that mixes them, _flat_param.py
+ * _validate_tensors_to_flatten); LoRA on embed_tokens / lm_head, and losses that do
+ * not call lm_head's forward (Liger's fused linear cross-entropy, chunked): the unit's
+ * hooks would not fire as modelled. */
+static int check_wrap_size(dctx *c, const mm_node *fs, const mm_spec *s, const fsdp_spec *f)
+{
+    const mm_node *v = mm_node_get(fs, "wrap_policy"), *n = mm_node_get(fs, "min_num_params");
+    if (!f->wrap_size)
+        return n ? key_fail(c, n, "fsdp.min_num_params", "min_num_params is read by "
+                            "wrap_policy: size only (torch's size_based_auto_wrap_policy); "
+                            "set fsdp.wrap_policy: size or leave the key out") : 0;
+    if (!n)
+        return key_fail(c, v, "fsdp.wrap_policy", "size needs fsdp.min_num_params (the "
+                        "parameters a module's unwrapped subtree must reach to be a unit)");
+    if (f->version != 1)
+        return key_fail(c, v, "fsdp.wrap_policy", "size is modelled for FSDP1 only: accelerate's "
+                        "FSDP2 policy (fsdp_utils.py fsdp2_prepare_auto_wrap_policy :964-968) "
+                        "shards every module above min_num_params and carves the embedding and "
+                        "[norm, lm_head] into units of their own; not modelled");
+    const module_spec *m = &s->modules[0];
+    if (s->n_modules != 1 || m->kind != MOD_DECODER)
+        return key_fail(c, v, "fsdp.wrap_policy", "size is modelled for a text decoder alone: "
+                        "the module tree of a model with a vision tower or connector is not");
+    if (m->tie_word_embeddings)
+        return key_fail(c, v, "fsdp.wrap_policy", "size with tie_word_embeddings is not "
+                        "modelled: the shared weight counts in both embed_tokens' and lm_head's "
+                        "subtree (wrap.py:532-535)");
+    if (m->lora.enabled && (m->lora.save_head || m->lora.save_embed ||
+                            (m->lora.targets & (LT_EMBED | LT_LM_HEAD))))
+        return key_fail(c, v, "fsdp.wrap_policy", "size with LoRA or modules_to_save on "
+                        "embed_tokens / lm_head is not modelled");
+    if (s->training.loss != LOSS_STANDARD)
+        return key_fail(c, v, "fsdp.wrap_policy", "size with a loss that does not call "
+                        "lm_head's forward (fused linear cross-entropy, chunked) is not modelled");
+    if (!f->use_orig_params && (m->lora.enabled || !m->trainable))
+        return key_fail(c, v, "fsdp.wrap_policy", "size with frozen parameters needs "
+                        "use_orig_params: true (FSDP1 refuses a flat parameter that mixes "
+                        "frozen and trainable ones, _flat_param.py _validate_tensors_to_flatten)");
+    return 0;
+}
+
 static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
 {
     const mm_node *fs = mm_node_get(root, "fsdp");
@@ -414,7 +472,11 @@ static int decode_fsdp(dctx *c, const mm_node *root, mm_spec *s)
                                             "limiter the CPU runs ahead and the unsharded "
                                             "units alive at once depend on the GPU's speed "
                                             "(no bound); only true (the default) is accepted");
+    in.f.wrap_peft = in.wrap == 1;
+    in.f.wrap_size = in.wrap == 2;
     if (in.f.wrap_peft && check_wrap_peft(c, fs, s, &in.f))
+        return -1;
+    if (check_wrap_size(c, fs, s, &in.f))
         return -1;
     s->fsdp = in.f;
     s->fsdp.fp32_loaded = in.f.model_dtype == PREC_FP32;

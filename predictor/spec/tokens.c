@@ -139,6 +139,32 @@ static uint64_t split_tiles(const module_spec *v, uint64_t h, uint64_t w)
     return 1;
 }
 
+/* PixtralImageProcessor (image_processing_pil_pixtral.py get_resize_output_image_size,
+ * :90-103): scaled down (floor) so that neither side exceeds longest_edge, then each
+ * side rounded up to whole patches.  processing_pixtral.py:102-104 puts an
+ * [IMG_BREAK] after each row of [IMG] tokens, the last one an [IMG_END]. */
+static int pixtral(const mm_spec *s, const module_spec *v, uint64_t h, uint64_t w,
+                   vis_tokens *o)
+{
+    /* Mistral3: PixtralProcessor passes patch_size x spatial_merge_size to the image
+     * processor (processing_pixtral.py:94) and counts merged rows (:98-104) */
+    const module_spec *c = mm_spec_module(s, MOD_CONNECTOR);
+    uint64_t mg = c && c->conn == CONN_MISTRAL3 && c->merge_size ? c->merge_size : 1;
+    double L = (double)(v->img.longest_edge ? v->img.longest_edge : v->image_size);
+    double H = (double)h, W = (double)w, ratio = fmax(H / L, W / L);
+    if (ratio > 1) {
+        H = floor(H / ratio);
+        W = floor(W / ratio);
+    }
+    uint64_t p = v->patch_size * mg, hh = H < 1 ? 1 : (uint64_t)H, ww = W < 1 ? 1 : (uint64_t)W;
+    o->tiles = 1;
+    o->grid_h = ((hh - 1) / p + 1) * mg;
+    o->grid_w = ((ww - 1) / p + 1) * mg;
+    o->patches = o->seq = o->grid_h * o->grid_w;
+    o->llm_tokens = o->patches / (mg * mg) + o->grid_h / mg;
+    return 0;
+}
+
 /* tokens a tile (or the packed image) gives the language model after the connector */
 static uint64_t after_connector(const mm_spec *s, const module_spec *v, uint64_t patches)
 {
@@ -162,6 +188,23 @@ static int fixed_like(const mm_spec *s, const module_spec *v, uint64_t tiles, vi
     return 0;
 }
 
+/* The pixel bounds a dynamic processor resizes with: the image processor's,
+ * or for a video the frames' own where the spec gives them (qwen_vl_utils
+ * fetch_video resizes frames between VIDEO_MIN_PIXELS and its per-frame cap,
+ * then the processor runs with do_resize=False: ms-swift
+ * swift/template/templates/qwen.py; transformers' Qwen2VLVideoProcessor built
+ * from a checkpoint's preprocessor_config.json takes the image bounds) */
+void tokens_pixel_bounds(const mm_spec *s, const module_spec *v, uint64_t *lo, uint64_t *hi)
+{
+    const training_spec *t = &s->training;
+    *lo = v->img.min_pixels;
+    *hi = v->img.max_pixels;
+    if (t->video_frames && t->video_min_pixels)
+        *lo = t->video_min_pixels;
+    if (t->video_frames && t->video_max_pixels)
+        *hi = t->video_max_pixels;
+}
+
 int tokens_per_image(const mm_spec *s, uint64_t h, uint64_t w, vis_tokens *o, mm_error *err)
 {
     const module_spec *v = mm_spec_module(s, MOD_VISION);
@@ -173,8 +216,9 @@ int tokens_per_image(const mm_spec *s, uint64_t h, uint64_t w, vis_tokens *o, mm
     case IMG_FIXED:
         return fixed_like(s, v, 1, o);
     case IMG_DYNAMIC: {
-        uint64_t f = v->patch_size * v->spatial_merge_size, rh, rw;
-        if (smart_resize(h, w, f, ip->min_pixels, ip->max_pixels, &rh, &rw)) {
+        uint64_t f = v->patch_size * v->spatial_merge_size, rh, rw, lo, hi;
+        tokens_pixel_bounds(s, v, &lo, &hi);
+        if (smart_resize(h, w, f, lo, hi, &rh, &rw)) {
             mm_err(err, "%s: training.image_size %llux%llu: aspect ratio above 200", s->path,
                    (unsigned long long)h, (unsigned long long)w);
             return -1;
@@ -206,6 +250,8 @@ int tokens_per_image(const mm_spec *s, uint64_t h, uint64_t w, vis_tokens *o, mm
     }
     case IMG_SPLIT:
         return fixed_like(s, v, split_tiles(v, h, w), o);
+    case IMG_PIXTRAL:
+        return pixtral(s, v, h, w, o);
     case IMG_MLLAMA: /* pixel_values are padded to max_image_tiles; tokens reach the
                         decoder through cross-attention, not the sequence */
         fixed_like(s, v, v->max_num_tiles, o);
@@ -227,8 +273,9 @@ void tokens_worst_image(const mm_spec *s, const module_spec *v, uint64_t *h, uin
     const image_proc *ip = &v->img;
     *h = *w = v->image_size;
     if (ip->kind == IMG_DYNAMIC) {
-        uint64_t f = v->patch_size * v->spatial_merge_size;
-        uint64_t side = (uint64_t)floor(sqrt((double)ip->max_pixels) / (double)f) * f;
+        uint64_t f = v->patch_size * v->spatial_merge_size, lo, hi;
+        tokens_pixel_bounds(s, v, &lo, &hi);
+        uint64_t side = (uint64_t)floor(sqrt((double)hi) / (double)f) * f;
         *h = *w = side ? side : f;
     } else if (ip->kind == IMG_TILES) {
         *w = v->image_size * (ip->max_tiles ? ip->max_tiles : 1); /* a 1 x max_tiles grid */
@@ -240,6 +287,8 @@ void tokens_worst_image(const mm_spec *s, const module_spec *v, uint64_t *h, uin
                 *h = ip->pinpoints[i][0];
                 *w = ip->pinpoints[i][1];
             }
+    } else if (ip->kind == IMG_PIXTRAL) {
+        *h = *w = ip->longest_edge ? ip->longest_edge : v->image_size;
     } else if (ip->kind == IMG_SPLIT) {
         *h = *w = ip->longest_edge ? ip->longest_edge : v->image_size;
     }

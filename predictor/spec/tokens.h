@@ -18,6 +18,9 @@ typedef struct vis_tokens {
 /* The image the spec trains on at worst: training.image_size or the
  * processor's largest (max_pixels, max_tiles). */
 void tokens_worst_image(const mm_spec *s, const module_spec *vis, uint64_t *h, uint64_t *w);
+/* The pixel bounds of a dynamic (Qwen-VL) processor: the image processor's
+ * min/max_pixels, or a video frame's training.video_min/max_pixels. */
+void tokens_pixel_bounds(const mm_spec *s, const module_spec *vis, uint64_t *lo, uint64_t *hi);
 /* Tokens of one H x W image.  0, or -1 with err (impossible geometry). */
 int tokens_per_image(const mm_spec *s, uint64_t h, uint64_t w, vis_tokens *out, mm_error *err);
 

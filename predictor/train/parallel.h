@@ -39,6 +39,9 @@ typedef struct par_state {
     uint64_t z_head;                   /* the decoder head's; read once from the rows (the */
     uint8_t z_pers_ok[MM_MAX_MODULES]; /* counting pass made them: later rows hold no */
     uint8_t z_head_ok;                 /* parameters) */
+    uint64_t z_rd_l, z_rd_after;       /* ZeRO-3: the last reuse distance asked, of layer */
+    uint32_t z_rd_m;                   /* (z_rd_m, z_rd_l): the later units' parameters */
+    int z_rd_ok;
     int32_t step_mark;                 /* first tensor of the step proper */
     /* DDP (parallel_ddp.c) */
     int32_t ddp_first, ddp_cur;        /* buckets: consecutive tensor ids, the one filling */
@@ -61,6 +64,13 @@ typedef struct par_state {
     size_t fwd_k;                      /* the tape index of its post-backward marker */
     uint64_t ad_left;                  /* FSDP1 peft_lora: the unit's adapters whose backward is
                                           still to come before its deferred prefetch (0: none) */
+    /* FSDP1 wrap_policy size (parallel_wrap.c): the units outside the layers, their
+       parameters and trainable ones (0: not a unit); the layers walked at all */
+    uint64_t w_emb, w_emb_tr, w_head, w_head_tr, w_base, w_base_tr;
+    int layers_walked;
+    int32_t base_p, base_mark;         /* the base model's unit: gathered, its first gradient */
+    size_t base_k;                     /* its post-backward marker's tape index + 1 */
+    uint64_t keep_layer;               /* the layer whose units reduce now (UINT64_MAX: none) */
 } par_state;
 
 /* ---- parallel.c: the step's hand-offs, dispatched to the strategy files ---- */
@@ -92,6 +102,15 @@ void par_drop_grads(const par_state *ps, int32_t mark);
  * aux[2] a tensor, aux[3] kind, aux[4] count; returns its tape index */
 size_t par_marker(sim *s, uint32_t row, void (*fn)(sim *, const sim_node *, void *), void *ctx,
                   uint32_t module, uint64_t layer, int kind, uint64_t count);
+
+/* parallel_wrap.c: FSDP1 size-based auto-wrap (fsdp.wrap_policy size) */
+/* the parameters of layer l (trainable: those that train) that units hold */
+uint64_t wrap_layer(const par_state *ps, uint64_t l, int trainable);
+/* the units outside the layers: ps->w_emb, w_head, w_base */
+void wrap_plan(par_state *ps);
+/* the unit of layer l holding layer row R: -1 none (its parent's), else the
+ * trainable parameters of that unit */
+int64_t wrap_row_unit(const par_state *ps, const sim_row *R, uint64_t l);
 
 /* parallel_ddp.c: DDP's reduce buckets, and the gradients that become views of them */
 void ddp_buckets(par_state *ps, lctx *c);

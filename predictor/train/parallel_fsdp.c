@@ -261,7 +261,9 @@ uint64_t fsdp_accum_grad_elems(const par_state *ps)
             n = sim_add(s, n, flat_grad_elems(ps, par_unit_params(ps, m, l),
                                               par_unit_trainable(ps, m, l)));
     }
-    return n;
+    n = sim_add(s, n, flat_grad_elems(ps, ps->w_emb, ps->w_emb_tr)); /* wrap_policy size */
+    n = sim_add(s, n, flat_grad_elems(ps, ps->w_head, ps->w_head_tr));
+    return sim_add(s, n, flat_grad_elems(ps, ps->w_base, ps->w_base_tr));
 }
 
 /* ---- FSDP1 use_orig_params: frozen weights in a flat parameter that trains ------- */
@@ -307,12 +309,35 @@ static int outer_trains(const par_state *ps, uint32_t m, uint64_t u)
  * flat gradient when the unit's last one arrives (reduce_unit: the cat, then
  * they go).  A unit that does not train keeps a flat parameter without grad
  * and views without it. */
+/* fsdp1_frozen_rg under wrap_policy size: does the unit holding row R (layer
+ * `layer`, UINT64_MAX outside the layers) train.  A layer row in none of its
+ * layer's units, and the rows outside the layers that are no unit of their own,
+ * are the base model's unit when there is one, else the root's. */
+static int size_frozen_rg(const par_state *ps, const sim_row *R, uint64_t layer)
+{
+    int outer = ps->w_base ? ps->w_base_tr != 0 : ps->root_tr != 0;
+    if (!R)
+        return layer < MM_MAX_LAYERS ? par_unit_trainable(ps, ps->llm, layer) != 0 || outer
+                                     : outer;
+    if (layer < MM_MAX_LAYERS && in_layers(R)) {
+        int64_t u = wrap_row_unit(ps, R, layer);
+        return u < 0 ? outer : u != 0;
+    }
+    if (!strcmp(R->name, "embed_tokens") && ps->w_emb)
+        return ps->w_emb_tr != 0;
+    if (!strcmp(R->name, "lm_head") && ps->w_head)
+        return ps->w_head_tr != 0;
+    return outer;
+}
+
 static int fsdp1_frozen_rg(const lctx *c, uint32_t row)
 {
     const par_state *ps = c->frozen_rg_ctx;
     const sim *s = c->s;
     const sim_row *R = row < s->nrows && s->rows[row].module == c->mi ? &s->rows[row] : NULL;
     int layer = c->per_layer && c->layer < MM_MAX_LAYERS && (!R || in_layers(R));
+    if (ps->sp->fsdp.wrap_size)
+        return size_frozen_rg(ps, R, layer ? c->layer : UINT64_MAX);
     if (layer && (!R || !par_attention_only(ps, c->mi) || par_attention_row(R)))
         return par_unit_trainable(ps, c->mi, c->layer) != 0;
     if (layer)
@@ -403,6 +428,30 @@ static int32_t root_last_grad(const par_state *ps, int32_t mark)
  * gradients in reduce_dtype (kept until the next reduce-scatter), the
  * gradients freed, the output shard becomes .grad (cast when reduce_dtype
  * differs from the parameter). */
+/* par_drop_grads, but under wrap_policy size a layer unit (ps->keep_layer) keeps
+ * the gradients of the layer's parameters that no unit of the layer holds: they
+ * are views of the base model's or the root's flat parameter and wait for its
+ * split's backward (its post-backward drops them). */
+static void drop_unit_grads(par_state *ps, int32_t mark)
+{
+    sim *s = ps->c->s;
+    if (ps->keep_layer >= MM_MAX_LAYERS) {
+        par_drop_grads(ps, mark);
+        return;
+    }
+    for (size_t i = mark > 0 ? (size_t)mark : 0; i < s->nt; i++) {
+        const sim_tensor *t = &s->t[i];
+        if (!t->alive || t->cls != F_GRAD || t->sharded != SIM_FIXED || t->base >= 0 ||
+            t->row == ps->r_bucket || t->row == ps->r_part || t->row == ps->r_grads)
+            continue;
+        const sim_row *R = &s->rows[t->row];
+        if (R->module == ps->llm && !strncmp(R->name, "layers.", 7) &&
+            wrap_row_unit(ps, R, ps->keep_layer) < 0)
+            continue;
+        sim_drop(s, (int32_t)i);
+    }
+}
+
 static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, uint64_t w, int32_t mark,
                         int32_t *p)
 {
@@ -411,7 +460,7 @@ static void reduce_unit(par_state *ps, uint64_t params, uint64_t tr, uint64_t w,
         params = tr ? flat_grad_elems(ps, params, tr) : params;
         uint64_t N = s->dp ? s->dp : 1, padded = sim_mul(s, mm_ceil_div(params, N), N);
         int32_t g = tr ? sim_alloc(s, ps->r_grads, sim_mul(s, params, ps->pdt), F_GRAD, 0) : -1;
-        par_drop_grads(ps, mark);
+        drop_unit_grads(ps, mark);
         drop(s, p);
         if (g >= 0) {
             /* a flat gradient not divisible by N is padded first (F.pad) */
@@ -519,6 +568,12 @@ static void pre_backward(par_state *ps, const sim_node *n)
             p = gather_backward(ps, params);
         }
     }
+    if (n->aux[1] == OP_UNIT_BASE) { /* its layers' units run inside it */
+        ps->base_p = p;
+        ps->base_mark = (int32_t)s->nt;
+        prefetch(ps, k);
+        return;
+    }
     ps->cur_p = p;
     ps->cur_mark = (int32_t)s->nt;
     ps->cur_k = k;
@@ -530,8 +585,17 @@ static void post_backward(par_state *ps, const sim_node *n)
 {
     uint32_t mi = (uint32_t)n->aux[0];
     uint64_t l = (uint64_t)n->aux[1];
+    if (l == OP_UNIT_BASE) {
+        reduce_unit(ps, par_unit_params(ps, mi, l), par_unit_trainable(ps, mi, l), 0,
+                    ps->base_mark, &ps->base_p);
+        return;
+    }
+    int part = ps->sp->fsdp.wrap_size && l < MM_MAX_LAYERS &&
+               par_unit_params(ps, mi, l) < ps->c->s->layer_p[(size_t)mi * MM_MAX_LAYERS + l];
+    ps->keep_layer = part ? l : UINT64_MAX; /* units inside the layer, not all of it */
     reduce_unit(ps, par_unit_params(ps, mi, l), par_unit_trainable(ps, mi, l),
                 unit_wide(ps, mi, l), ps->cur_mark, &ps->cur_p);
+    ps->keep_layer = UINT64_MAX;
     if (post_prefetch(ps)) /* BACKWARD_POST: _post_backward_hook's _prefetch_handle */
         prefetch(ps, ps->cur_k);
 }
@@ -588,12 +652,44 @@ static void forward_prefetch(par_state *ps, uint32_t m, uint64_t next)
     ps->ffp = ag_issue(ps, unit_bytes(ps, m, next));
 }
 
+/* fsdp.wrap_policy size: the base model's unit (parallel_wrap.c) around the
+ * embedding, the layers and the final norm; the embedding's and the layers'
+ * units nest in it, so it keeps its own gathered tensor and marks.  Its
+ * post-backward (the hook on its flat parameter's AccumulateGrad,
+ * _runtime_utils.py _register_post_backward_hook) runs after the embedding's
+ * backward: the autograd engine takes ready nodes by sequence number, and the
+ * split of the base's flat parameter into views (at its pre-forward) is older
+ * than the embedding.  The rows agree (tests/truth/feat_wrap.py min_num_params
+ * 300000 and 1000000: reducing it before the embedding's backward under-predicts
+ * by 1.0 and 3.7 %).  Its post-backward marker goes on the tape first. */
+static void base_unit(sim *s, const sim_layer_ev *e, par_state *ps)
+{
+    uint64_t b = unit_bytes(ps, e->module, e->layer);
+    if (!b)
+        return;
+    if (e->what == SIM_LAYER_BEGIN) {
+        ps->base_k = e->grad ? par_marker(s, ps->r_grads, marker, ps, e->module, e->layer,
+                                          MK_POST, 1) + 1 : 0;
+        ps->base_p = gather_forward(ps, b);
+        return;
+    }
+    int32_t p = ps->base_p;
+    if (ps->sp->fsdp.reshard_after_forward) /* FSDP1: a non-root unit reshards */
+        drop(s, &p);
+    ps->base_p = -1;
+    if (!ps->base_k)
+        return;
+    size_t k = par_marker(s, ps->r_gather, marker, ps, e->module, e->layer, MK_PRE, 1);
+    s->tape[k].aux[2] = p;
+}
+
 /* the layer loop: gather at the unit's pre-forward, reshard at its
  * post-forward (FSDP1 FULL_SHARD, FSDP2 reshard_after_forward); with
- * autograd recording, the markers of its pre- and post-backward */
-static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
+ * autograd recording, the markers of its pre- and post-backward.  Under
+ * wrap_policy size the model's events name the embedding's and lm_head's
+ * units too (OP_UNIT_*, decoder.c / ops_loss.c op_unit_event) */
+static void layer_unit(sim *s, const sim_layer_ev *e, par_state *ps)
 {
-    par_state *ps = ctx;
     if (e->what == SIM_LAYERS_FOLDED) {
         if (e->grad)
             par_marker(s, ps->r_grads, marker, ps, e->module, e->layer, MK_FOLDED, e->count);
@@ -624,6 +720,16 @@ static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
     s->tape[k].aux[2] = p;
 }
 
+static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
+{
+    par_state *ps = ctx;
+    if (e->layer == OP_UNIT_BASE) {
+        base_unit(s, e, ps);
+        return;
+    }
+    layer_unit(s, e, ps);
+}
+
 static void hold_grad(sim *s, int32_t g, void *ctx)
 {
     par_state *ps = ctx;
@@ -634,6 +740,26 @@ static void hold_grad(sim *s, int32_t g, void *ctx)
     /* a lora_A's weight gradient: its unit's backward (defer_prefetch) */
     if (ps->ad_left && k > 7 && !strcmp(R->name + k - 7, ".lora_A") && !--ps->ad_left)
         prefetch(ps, ps->cur_k);
+}
+
+/* fsdp.wrap_policy size: the units outside the layers (parallel_wrap.c), the
+ * root what no unit holds (parallel.c counted it before the plan existed), and
+ * the model's events for the embedding's, lm_head's and the base model's units */
+static void size_setup(par_state *ps, lctx *c)
+{
+    sim *s = c->s;
+    uint64_t p = 0, t = 0;
+    wrap_plan(ps);
+    const module_spec *m = &ps->sp->modules[ps->llm];
+    for (uint64_t l = 0; l < m->num_hidden_layers + m->num_global_layers && l < MM_MAX_LAYERS; l++) {
+        p = sim_add(s, p, par_unit_params(ps, ps->llm, l));
+        t = sim_add(s, t, par_unit_trainable(ps, ps->llm, l));
+    }
+    p = sim_add(s, sim_add(s, p, ps->w_emb), sim_add(s, ps->w_head, ps->w_base));
+    t = sim_add(s, sim_add(s, t, ps->w_emb_tr), sim_add(s, ps->w_head_tr, ps->w_base_tr));
+    ps->root = ps->P_all > p ? ps->P_all - p : 0;
+    ps->root_tr = ps->P_tr > t ? ps->P_tr - t : 0;
+    c->unit_events = 1;
 }
 
 void fsdp_setup(par_state *ps, lctx *c)
@@ -648,7 +774,13 @@ void fsdp_setup(par_state *ps, lctx *c)
     ps->pf_k = ps->fwd_k = 0;
     ps->ad_left = 0;
     ps->w_esz = ps->root_w = 0;
+    ps->base_p = -1;
+    ps->base_mark = 0;
+    ps->keep_layer = UINT64_MAX;
+    ps->base_k = 0;
     wide_setup(ps);
+    if (!fsdp2(ps) && f->wrap_size)
+        size_setup(ps, c);
     /* peft_units: no frozen weight shares a flat parameter with a trainable one */
     c->frozen_rg = !fsdp2(ps) && f->use_orig_params && !peft_units(ps) ? fsdp1_frozen_rg : NULL;
     c->frozen_rg_ctx = ps;
@@ -693,7 +825,11 @@ void fsdp_backward_begin(par_state *ps)
     sim_label(s, "fsdp all-gather", ps->r_gather);
     if (ps->root && !alive(s, ps->root_p))
         ps->root_p = gather_backward(ps, in_pdt(ps, root_gathered(ps), ps->root_w, ps->pdt));
-    prefetch(ps, s->ntape);
+    /* FSDP1: a root with no parameters of its own (wrap_policy size: every one in
+     * a unit) has no handle, and its pre-backward prefetches nothing
+     * (_runtime_utils.py _pre_backward_hook: _prefetch_handle(state, None) returns) */
+    if (fsdp2(ps) || ps->root)
+        prefetch(ps, s->ntape);
     s->on_wgrad = hold_grad;
     s->on_wgrad_ctx = ps;
 }

@@ -42,9 +42,30 @@ static uint64_t attention_params(const par_state *ps, uint32_t module, int train
     return n;
 }
 
+/* fsdp.wrap_policy size: the layer's units (parallel_wrap.c) and the outer
+ * units the model's events name (OP_UNIT_EMBED / HEAD / BASE) */
+static int size_units(const par_state *ps)
+{
+    return ps->kind == PAR_FSDP1 && ps->sp->fsdp.wrap_size;
+}
+
+static uint64_t outer_unit(const par_state *ps, uint64_t unit, int trainable)
+{
+    if (unit == OP_UNIT_EMBED)
+        return trainable ? ps->w_emb_tr : ps->w_emb;
+    if (unit == OP_UNIT_HEAD)
+        return trainable ? ps->w_head_tr : ps->w_head;
+    if (unit == OP_UNIT_BASE)
+        return trainable ? ps->w_base_tr : ps->w_base;
+    return 0;
+}
+
 uint64_t par_unit_params(const par_state *ps, uint32_t module, uint64_t layer)
 {
     const sim *s = ps->c->s;
+    if (size_units(ps))
+        return module != ps->llm ? 0 : layer < MM_MAX_LAYERS ? wrap_layer(ps, layer, 0)
+                                                               : outer_unit(ps, layer, 0);
     if (module >= MM_MAX_MODULES || layer >= MM_MAX_LAYERS || !s->layer_p)
         return 0;
     if (par_attention_only(ps, module))
@@ -55,6 +76,9 @@ uint64_t par_unit_params(const par_state *ps, uint32_t module, uint64_t layer)
 uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer)
 {
     const sim *s = ps->c->s;
+    if (size_units(ps))
+        return module != ps->llm ? 0 : layer < MM_MAX_LAYERS ? wrap_layer(ps, layer, 1)
+                                                               : outer_unit(ps, layer, 1);
     if (module >= MM_MAX_MODULES || layer >= MM_MAX_LAYERS || !s->layer_tp)
         return 0;
     if (par_attention_only(ps, module))

@@ -87,11 +87,26 @@ static uint64_t reuse_distance(par_state *ps, uint32_t m, uint64_t l)
 {
     const mm_spec *sp = ps->sp;
     uint64_t after = 0;
-    for (uint32_t mi = m; mi < sp->n_modules; mi++) {
-        uint64_t n = sp->modules[mi].num_hidden_layers + sp->modules[mi].num_global_layers;
-        for (uint64_t k = mi == m ? l + 1 : 0; k < n && k < MM_MAX_LAYERS; k++)
-            after += par_unit_params(ps, mi, k);
+    if (ps->z_rd_ok && ps->z_rd_m == m) {
+        /* the last answer in this module, moved to l one unit at a time (the
+         * loop asks layer after layer): the same sum as counting them all */
+        uint64_t n = sp->modules[m].num_hidden_layers + sp->modules[m].num_global_layers;
+        after = ps->z_rd_after;
+        for (uint64_t k = ps->z_rd_l; k < l; k++)
+            after -= k + 1 < n && k + 1 < MM_MAX_LAYERS ? par_unit_params(ps, m, k + 1) : 0;
+        for (uint64_t k = ps->z_rd_l; k > l; k--)
+            after += k < n && k < MM_MAX_LAYERS ? par_unit_params(ps, m, k) : 0;
+    } else {
+        for (uint32_t mi = m; mi < sp->n_modules; mi++) {
+            uint64_t n = sp->modules[mi].num_hidden_layers + sp->modules[mi].num_global_layers;
+            for (uint64_t k = mi == m ? l + 1 : 0; k < n && k < MM_MAX_LAYERS; k++)
+                after += par_unit_params(ps, mi, k);
+        }
     }
+    ps->z_rd_ok = 1;
+    ps->z_rd_m = m;
+    ps->z_rd_l = l;
+    ps->z_rd_after = after;
     return after * (sp->training.ckpt.enabled ? 3 : 2) + 2 * head_params(ps);
 }
 

@@ -54,23 +54,39 @@ static uint64_t linear_bias(const sim_row *R)
     return per - w == R->mat_rows ? per - w : 0;
 }
 
+/* what group_pieces reads of a row, found once per row (not per layer) */
+typedef struct row_facts {
+    uint64_t n;      /* requires_grad parameters */
+    uint64_t bias;   /* linear_bias */
+    uint32_t c;      /* instances they are split over */
+    uint8_t lay, norm;
+} row_facts;
+
 /* one row's requires_grad tensors (its instances) in one group: the norms
  * and the linears' biases are the no-decay group's, the rest the decay
  * group's */
-static void row_pieces(const sim_row *R, uint64_t n, uint32_t c, uint32_t k, int nodecay,
-                       pieces *out)
+static void row_pieces(const row_facts *F, uint32_t k, int nodecay, pieces *out)
 {
-    c = c ? c : 1;
+    uint32_t c = F->c ? F->c : 1;
     if (k >= c)
         return;
-    uint64_t piece = n / c + (k == 0 ? n % c : 0), b = linear_bias(R);
+    uint64_t piece = F->n / c + (k == 0 ? F->n % c : 0), b = F->bias;
     b = b < piece ? b : 0;
-    if (strstr(R->kind, "norm"))
+    if (F->norm)
         piece = nodecay ? piece : 0;
     else
         piece = nodecay ? b : piece - b;
     if (piece)
         add_piece(out, 0, piece);
+}
+
+static void row_facts_of(const par_state *ps, const sim_row *R, row_facts *F)
+{
+    F->lay = (uint8_t)in_layers(R);
+    F->n = par_requires_grad(ps, R);
+    F->c = F->n == R->trainable ? R->trainable_count : R->count;
+    F->bias = linear_bias(R);
+    F->norm = strstr(R->kind, "norm") != NULL;
 }
 
 /* The trainable tensors of one group in the order DeepSpeed flattens them:
@@ -82,45 +98,42 @@ static void row_pieces(const sim_row *R, uint64_t n, uint32_t c, uint32_t k, int
 static int group_pieces(const par_state *ps, int nodecay, pieces *out)
 {
     sim *s = ps->c->s;
-    /* each row's layer flag and requires_grad count, read once (not per
-     * module and layer): the rows of one module, in row order */
+    /* each row's facts, read once (not per module and layer): the rows of one
+     * module that require grad, in row order */
     uint32_t *mine = malloc((s->nrows + 1) * sizeof *mine);
-    uint8_t *lay = malloc(s->nrows + 1);
-    if (!mine || !lay) {
+    row_facts *F = malloc((s->nrows + 1) * sizeof *F);
+    if (!mine || !F) {
         free(mine);
-        free(lay);
+        free(F);
         s->oom = 1;
         return -1;
     }
     for (size_t r = 0; r < s->nrows; r++)
-        lay[r] = (uint8_t)in_layers(&s->rows[r]);
+        row_facts_of(ps, &s->rows[r], &F[r]);
     for (uint32_t m = 0; m < MM_MAX_MODULES; m++) {
         size_t first = s->nrows, nm = 0;
         uint32_t most = 0;
         for (size_t r = 0; r < s->nrows; r++) {
             if (s->rows[r].module != m)
                 continue;
-            if (lay[r]) {
+            if (F[r].lay) {
                 first = r < first ? r : first;
                 most = s->rows[r].count > most ? s->rows[r].count : most;
             }
-            if (par_requires_grad(ps, &s->rows[r]))
+            if (F[r].n)
                 mine[nm++] = (uint32_t)r;
         }
         for (int part = 0; part < 3; part++)
             for (uint32_t k = 0; k < (part == 1 ? most : 1); k++)
                 for (size_t j = 0; j < nm; j++) {
                     size_t r = mine[j];
-                    const sim_row *R = &s->rows[r];
-                    int want = part == 1 ? lay[r] : !lay[r] && (part == 0) == (r < first);
-                    uint64_t n = par_requires_grad(ps, R);
+                    int want = part == 1 ? F[r].lay : !F[r].lay && (part == 0) == (r < first);
                     if (want)
-                        row_pieces(R, n, n == R->trainable ? R->trainable_count : R->count, k,
-                                   nodecay, out);
+                        row_pieces(&F[r], k, nodecay, out);
                 }
     }
     free(mine);
-    free(lay);
+    free(F);
     return s->oom ? -1 : 0;
 }
 

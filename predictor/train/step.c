@@ -158,6 +158,7 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
 {
     sim_init(s, cfg->dp, cfg->symbolic);
     s->snap_at = cfg->snap_at;
+    s->track_peak = cfg->track_peak;
     s->log = cfg->log;
     int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
     lctx c;
@@ -192,6 +193,10 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
     if (s->oom || s->overflow)
         return finish(s, sp, scratch, &c, err);
     sim_set_phase(s, MM_PHASE_BACKWARD);
+    /* the backward makes 1.6 (LLaVA-1.5-7B) to 2.2 (Qwen2.5-VL-72B ZeRO-3) times the
+     * forward's tensors again (gradients, recomputed layers): room for the forward's and
+     * 3 times as many again, so the arrays are not copied while they grow */
+    sim_reserve(s, 4 * s->nt);
     par_backward_begin(&ps, &c);
     sim_backward(s, 0, s->ntape, prog_recompute, &c);
     sim_release_grads(s);

@@ -11,6 +11,7 @@ typedef struct step_cfg {
     uint64_t dp;           /* evaluate sharded bytes at this N */
     int symbolic;          /* collect the data-parallel envelope */
     uint64_t snap_at;      /* snapshot the breakdown at this event */
+    int track_peak;        /* keep what sim_peak_snapshot needs (the breakdown at the peak) */
     uint64_t largest_param; /* with rows_from */
     int nofold;            /* every layer run (the allocator model needs them all) */
     int log;               /* keep the allocation log (sim.ev) */

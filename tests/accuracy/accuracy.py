@@ -107,6 +107,8 @@ def parallel_sections(setup, spec):
             f["sharding_strategy"] = po.get("sharding", "FULL_SHARD")
             if po.get("wrap_policy"):       # tests/truth/feat_wrap.py: PEFT's fsdp_auto_wrap_policy
                 f["wrap_policy"] = po["wrap_policy"]
+            if "min_num_params" in po:      # feat_wrap.py size rows: size_based_auto_wrap_policy
+                f["min_num_params"] = po["min_num_params"]
         else:
             f["reshard_after_forward"] = bool(po.get("reshard_after_forward", True))
         if po.get("mixed_precision") == "bf16":
@@ -159,6 +161,9 @@ def make_spec(row, d):
         tr["loss_upcast"] = False
     if s.get("video_frames"):       # tests/truth/feat_towers.py: one Qwen-VL video per "image"
         tr["video_frames"] = s["video_frames"]
+    for k in ("video_min_pixels", "video_max_pixels"):  # a frame's own bounds (feat_towers.py)
+        if s.get(k):
+            tr[k] = s[k]
     if any((s.get("liger") or {}).values()):   # tests/truth/feat_liger.py: Liger's kernels,
         # patched as apply_liger_kernel_to_<type>(model=...) does; the rows keep the model's loss
         tr["liger_kernel"] = dict(s["liger"], fused_linear_cross_entropy=False)
@@ -251,10 +256,14 @@ def features(setup):
         out.append("qwen-vl video")         # tests/truth/feat_towers.py
     if setup["parallel"] == "tp":
         out.append("tensor parallel")   # tests/truth/tp.py: modelled, judged by the goal
+        if (setup.get("parallel_options") or {}).get("sequence_parallel"):
+            out.append("sequence parallel")   # torchtitan's whole plan: modelled, judged by the goal
     if any((setup.get("liger") or {}).values()):
         out.append("liger")             # Liger's kernels, emulated (tests/truth/feat_liger.py)
     if (setup.get("parallel_options") or {}).get("wrap_policy"):
         out.append("fsdp wrap policy")  # tests/truth/feat_wrap.py: modelled, judged by the goal
+    if (setup.get("parallel_options") or {}).get("wrap_policy") == "size":
+        out.append("fsdp size wrap")    # feat_wrap.py size_setups: min_num_params, judged by the goal
     lc = setup.get("lora") or {}
     if (isinstance(lc.get("target_modules"), list) and {"lm_head", "embed_tokens"} &
             set(lc["target_modules"])) or lc.get("modules_to_save"):
@@ -268,13 +277,10 @@ def is_bound(r):
 
 
 def bound_name(r):
-    """the bound's group: torch.compile (the eager prediction), sequence parallel (the
-    tensor-parallel prediction without it, tests/truth/tp.py); None: a model"""
+    """the bound's group: torch.compile (the eager prediction); None: a model"""
     s = r["row"]["setup"]
     if s.get("torch_compile"):
         return "torch.compile"
-    if (s.get("parallel_options") or {}).get("sequence_parallel"):
-        return "sequence parallel"
     if (s.get("parallel_options") or {}).get("wrap_policy") == "peft_lora" and any(s["trainable"].values()):
         return "fsdp peft wrap, trainable connector"   # bound.c: feat_wrap.py's LLaVA rows
     return None

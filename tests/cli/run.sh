@@ -131,5 +131,10 @@ expect 0 "$M" check "$T/compile.yaml" --gpu-mem 80GiB --json
 if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["bound"].startswith("torch.compile: eager prediction")' "$T/out"; then ok; else bad "check --json bound"; fi
 expect 2 "$M" predict "$T/compile.yaml" --set training.data_parallel=2; has "training.torch_compile: torch.compile with DDP is refused"
 
+# Pixtral (issue 23): images at their own size, [IMG_BREAK] / [IMG_END] counted in the tokens
+expect 0 "$M" predict $D/pixtral-12b-lora.yaml --set 'training.image_size=[600, 1000]' --json
+if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert (d["image"]["patches"], d["image"]["tokens"]) == (2394, 2432), d' "$T/out"; then ok; else bad "pixtral tokens of a 600x1000 image"; fi
+expect 2 "$M" predict $D/pixtral-12b-lora.yaml --set 'vision_tower.image_processor={kind: pixtral, longest_edge: 8}'; has "patch_size 16 exceeds the longest image side"
+expect 2 "$M" predict $D/pixtral-12b-lora.yaml --set training.seq_len=4096; has "4160 image tokens"
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -169,6 +169,56 @@ expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile_mode redu
 has "--args:1:1: torch_compile_mode: 'reduce-overhead' is not measured"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--torch_compile True --torch_compile_backend aot_eager"
 has "torch_compile_backend: 'aot_eager' is not measured"
+# a pre-quantized checkpoint (config.json's quantization_config, issue 23): bitsandbytes
+# is the decoder's modules[].quantization, as LLaMA-Factory's quantization_bit says it;
+# the other methods, a quantized VLM and what bitsandbytes cannot be told are refused
+BNB='"quantization_config": {"_load_in_4bit": true, "_load_in_8bit": false, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "uint8", "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true, "llm_int8_enable_fp32_cpu_offload": false, "llm_int8_has_fp16_weight": false, "llm_int8_skip_modules": null, "llm_int8_threshold": 6.0, "load_in_4bit": true, "load_in_8bit": false, "quant_method": "bitsandbytes"}'
+mkdir -p "$T/bnb" "$T/plain"
+cp "$T/config.json" "$T/plain/config.json"
+sed "s/}\$/, $BNB}/" "$T/config.json" > "$T/bnb/config.json"
+printf 'test/tiny-bnb-4bit %s\ntest/tiny %s\n' "$T/bnb" "$T/plain" >> "$CAT/catalog.txt"
+printf 'model_name_or_path: test/tiny-bnb-4bit\nstage: sft\nfinetuning_type: lora\nlora_target: all\ncutoff_len: 1024\nper_device_train_batch_size: 2\nbf16: true\n' > "$T/lf-bnb.yaml"
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$T/lf-bnb.yaml" -o "$T/bnb.yaml"
+expect 0 cat "$T/bnb.yaml"
+has "quantization: {bits: 4, quant_type: nf4, double_quant: true} # quantization_config (bitsandbytes"
+has "assumed training.precision is quantization_config.bnb_4bit_compute_dtype (bfloat16)"
+has "ignored quantization_config.bnb_4bit_quant_storage: the packed weights' storage dtype"
+sed 's/test\/tiny-bnb-4bit/test\/tiny/' "$T/lf-bnb.yaml" > "$T/lf-plain.yaml"
+printf 'quantization_bit: 4\n' >> "$T/lf-plain.yaml"
+expect 0 "$M" import --catalog "$CAT" --llamafactory "$T/lf-plain.yaml" -o "$T/plain.yaml"
+same "$T/bnb.yaml" "$T/plain.yaml"
+expect 2 "$M" import --hf "$T/bnb/config.json" --args "--per_device_train_batch_size 2 --bf16 True"
+has "quantized base weights cannot be trained: set trainable: false (QLoRA)"
+q() { sed "s/}\$/, \"quantization_config\": $1}/" "$T/config.json" > "$T/q/config.json"; }
+mkdir -p "$T/q"
+q '{"quant_method": "bitsandbytes", "load_in_8bit": true, "bnb_4bit_compute_dtype": "float32"}'
+expect 2 "$M" import --hf "$T/q/config.json" # (written, then refused: nothing trains it)
+has "quantization: {bits: 8}"
+q '{"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "quantization_config.quant_method: 'gptq'-quantized bases are not modelled"
+q '{"quant_method": "awq", "bits": 4}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "'awq'-quantized bases are not modelled"
+q '{"quant_method": "bitsandbytes", "load_in_4bit": true}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "bnb_4bit_compute_dtype: 'float32': the quantized Linears would compute in it"
+q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16", "llm_int8_skip_modules": ["lm_head", "mlp"]}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "llm_int8_skip_modules: only [lm_head] is modelled"
+q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "load_in_8bit": true}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "expected exactly one of load_in_4bit and load_in_8bit"
+q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_typo": 1}'
+expect 2 "$M" import --hf "$T/q/config.json"
+has "quantization_config.bnb_4bit_typo: unknown key"
+sed "s/}\$/, $BNB}/" "$S/llava-1.5-7b-hf/config.json" > "$T/q/config.json"
+expect 2 "$M" import --hf "$T/q/config.json"
+has "a quantized vision-language checkpoint"
+# VLMs whose connector no family describes: refused with what is missing
+sed 's/"model_type": "llama"/"model_type": "minicpmv"/' "$T/config.json" > "$T/q/config.json"
+expect 2 "$M" import --hf "$T/q/config.json"
+has "model_type: 'minicpmv' is refused: MiniCPM-V's connector is a perceiver resampler"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--optim lion_32bit"
 has "optim: optimizer 'lion_32bit' is not modelled"
 expect 2 "$M" import --hf "$S/llava-1.5-7b-hf" --args "--bf16 True --bf16 False"
@@ -208,9 +258,27 @@ has "assumed transformers TrainingArguments's defaults"
 printf '{"per_device_train_batch_size": 4, "fsdp": "hybrid_shard"}\n' > "$T/hybrid.json"
 expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/hybrid.json"
 has "hybrid.json:1:36: fsdp: 'hybrid_shard' is not modelled"
+# size-based auto-wrap (fsdp.wrap_policy size): accelerate's key names, transformers 4's
+# min_num_params alone, min_num_params 0 (no policy) and NO_WRAP refused, FSDP2 refused
 printf '{"per_device_train_batch_size": 4, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP"}}\n' > "$T/sizewrap.json"
 expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/sizewrap.json"
-has "only TRANSFORMER_BASED_WRAP"
+has "SIZE_BASED_WRAP with min_num_params 0"
+printf '{"model_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "per_device_train_batch_size": 1, "bf16": true, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP", "fsdp_min_num_params": 100000000}}\n' > "$T/sizewrap2.json"
+expect 0 "$M" import --catalog contrib/models --trainer "$T/sizewrap2.json" -o "$T/sizewrap2.yaml"
+expect 0 cat "$T/sizewrap2.yaml"
+key wrap_policy size;  key min_num_params 100000000
+expect 0 "$M" predict "$T/sizewrap2.yaml" --set training.data_parallel=8
+has "peak per GPU"
+printf '{"model_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "per_device_train_batch_size": 1, "bf16": true, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"min_num_params": 20000000}}\n' > "$T/sizewrap3.json"
+expect 0 "$M" import --catalog contrib/models --trainer "$T/sizewrap3.json"
+key wrap_policy size;  key min_num_params 20000000
+has "transformers 4: min_num_params > 0 selects SIZE_BASED_WRAP"
+printf '{"per_device_train_batch_size": 4, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"auto_wrap_policy": "NO_WRAP"}}\n' > "$T/nowrap.json"
+expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/nowrap.json"
+has "NO_WRAP is not modelled"
+printf '{"per_device_train_batch_size": 4, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"version": 2, "auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 1000}}\n' > "$T/sizewrap4.json"
+expect 2 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/sizewrap4.json"
+has "SIZE_BASED_WRAP is modelled for FSDP1 only"
 printf '{"per_device_train_batch_size": 4, "fsdp": "full_shard auto_wrap",\n "fsdp_config": {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}}\n' > "$T/tfwrap.json"
 expect 0 "$M" import --hf "$S/qwen2-vl-7b-instruct" --trainer "$T/tfwrap.json"
 key sharding_strategy FULL_SHARD
@@ -459,9 +527,13 @@ key lora '\{r: 16, alpha: 32, dropout: 0.05, target_modules: all-linear\}'
 key trainable true
 has "ignored vit_lr: a learning rate"
 expect 0 "$M" predict "$T/sw-llm.yaml" --set training.data_parallel=4
-# video is refused with the reason (vit_gradient_checkpointing.sh trains on VideoChatGPT)
-expect 2 "$M" import --catalog "$CAT" --swift "$SW/vit_gradient_checkpointing.sh" --deepspeed "$SW/zero3.json"
-has "vit_gradient_checkpointing.sh:7:1: VIDEO_MAX_PIXELS: video samples are not mapped for ms-swift"
+# video (vit_gradient_checkpointing.sh trains on VideoChatGPT): qwen_vl_utils' frames at worst,
+# FPS_MAX_FRAMES 12, each frame at most max(min(50176, 90316800 / 12 x 2), int(100352 x 1.05))
+expect 0 "$M" import --catalog "$CAT" --swift "$SW/vit_gradient_checkpointing.sh" --deepspeed "$SW/zero3.json" -o "$T/sw-video.yaml"
+expect 0 cat "$T/sw-video.yaml"
+key video_frames 12;  key video_min_pixels 100352;  key video_max_pixels 105369
+has "assumed every sample is one video long enough for FPS_MAX_FRAMES (12 frames at FPS 2"
+expect 0 "$M" predict "$T/sw-video.yaml" --set training.data_parallel=4
 # --padding_free: the batch in one row, the spec's packing (as a trainer file's padding_free)
 printf 'swift sft --model Qwen/Qwen2.5-VL-7B-Instruct --max_pixels 1003520 \\\n  --attn_impl flash_attn --padding_free true\n' > "$T/s.sh"
 expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh" -o "$T/sw-pf.yaml"
@@ -488,7 +560,22 @@ hasnt "vit_gradient_checkpointing"
 "$M" predict "$T/sw-vit-true.yaml" --json > "$T/a.json" 2>&1 && "$M" predict "$T/sw-vit-false.yaml" --json > "$T/b.json" 2>&1 &&
     python3 -c 'import json,sys; a,b=(json.load(open(f))["allocated_peak_bytes"] for f in sys.argv[1:]); sys.exit(0 if b > a else 1)' \
         "$T/a.json" "$T/b.json" && ok || bad "vit_gradient_checkpointing false: no heavier step than true"
-sw "FPS_MAX_FRAMES=12 $Q\n" "s.sh:1:1: FPS_MAX_FRAMES: video samples are not mapped"
+# the per-frame cap follows the frame count and the total (qwen_vl_utils fetch_video)
+printf "VIDEO_TOTAL_PIXELS=19267584 FPS_MAX_FRAMES=128 $Q --max_length 32768\n" > "$T/s.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh"
+key video_frames 128;  key video_max_pixels 301056
+printf "FPS_MAX_FRAMES=13 $Q --max_length 8192\n" > "$T/s.sh"
+expect 0 "$M" import --catalog "$CAT" --swift "$T/s.sh"
+key video_frames 12;  key video_max_pixels 602112
+# a video longer than max_length cannot be a sample (ms-swift deletes it): the spec says so
+printf "FPS_MAX_FRAMES=13 $Q\n" > "$T/s.sh"
+expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"
+has "training.seq_len: 4096 is shorter than the 4374 image tokens"
+sw "FPS_MAX_FRAMES=8 FPS_MIN_FRAMES=10 $Q\n" "FPS_MIN_FRAMES: 10 is above FPS_MAX_FRAMES (8 frames)"
+sw "NFRAMES=8 $Q\n" "s.sh:1:1: NFRAMES: Ovis2's frame count"
+printf 'FPS=1 swift sft --model liuhaotian/llava-v1.5-7b\n' > "$T/s.sh"
+expect 2 "$M" import --catalog "$CAT" --swift "$T/s.sh"
+has "video samples are mapped for the Qwen2-VL and Qwen2.5-VL templates"
 sw "$Q --no_such_flag 1\n" "s.sh:1:47: no_such_flag: unknown trainer key"
 sw "$Q --tuner_type adalora\n" "s.sh:1:47: tuner_type: 'adalora': lora, full and lora_llm are modelled"
 sw "$Q --use_dora true\n" "s.sh:1:47: use_dora: only false"

@@ -154,6 +154,19 @@ FACTS = {
     "llama-3.1-8b-full.yaml": dict(
         id="meta-llama/Llama-3.1-8B-Instruct", params=8030261248,
         src="catalog llama-3.1-8b-instruct.json", trainable=8030261248),
+    # LlavaForConditionalGeneration built on the meta device (transformers 5.17) from the
+    # presets' geometry (a reconstructed config: PixtralVisionConfig's defaults, silu, and
+    # Mistral-Nemo's text shapes; no published config.json is committed):
+    # vision_tower 403,489,792 + projector 31,467,520 + language_model 11,576,693,760 + lm_head
+    # 671,088,640
+    "pixtral-12b-full.yaml": dict(
+        id="mistral-community/pixtral-12b", params=12682739712,
+        src="LlavaForConditionalGeneration of the presets' reconstructed config", trainable=12682739712),
+    "pixtral-12b-lora.yaml": dict(
+        id="mistral-community/pixtral-12b", params=12682739712,
+        src="LlavaForConditionalGeneration of the presets' reconstructed config",
+        adapters=adapters(decoder_linears(5120, 32, 8, 128, 14336), 16, 40, ALL7),
+        trainable=31467520),  # the projector
     # attention adapters only: the spec cannot adapt MoE experts (the preset says so)
     "mixtral-8x7b-lora.yaml": dict(
         id="mistralai/Mixtral-8x7B-v0.1", params=46702792704,
@@ -184,6 +197,8 @@ RECIPES = {
     "smolvlm-qlora.yaml": "smollm Smol_VLM_FT.ipynb",
     "llama-3.1-8b-full.yaml": "torchtune llama3_1/8B_full.yaml",
     "mixtral-8x7b-lora.yaml": "mistral-finetune (example/7B.yaml settings)",
+    "pixtral-12b-full.yaml": "none official; ZeRO-3 full fine-tune (stand-in)",
+    "pixtral-12b-lora.yaml": "none official; LLaVA-style LoRA + projector (stand-in)",
 }
 
 # presets whose model config is published in IMPORT_DATA: their modules are the import's

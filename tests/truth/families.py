@@ -342,3 +342,6 @@ def synthetic_images(n, size, seed):
     rng = np.random.default_rng(seed)
     H, W = size
     return [Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)) for _ in range(n)]
+
+
+import pixtral as _pixtral  # noqa: E402,F401  registers "pixtral" (tests/truth/pixtral.py)

@@ -83,6 +83,15 @@ VIDEO_ROWS = [
 ]
 
 
+# (family, frames, B, image, (video_min_pixels, video_max_pixels)): frames resized by their own
+# bounds, not the image processor's (ms-swift's VIDEO_MIN/MAX_PIXELS through qwen_vl_utils)
+VIDEO_PX_ROWS = [
+    ("qwen2_vl", 4, 1, (224, 224), (3136, 12544)),      # frames scaled down to 112 x 112
+    ("qwen2_vl", 6, 1, (84, 112), (20000, 40000)),      # scaled up past the image processor's
+    ("qwen2_5_vl", 4, 2, (224, 168), (3136, 25088)),
+]
+
+
 def video_setups():
     import truth
     out = []
@@ -90,6 +99,9 @@ def video_setups():
         s = truth.make_setup(fam, "frozen_llm", "bf16", "sdpa", False, B, 384, 1, img, "adamw_torch", "single", 1,
                              model={"layers": 2}, seed=19, video=frames)
         out.append(s)
+    for fam, frames, B, img, px in VIDEO_PX_ROWS:
+        out.append(truth.make_setup(fam, "frozen_llm", "bf16", "sdpa", False, B, 384, 1, img, "adamw_torch",
+                                    "single", 1, model={"layers": 2}, seed=19, video=frames, video_px=px))
     return out
 
 
@@ -112,7 +124,9 @@ def video_inputs(spec, cfg, setup, B, k, seed):
     for i in range(B * k):
         frames = families.synthetic_images(F, (H, W), seed + i)
         frames = frames + [frames[-1]] * (t * T - F)
-        outs = [dict(proc(images=[frames[j * T]], return_tensors="pt")) for j in range(t)]
+        px = {k: setup[v] for k, v in (("min_pixels", "video_min_pixels"), ("max_pixels", "video_max_pixels"))
+              if setup.get(v)}  # the frames' own bounds (qwen_vl_utils fetch_video resizes them so)
+        outs = [dict(proc(images=[frames[j * T]], return_tensors="pt", **px)) for j in range(t)]
         g = outs[0]["image_grid_thw"][0]
         rows.append(torch.cat([o["pixel_values"] for o in outs]))
         thws.append([t, int(g[1]), int(g[2])])

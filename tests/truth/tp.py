@@ -10,7 +10,8 @@ embeddings and lm_head stay replicated (HF's base_model_tp_plan for Llama/Qwen2 
 lm_head entry).  The same rows again with torchtitan's whole plan (sequence_parallel): it adds
 SequenceParallel on the norms, the attention / MLP inputs all-gathered, o/down reduce-scattered,
 the embedding and output sharded on the vocabulary and loss_parallel (apply_tp lines 173-188,
-217-241); the spec judges those by the prediction without it as a bound (api/bound.c).
+217-241), modelled by predictor/train/parallel_tp.c (tp_seq, embedding_grad) and
+model/ops_loss.c (loss_parallel).
 
 DTensor runs on the CPU with gloo; its collectives are the functional ones
 (torch/distributed/_functional_collectives.py), whose outputs are new tensors on either
@@ -55,6 +56,10 @@ GA_ROWS = [
     ("llama", "bf16", False, 2, 256, 2, {"hidden": 256, "layers": 2, "vocab": 16384}, 2, False),
     ("llama", "fp32", GC, 1, 256, 2, {"hidden": 512, "layers": 2, "vocab": 512}, 4, False),
     ("qwen2", "bf16", GC, 2, 256, 2, {"hidden": 256, "layers": 2}, 2, True),
+    # sequence parallel with accumulation where the optimizer step peaks (fp32) and at tp 4: the
+    # earlier micro-batch's whole-vocabulary embedding gradient (parallel_tp.c embedding_grad)
+    ("llama", "fp32", False, 1, 256, 2, {"hidden": 256, "layers": 2, "vocab": 16384}, 2, True),
+    ("llama", "bf16", GC, 2, 256, 4, {"hidden": 512, "layers": 2, "vocab": 16384}, 2, True),
 ]
 
 COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")

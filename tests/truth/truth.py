@@ -49,6 +49,8 @@ RECIPE = {
     "qwen3_vl_moe": "llamafactory", "internvl": "llamafactory", "gemma3": "llamafactory",
     "mllama": "llamafactory", "idefics3": "llamafactory", "smolvlm": "llamafactory",
     "llama": "text", "qwen2": "text", "mixtral": "text", "qwen3_moe": "text",
+    "pixtral": "llava",     # pixtral-12b is a LlavaForConditionalGeneration (tests/truth/pixtral.py)
+    "mistral3": "llava",    # Mistral-Small-3.1's layout, the same recipe (tests/truth/pixtral.py)
 }
 
 CONNECTOR_RE = re.compile(r"(multi_modal_projector|\.merger\.|deepstack_merger|\bconnector\b|image_newline|"
@@ -182,7 +184,14 @@ def count_visual_tokens(fam, spec, cfg, model, out, B, k):
         tiles = [int(t) for row in nt for t in row] if nt is not None else [vc.max_num_tiles] * n_img
         return [1] * n_img, [t * ps for t in tiles]
     with torch.no_grad():
-        if fam == "llava_onevision":
+        if fam == "mistral3":           # per-image features after the 2x2 merge (modeling_mistral3.py)
+            feats = model.model.get_image_features(pixel_values=out["pixel_values"], image_sizes=out["image_sizes"],
+                                                   vision_feature_layer=cfg.vision_feature_layer)
+        elif fam == "pixtral":          # per-image features: split by image_sizes (modeling_llava.py)
+            feats = model.model.get_image_features(pixel_values=out["pixel_values"], image_sizes=out["image_sizes"],
+                                                   vision_feature_layer=cfg.vision_feature_layer,
+                                                   vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+        elif fam == "llava_onevision":
             feats = model.model.get_image_features(pixel_values=out["pixel_values"], image_sizes=out["image_sizes"],
                                                    vision_feature_layer=cfg.vision_feature_layer,
                                                    vision_feature_select_strategy=cfg.vision_feature_select_strategy)
@@ -205,7 +214,11 @@ def count_visual_tokens(fam, spec, cfg, model, out, B, k):
             counts = [int(f.shape[1])] * n_img
         else:
             counts = [int(total) // n_img] * n_img
-    if fam == "llava_onevision":
+    if fam == "pixtral":                # one patch per [IMG] feature
+        patches = list(counts)
+    elif fam == "mistral3":             # spatial_merge_size^2 patches per feature
+        patches = [n * cfg.spatial_merge_size ** 2 for n in counts]
+    elif fam == "llava_onevision":
         patches = [int(out["pixel_values"].shape[1]) * (vc.image_size // vc.patch_size) ** 2] * n_img
     elif fam in ("idefics3", "smolvlm"):
         pv = out["pixel_values"]
@@ -440,6 +453,12 @@ def run_rank(setup, rank=0, world=1, trace=False):
             os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"] = ",".join(
                 sorted(c.__name__ for c in decoder_layer_classes(model)))
             policy = fsdp_auto_wrap_policy(model)
+        elif popt.get("wrap_policy") == "size":         # size-based auto-wrap (feat_wrap.py)
+            # accelerate's SIZE_BASED_WRAP: functools.partial(size_based_auto_wrap_policy,
+            # min_num_params=N) (accelerate/utils/dataclasses.py:2102-2105)
+            import functools
+            from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+            policy = functools.partial(size_based_auto_wrap_policy, min_num_params=popt["min_num_params"])
         wrapped = FSDP(model, auto_wrap_policy=policy,
                        use_orig_params=popt.get("use_orig_params", True), mixed_precision=mp,
                        sharding_strategy=getattr(ShardingStrategy, popt.get("sharding", "FULL_SHARD")),
@@ -699,7 +718,7 @@ SETUP_KEYS = ("mode", "trainable", "lora", "precision", "attention", "gradient_c
               "parallel_options", "torch_compile")
 # only in setups that set them (tests/truth/accum.py, feat_towers.py): the older rows stay byte-identical
 ACCUM_KEYS = ("grad_accum", "sync_each_micro_batch", "vit_gradient_checkpointing", "video_frames",
-              "liger")
+              "liger", "video_min_pixels", "video_max_pixels")
 FEAT_KEYS = ("loss_upcast",)              # tests/truth/feat_keys.py
 
 
@@ -727,6 +746,8 @@ def versions():
 def visual_upper_bound(fam, img):
     """An upper bound of the visual (+ wrapper) tokens per image, to keep seq_len feasible."""
     H, W = img
+    if fam in ("pixtral", "mistral3"):
+        return __import__("pixtral").visual_upper_bound(img)
     return {
         "llava": 64, "llava_onevision": 172, "internvl": 7 * 16 + 2, "gemma3": 18, "mllama": 1,
         "idefics3": 5 * 4 + 2, "smolvlm": 5 * 4 + 2,
@@ -736,7 +757,7 @@ def visual_upper_bound(fam, img):
 
 
 def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=None, model=None, lora=None,
-               seed=0, accum=None, vit_gc=None, video=None):
+               seed=0, accum=None, vit_gc=None, video=None, video_px=None):
     import families
     mm = families.FAMILIES[fam]["multimodal"]
     if not mm:
@@ -793,6 +814,9 @@ def make_setup(fam, mode, prec, attn, gc_, B, S, k, img, opt, par, world, popt=N
     if video is not None:   # Qwen-VL video frames per sample (feat_towers.py); None: the key stays out
         s["video_frames"] = int(video)
         ga += "video%d-" % int(video)
+    if video_px is not None:  # a frame's own (min, max) pixels, qwen_vl_utils' VIDEO_MIN/MAX_PIXELS
+        s["video_min_pixels"], s["video_max_pixels"] = int(video_px[0]), int(video_px[1])
+        ga += "vpx%d-%d-" % (video_px[0], video_px[1])
     if vit_gc is not None:  # ms-swift vit_gradient_checkpointing (feat_towers.py); None: the key stays out
         s["vit_gradient_checkpointing"] = bool(vit_gc)
         ga += "vit%s-" % ("gc" if vit_gc else "nogc")
@@ -904,6 +928,7 @@ def config_list(count=None):
     list(map(add, __import__("feat_wrap").all_setups()))   # FSDP1 + PEFT's fsdp_auto_wrap_policy (issue 23)
     list(map(add, __import__("tp").setups()))   # tensor parallelism, torchtitan's block plan (issue 23, tp.py)
     import feat_eager_ckpt; [add(s) for s in feat_eager_ckpt.setups()]  # LLaVA stage 1, eager + checkpointing (issue 21/22)
+    list(map(add, __import__("pixtral").setups()))   # the Pixtral family (issue 23, tests/truth/pixtral.py)
     # first: the brief's reference config and the selftest's smoke configs
     import selftest_configs
     for s in reversed(selftest_configs.setups()):

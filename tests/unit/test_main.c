@@ -23,8 +23,10 @@ int main(void)
     srunner_add_suite(sr, tp_suite());
     srunner_add_suite(sr, keys_suite());
     srunner_add_suite(sr, towers_suite());
+    srunner_add_suite(sr, pixtral_suite());
     srunner_add_suite(sr, liger_suite());
     srunner_add_suite(sr, lorahead_suite());
+    srunner_add_suite(sr, wrap_suite());
     srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

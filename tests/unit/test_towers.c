@@ -67,6 +67,44 @@ START_TEST(video_frames_merge_in_pairs)
 }
 END_TEST
 
+/* training.video_min_pixels / video_max_pixels: a frame's own smart_resize bounds
+ * (qwen_vl_utils' VIDEO_MIN/MAX_PIXELS): a lower cap shrinks every frame, a higher floor
+ * grows it, and the image processor's bounds stay the images' (truth rows: feat_towers.py
+ * VIDEO_PX_ROWS) */
+START_TEST(video_pixels_bound_the_frames)
+{
+    mm_spec *s = unit_preset("qwen2.5-vl-7b-full");
+    uint64_t img = peak(s, "training.video_frames=4");
+    uint64_t small = peak(s, "training.video_max_pixels=12544");
+    uint64_t big = peak(s, "training.video_max_pixels=200704");
+    ck_assert_msg(mm_spec_set(s, "training.video_max_pixels=1003520", &(mm_error){0}) == 0, "max");
+    uint64_t grown = peak(s, "training.video_min_pixels=802816");
+    ck_assert_uint_lt(small, img);
+    ck_assert_uint_gt(big, small);
+    ck_assert_uint_gt(grown, big);
+    mm_spec_free(s);
+}
+END_TEST
+
+/* the keys that would change nothing are refused with the reason */
+START_TEST(video_keys_refused_where_they_cannot_apply)
+{
+    mm_error e;
+    mm_spec *s = unit_preset("qwen2.5-vl-7b-full");
+    ck_assert(mm_spec_set(s, "training.video_max_pixels=12544", &e) != 0);
+    ck_assert_msg(strstr(e.msg, "training.video_max_pixels") && strstr(e.msg, "no video"), "%s", e.msg);
+    ck_assert(mm_spec_set(s, "training.video_min_pixels=12544", &e) != 0);
+    ck_assert_msg(mm_spec_set(s, "training.video_frames=4", &e) == 0, "%s", e.msg);
+    ck_assert(mm_spec_set(s, "training.video_min_pixels=2000000000", &e) != 0);
+    ck_assert_msg(strstr(e.msg, "bounds are empty"), "%s", e.msg);
+    mm_spec_free(s);
+    s = unit_preset("llava-1.5-7b-finetune");
+    ck_assert(mm_spec_set(s, "training.video_frames=8", &e) != 0);
+    ck_assert_msg(strstr(e.msg, "training.video_frames") && strstr(e.msg, "Qwen-VL"), "%s", e.msg);
+    mm_spec_free(s);
+}
+END_TEST
+
 Suite *towers_suite(void)
 {
     Suite *s = suite_create("towers");
@@ -75,6 +113,8 @@ Suite *towers_suite(void)
     tcase_add_test(tc, tower_checkpointing_follows_its_own_key);
     tcase_add_test(tc, tower_checkpointing_refused_where_it_cannot_apply);
     tcase_add_test(tc, video_frames_merge_in_pairs);
+    tcase_add_test(tc, video_pixels_bound_the_frames);
+    tcase_add_test(tc, video_keys_refused_where_they_cannot_apply);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -89,18 +89,20 @@ START_TEST(tp_counts_the_all_reduce_clones)
 }
 END_TEST
 
-/* sequence_parallel: judged by the tensor-parallel prediction without it as a bound
- * (api/bound.c), which the prediction and its JSON state; without a TP group it is refused */
-START_TEST(sequence_parallel_is_judged_by_a_bound)
+/* sequence_parallel: modelled (parallel_tp.c tp_seq, ops_loss.c loss_parallel), no bound.
+ * The embedding and lm_head are sharded on the vocabulary: a rank holds (V - V/tp) x h x 2
+ * fewer parameters than the tensor-parallel step without it, and the norms, residuals and
+ * logits hold 1/tp of theirs, so its peak is lower; without a TP group it is refused */
+START_TEST(sequence_parallel_is_modelled)
 {
     mm_prediction a = predict(8, 4, 1376, 32000, "  tensor_parallel: 2\n"),
                   b = predict(8, 4, 1376, 32000, "  tensor_parallel: 2\n  sequence_parallel: true\n");
     ck_assert_str_eq(a.bound, "");
-    ck_assert_msg(strstr(b.bound, "sequence parallel: the tensor-parallel prediction without it, "
-                                  "an upper bound") != NULL, "bound '%s'", b.bound);
-    ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);
+    ck_assert_msg(strcmp(b.bound, "") == 0, "bound '%s'", b.bound);
+    ck_assert_uint_eq(a.parameters_count - b.parameters_count, 2ull * 16000 * 512);
+    ck_assert_uint_lt(b.allocated_peak_bytes, a.allocated_peak_bytes);
     char *jb = mm_prediction_json(&b, 0);
-    ck_assert(jb && strstr(jb, "\"bound\":\"sequence parallel:") != NULL);
+    ck_assert(jb && strstr(jb, "\"bound\":\"sequence parallel") == NULL);
     free(jb);
     mm_prediction_free(&a);
     mm_prediction_free(&b);
@@ -109,6 +111,48 @@ START_TEST(sequence_parallel_is_judged_by_a_bound)
     ck_assert(s == NULL);
     ck_assert_msg(strstr(e.msg, "training.sequence_parallel") && strstr(e.msg, "tensor_parallel > 1"),
                   "%s", e.msg);
+}
+END_TEST
+
+/* the loss under loss_parallel: zeros_like, exp and their sum beside the output gradient
+ * (three rows x V/tp fp32 tensors alive at once, where the standard CUDA backward has one):
+ * a 32000-token vocabulary and a short sequence put the backward peak at the loss, where the
+ * sequence-parallel step holds more than half of the step without it (V/tp logits each) */
+START_TEST(sequence_parallel_loss_backward)
+{
+    const char *x = "  tensor_parallel: 2\n  precision: fp32\n";
+    char sp[256];
+    snprintf(sp, sizeof sp, "%s  sequence_parallel: true\n", x);
+    mm_prediction a = predict(8, 4, 1376, 32000, x), b = predict(8, 4, 1376, 32000, sp);
+    ck_assert_int_eq(b.peak_phase, MM_PHASE_BACKWARD);
+    /* 2 x 512 tokens x 16000 x 4 bytes: the three temporaries of the fused backward */
+    ck_assert_uint_ge(b.phase_peak[MM_PHASE_BACKWARD], 3ull * 1024 * 16000 * 4);
+    ck_assert_uint_lt(b.phase_peak[MM_PHASE_BACKWARD], a.phase_peak[MM_PHASE_BACKWARD]);
+    mm_prediction_free(&a);
+    mm_prediction_free(&b);
+}
+END_TEST
+
+START_TEST(sequence_parallel_refuses_what_it_does_not_model)
+{
+    struct {
+        const char *mod, *extra, *why;
+        int vocab;
+    } bad[] = {
+        {", trainable: true, tie_word_embeddings: true", "", "tied", 32000},
+        {", trainable: true", "", "vocab_size", 32001},
+        {", trainable: true", "  loss_upcast: false\n", "loss_parallel", 32000},
+        {", trainable: true", "  attention: eager\n", "sdpa", 32000},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char tr[256];
+        snprintf(tr, sizeof tr, "  tensor_parallel: 2\n  sequence_parallel: true\n%s", bad[i].extra);
+        mm_error e;
+        mm_spec *s = spec_of(8, 4, 1376, bad[i].vocab, bad[i].mod, tr, &e);
+        ck_assert_msg(s == NULL, "accepted: %zu", i);
+        ck_assert_msg(strstr(e.msg, "training.sequence_parallel") && strstr(e.msg, bad[i].why),
+                      "%zu: %s", i, e.msg);
+    }
 }
 END_TEST
 
@@ -142,7 +186,9 @@ Suite *tp_suite(void)
     TCase *tc = tcase_create("tp");
     tcase_add_test(tc, tp_runs_the_decoder_at_the_per_rank_widths);
     tcase_add_test(tc, tp_counts_the_all_reduce_clones);
-    tcase_add_test(tc, sequence_parallel_is_judged_by_a_bound);
+    tcase_add_test(tc, sequence_parallel_is_modelled);
+    tcase_add_test(tc, sequence_parallel_loss_backward);
+    tcase_add_test(tc, sequence_parallel_refuses_what_it_does_not_model);
     tcase_add_test(tc, tp_refuses_what_it_does_not_model);
     suite_add_tcase(s, tc);
     return s;

@@ -28,8 +28,10 @@ Suite *compile_suite(void);
 Suite *tp_suite(void);
 Suite *keys_suite(void);
 Suite *towers_suite(void);
+Suite *pixtral_suite(void);
 Suite *liger_suite(void);
 Suite *lorahead_suite(void);
+Suite *wrap_suite(void);
 
 /* unit_spec.c: shared specs (each asserts what it needs) */
 mm_spec *unit_preset(const char *name);              /* contrib/models/NAME.yaml */

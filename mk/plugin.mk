@@ -60,6 +60,7 @@ check-slurm: $(PLUGIN_SO) $(BUILD)/mmguard $(REQUEST_TOOL)
 	PLUGIN=$(abspath $(PLUGIN_SO)) JOB_SUBMIT_LUA=$(abspath contrib/job_submit.lua) \
 	  sh tests/slurm/test_hostmem.sh
 	PLUGIN=$(abspath $(PLUGIN_SO)) MMGUARD_CLI=$(abspath $(BUILD)/mmguard) sh tests/slurm/test_outcome.sh
+	PLUGIN=$(abspath $(PLUGIN_SO)) sh tests/slurm/test_tp.sh
 
 demo:
 	sh scripts/install-deps.sh build slurm

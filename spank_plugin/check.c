@@ -101,21 +101,44 @@ static int load_spec(struct mmg_check *chk)
     return -1;
 }
 
-/* The spec at the judged data-parallel degree. */
+static void request_phrase(const struct mmg_check *chk, char *buf, size_t n);
+
+/* The data-parallel degree of n GPUs: a tensor-parallel spec spreads each
+ * model replica over tp of them (torchtitan's mesh: dp x tp = world size). */
+static uint32_t dp_of(const struct mmg_check *chk, uint32_t n)
+{
+    return n / chk->tp;
+}
+
+/* The spec at the judged data-parallel degree: the GPUs over its
+ * tensor-parallel degree, which must divide them. */
 static int spec_at_dp(struct mmg_check *chk)
 {
-    char msg[2048], assign[64];
+    char msg[2048], assign[64], what[600];
     mm_error e;
     memset(&e, 0, sizeof(e));
     if (chk->spec_err[0])
         return set_error(chk, chk->spec_err);
     chk->spec_dp = mm_spec_data_parallel(chk->spec);
-    if (chk->spec_dp == chk->dp)
+    chk->tp = mm_spec_tensor_parallel(chk->spec);
+    if (chk->dp % chk->tp) {
+        request_phrase(chk, what, sizeof(what));
+        snprintf(msg, sizeof(msg), "--mm-model=%s: training.tensor_parallel=%" PRIu32 " splits each "
+                 "model replica over %" PRIu32 " GPUs, but the job gets %.500s: ask for a multiple "
+                 "of %" PRIu32 " GPUs", chk->spec_arg, chk->tp, chk->tp, what, chk->tp);
+        return set_error(chk, msg);
+    }
+    if (chk->spec_dp == dp_of(chk, chk->dp))
         return 0;
-    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, chk->dp);
+    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, dp_of(chk, chk->dp));
     if (mm_spec_set(chk->spec, assign, &e) != 0) {
-        snprintf(msg, sizeof(msg), "--mm-model=%s: %" PRIu32 " GPUs: %s", chk->spec_arg, chk->dp,
-                 e.msg);
+        if (chk->tp > 1)
+            snprintf(msg, sizeof(msg), "--mm-model=%s: %" PRIu32 " GPUs = training.data_parallel=%"
+                     PRIu32 " x training.tensor_parallel=%" PRIu32 ": %s", chk->spec_arg, chk->dp,
+                     dp_of(chk, chk->dp), chk->tp, e.msg);
+        else
+            snprintf(msg, sizeof(msg), "--mm-model=%s: %" PRIu32 " GPUs: %s", chk->spec_arg,
+                     chk->dp, e.msg);
         return set_error(chk, msg);
     }
     return 0;
@@ -157,6 +180,17 @@ static uint32_t next_count(const struct mmg_check *chk)
     return mmg_gpureq_total(g, g->nodes_min + 1);
 }
 
+/* GPU counts ns[0..k) as data-parallel degrees, in place, those the
+ * tensor-parallel degree does not divide left out; their number */
+static size_t dp_degrees(const struct mmg_check *chk, uint32_t *ns, size_t k)
+{
+    size_t out = 0;
+    for (size_t i = 0; i < k; i++)
+        if (ns[i] % chk->tp == 0)
+            ns[out++] = dp_of(chk, ns[i]);
+    return out;
+}
+
 /* The uncapped peak model at the judged degree (and the degrees
  * job_submit.lua may judge): MMGUARD_PEAK_BYTES, the explanation. */
 static int predict(struct mmg_check *chk)
@@ -178,13 +212,14 @@ static int predict(struct mmg_check *chk)
     k = ctld_degrees(chk, ns, MMG_RECORD_POINTS - 2); /* + n2 + the own N: <= 64 points */
     if (n2)
         ns[k++] = n2;
+    k = dp_degrees(chk, ns, k);
     if (k && mm_dp_cover(chk->spec, &chk->pred, ns, k, &e) != 0) {
         snprintf(msg, sizeof(msg), "--mm-model=%s: prediction failed: %s", chk->spec_arg, e.msg);
         return set_error(chk, msg);
     }
-    chk->peak = mm_peak_for_dp(&chk->pred, chk->dp);
-    if (n2 && mm_peak_for_dp(&chk->pred, n2) > chk->peak)
-        chk->peak = mm_peak_for_dp(&chk->pred, n2);
+    chk->peak = mm_peak_for_dp(&chk->pred, dp_of(chk, chk->dp));
+    if (n2 && mm_peak_for_dp(&chk->pred, dp_of(chk, n2)) > chk->peak)
+        chk->peak = mm_peak_for_dp(&chk->pred, dp_of(chk, n2));
     chk->alloc_peak = chk->pred.allocated_peak_bytes;
     return 0;
 }
@@ -201,7 +236,7 @@ static int verdict_at(struct mmg_check *chk, uint32_t n, mm_verdict *v, mm_error
         snprintf(e->msg, sizeof(e->msg), "out of memory");
         return -1;
     }
-    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, n);
+    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, dp_of(chk, n));
     rc = mm_spec_set(c, assign, e) != 0 ? -1
        : mm_verdict_for(c, chk->gpu->bytes, chk->usable, 0, v, e);
     mm_spec_free(c);
@@ -236,9 +271,11 @@ static int judge_card(struct mmg_check *chk)
         return set_error(chk, msg);
     }
     chk->have_verdict = 1;
-    mmg_card_from_verdict(&chk->cards[chk->n_cards++], chk->gpu->name, &chk->verdict);
+    mmg_card_from_verdict(&chk->cards[chk->n_cards], chk->gpu->name, &chk->verdict);
+    chk->cards[chk->n_cards++].n = chk->dp; /* cards= are by GPU count */
     if (n2) {
-        mmg_card_from_verdict(&chk->cards[chk->n_cards++], chk->gpu->name, &v2);
+        mmg_card_from_verdict(&chk->cards[chk->n_cards], chk->gpu->name, &v2);
+        chk->cards[chk->n_cards++].n = n2;
         if (worse(&v2, &chk->verdict)) {
             chk->verdict = v2;
             chk->worst_dp = n2;
@@ -378,7 +415,11 @@ static void decide(struct mmg_check *chk)
         prefix = chk->blocks ? "job rejected: " : "warning: ";
     }
     mmg_check_line(chk, "--mm-model=%s: %s%s", chk->spec_arg, prefix, chk->reason);
-    if (chk->spec_dp != chk->dp)
+    if (chk->spec_dp != dp_of(chk, chk->dp) && chk->tp > 1)
+        mmg_check_line(chk, "judged at %" PRIu32 " GPUs: training.data_parallel=%" PRIu32 " x "
+                       "training.tensor_parallel=%" PRIu32 ", not the spec's training.data_parallel=%"
+                       PRIu32, chk->dp, dp_of(chk, chk->dp), chk->tp, chk->spec_dp);
+    else if (chk->spec_dp != chk->dp && chk->tp <= 1)
         mmg_check_line(chk, "judged at %" PRIu32 " GPU%s, not the spec's training.data_parallel=%"
                        PRIu32, chk->dp, chk->dp == 1 ? "" : "s", chk->spec_dp);
     verdict_lines(chk);

@@ -123,7 +123,10 @@ static void add_prediction(json_object *o, const struct mmg_check *chk)
     const mm_prediction *p = &chk->pred;
     json_object *mods = json_object_new_array();
     json_object_object_add(o, "usable_bytes", u64(chk->usable));
-    json_object_object_add(o, "data_parallel", json_object_new_int64(chk->dp));
+    json_object_object_add(o, "data_parallel",
+                           json_object_new_int64(chk->dp / (chk->tp ? chk->tp : 1)));
+    if (chk->tp > 1)
+        json_object_object_add(o, "tensor_parallel", json_object_new_int64(chk->tp));
     /* GPUs the job trains on (what `mmguard report` multiplies by time) */
     json_object_object_add(o, "gpus", json_object_new_int64(chk->dp));
     json_object_object_add(o, "spec_data_parallel", json_object_new_int64(chk->spec_dp));

@@ -102,7 +102,8 @@ struct mmg_check {
     mm_prediction pred;
     mm_fit_result fit;
     const struct mmg_gpu *gpu;
-    uint32_t dp;                  /* GPUs judged = data-parallel degree */
+    uint32_t dp;                  /* GPUs judged: data-parallel degree x tp */
+    uint32_t tp;                  /* the spec's training.tensor_parallel (>= 1) */
     uint32_t worst_dp;            /* where the peak of a node range is highest */
     uint64_t peak, alloc_peak, usable;
     mm_verdict verdict;           /* on the judged card at worst_dp (mm_verdict_for) */

@@ -494,7 +494,9 @@ void mmg_card_from_verdict(struct mmg_card *c, const char *gpu, const mm_verdict
         c->peak = c->usable;
 }
 
-/* the cards of one count: one simulated step for all types */
+/* the cards of one GPU count: one simulated step for all types, at the
+ * data-parallel degree count / training.tensor_parallel (none when that
+ * does not divide it) */
 static int add_count(struct mmg_card *cards, size_t *n_cards, const mm_spec *spec,
                      size_t n_types, const char *const *names, const uint64_t *mem,
                      const uint64_t *usable, uint32_t count, mm_error *err)
@@ -511,16 +513,19 @@ static int add_count(struct mmg_card *cards, size_t *n_cards, const mm_spec *spe
             m[k] = mem[t];
             u[k++] = usable[t];
         }
-    if (!k)
+    uint32_t tp = mm_spec_tensor_parallel(spec);
+    if (!k || count % tp)
         return 0;
     mm_spec *c = mm_spec_clone(spec);
-    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, count);
+    snprintf(assign, sizeof(assign), "training.data_parallel=%" PRIu32, count / tp);
     if (!c)
         snprintf(err->msg, sizeof(err->msg), "out of memory");
     if (!c || mm_spec_set(c, assign, err) != 0 || mm_verdict_cards(c, k, m, u, v, err) != 0)
         rc = -1;
-    for (size_t i = 0; rc == 0 && i < k; i++)
-        mmg_card_from_verdict(&cards[(*n_cards)++], nm[i], &v[i]);
+    for (size_t i = 0; rc == 0 && i < k; i++) {
+        mmg_card_from_verdict(&cards[*n_cards], nm[i], &v[i]);
+        cards[(*n_cards)++].n = count;
+    }
     if (c)
         mm_spec_free(c);
     return rc;

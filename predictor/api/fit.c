@@ -13,9 +13,21 @@
  * What keeps it cheap: one decoded copy of the spec, changed in place; the
  * live tensors (the allocated peak, a folded simulation without a replay)
  * bound every search from above - a configuration whose live bytes exceed
- * the allocator's capacity runs out of memory -, so the micro-batch search
- * narrows on them with secant guesses first and replays the allocator only
- * for the candidates below that bound, from the bound downwards. */
+ * the allocator's capacity runs out of memory, judged without a replay.  The
+ * micro-batch search starts from the spec's own verdict (the plugin's, passed
+ * in), guesses the answer from its allocator cache (as it is, and grown
+ * with the activations) and one more sample of the live bytes, and judges
+ * the guess and its neighbour: two verdicts when the guess is right (the
+ * LLaVA-1.5-7B preset on 8 H100s: 23.6 M instructions, 58.9 M with the former
+ * secant search on the live bytes and bisection of verdicts; every preset
+ * at the five cards and two flush policies of tests/fit/fit_search.c:
+ * 8.2 G, was 10.9 G; docs/plugin.md, "Cost").  Under
+ * flush=reject only "fits without a flush" is asked, which the uncapped
+ * replay stopped at the capacity answers (verdict_fits_clean).  The verdict
+ * is not monotone in the micro-batch everywhere (fragmentation: llama-3.1-8b
+ * at 80 GiB fits at 21 and 24, not at 22, 23 or 25); the answer is one that
+ * fits while one more does not, as any search finds it, and which of several
+ * such depends on where the search starts (tests/fit/fit_search.c). */
 #include "dp.h"
 #include "predict.h"
 #include "util.h"
@@ -78,144 +90,130 @@ static uint64_t probe_live(const fitctx *c, uint64_t x)
                       verdict_outside(&o, q.allocated, mm_spec_data_parallel(c->s)));
 }
 
-/* A bracket of the live-bytes search: the largest x known to fit and the
- * smallest known not to (0 = none known), with their bytes (0 = unknown). */
-typedef struct bracket {
-    uint64_t lo, lo_pk, hi, hi_pk;
-} bracket;
-
-/* The next guess: through two samples (the bracket, else the last two on one
- * side), else halving or doubling; strictly inside the bracket. */
-static uint64_t next_guess(const bracket *b, uint64_t x, uint64_t pk, uint64_t px,
-                           uint64_t px_pk, int bisect, uint64_t usable)
+/* Whether c->s at micro-batch x fits, as judge() says.  Under no_flush only
+ * FITS counts, which the early-stopped uncapped replay decides
+ * (verdict_fits_clean): a model that refuses the size never fits. */
+static int passes(const fitctx *c, uint64_t x)
 {
-    double g;
-    uint64_t a = 0, a_pk = 0, c = 0, c_pk = 0; /* two samples, a < c */
-    if (b->lo && b->hi && b->hi_pk > b->lo_pk && b->hi_pk != UINT64_MAX) {
-        a = b->lo, a_pk = b->lo_pk, c = b->hi, c_pk = b->hi_pk;
-    } else if (px && px_pk && pk && px != x && pk != UINT64_MAX && px_pk != UINT64_MAX) {
-        a = px < x ? px : x, a_pk = px < x ? px_pk : pk;
-        c = px < x ? x : px, c_pk = px < x ? pk : px_pk;
-    }
-    if (!bisect && c && c_pk > a_pk) {
-        double slope = (double)(c_pk - a_pk) / (double)(c - a);
-        g = (double)a + ((double)usable - (double)a_pk) / slope;
-    } else if (b->hi) {
-        g = (double)b->lo + (double)(b->hi - b->lo) / 2.0;
-    } else {
-        g = (double)b->lo * 2.0;
-    }
-    double gmin = (double)b->lo + 1.0, gmax = b->hi ? (double)b->hi - 1.0 : (double)MM_MB_CAP;
-    if (!(g >= gmin)) /* also catches NaN */
-        g = gmin;
-    if (g > gmax)
-        g = gmax;
-    return (uint64_t)g;
+    mm_verdict v;
+    mm_error e;
+    c->s->training.micro_batch_size = x;
+    if (!c->no_flush)
+        return judge(c, &v);
+    return verdict_fits_clean(c->s, c->gpu, c->usable, &e) == 1;
 }
 
-/* Largest micro-batch in [1, MM_MB_CAP] whose live bytes fit the usable
- * bytes, from x.  They grow with the micro-batch, nearly linearly
- * (activations do, model states do not), so secant guesses converge in a
- * few simulations; a step that fails to halve the bracket is followed by a
- * bisection, so the worst case stays logarithmic. */
-static uint32_t live_search(const fitctx *c, uint64_t x, uint64_t *x_live, uint64_t *lo_live)
+/* The search's bracket: lo fits (0: none known), hi does not (0: none known,
+ * then MM_MB_CAP is the ceiling). */
+typedef struct span {
+    uint64_t lo, hi;
+} span;
+
+static void judge_at(const fitctx *c, span *b, uint64_t x)
 {
-    bracket bk = {0}, *b = &bk;
-    uint64_t width = UINT64_MAX;
-    int bisect = 0;
-    for (int iter = 0; iter < 64; iter++) {
-        uint64_t pk = probe_live(c, x);
-        if (!iter)
-            *x_live = pk;
-        int fits = pk <= c->usable;
-        /* the previous sample on the same side, for a slope before a bracket */
-        uint64_t px = fits ? b->lo : b->hi, px_pk = fits ? b->lo_pk : b->hi_pk;
-        if (fits)
-            b->lo = x, b->lo_pk = pk;
-        else
-            b->hi = x, b->hi_pk = pk;
-        if ((b->hi && b->hi == b->lo + 1) || (!b->hi && b->lo >= MM_MB_CAP) || b->hi == 1)
-            break;
-        uint64_t w = b->hi ? b->hi - b->lo : UINT64_MAX;
-        bisect = !bisect && b->hi && w > width / 2;
-        width = w;
-        x = next_guess(b, x, pk, px, px_pk, bisect, c->usable);
+    if (passes(c, x))
+        b->lo = x;
+    else
+        b->hi = x;
+}
+
+/* Largest x in the span that fits and whose successor does not, from two
+ * guesses g[0] >= g[1] (0: none): g[0], then its neighbour above, then steps
+ * doubling upwards until one fails; when g[0] fails, the one below it, then
+ * g[1], and when that fails too (or there is none) steps doubling
+ * downwards; then a bisection of what is left.  Where the
+ * verdict is monotone in the micro-batch the answer is the one any bisection
+ * finds; from a right guess it costs two verdicts (tests/fit/fit_search.c). */
+static uint32_t search_from(const fitctx *c, span *b, const uint64_t g[2])
+{
+#define TOP (b->hi ? b->hi : (uint64_t)MM_MB_CAP + 1)
+    uint64_t x = g[0];
+    if (x > b->lo && x < TOP) {
+        judge_at(c, b, x);
+        for (uint64_t step = 1; b->lo == x && x + step < TOP; step *= 2) { /* upwards */
+            judge_at(c, b, x + step);
+            x = b->lo;
+        }
+        if (b->hi == x && x - 1 > b->lo) { /* the one below, then g[1] */
+            judge_at(c, b, --x);
+            if (b->hi == x && g[1] > b->lo && g[1] < x) {
+                judge_at(c, b, g[1]);
+                x = b->hi == g[1] ? g[1] : 0; /* it fits: the answer is between them */
+            }
+        }
+        for (uint64_t step = 1; x && b->hi == x && x > b->lo + step; step *= 2) { /* downwards */
+            judge_at(c, b, x - step);
+            x = b->hi;
+        }
     }
-    *lo_live = b->lo_pk;
+    if (!b->hi && b->lo < MM_MB_CAP) /* nothing above fails yet: the ceiling */
+        judge_at(c, b, MM_MB_CAP);
+    while (TOP > b->lo + 1)
+        judge_at(c, b, b->lo + (TOP - b->lo) / 2);
+#undef TOP
     return (uint32_t)b->lo;
 }
 
-/* Largest x in (lo, hi) whose verdict fits, else lo (lo: known to fit, or
- * 0; hi: known not to), first judging `guess` when it lies inside, else
- * hi - 1 (the answer is often just below the live-bytes bound: a small
- * cache), then by bisection; *at becomes the verdict at the answer.  The
- * verdict is not strictly monotone in the micro-batch (fragmentation), so
- * the answer is one that fits whose successor does not, as any bisection
- * finds it. */
-static uint32_t largest_ok(const fitctx *c, uint64_t lo, uint64_t hi, uint64_t guess,
-                           mm_verdict *at)
+/* Where the answer probably is, from the verdict v0 at x0 (fits: its
+ * allocator cache, the uncapped reserved peak less the live bytes) and the
+ * live bytes at x0 and x1 (they grow with the micro-batch, nearly linearly:
+ * activations do, model states do not): g[0] the largest x whose live bytes
+ * plus that cache fit the usable bytes, g[1] the same with the cache grown
+ * as the live bytes' part that grows with x (the cache holds freed
+ * activation blocks; the answer lies between the two on the presets).
+ * Without a cache known (v0 does not fit) the largest whose live bytes fit.
+ * Only guesses: every answer is judged.  0 when there is nothing to go on. */
+static void guess(const fitctx *c, const mm_verdict *v0, uint64_t x0, uint64_t live0, uint64_t x1,
+                  uint64_t live1, uint64_t g[2])
 {
-    mm_verdict v;
-    uint64_t x = guess > lo && guess < hi ? guess : hi - 1;
-    while (hi > lo + 1) {
-        c->s->training.micro_batch_size = x;
-        if (judge(c, &v)) {
-            lo = x;
-            *at = v;
-        } else {
-            hi = x;
-        }
-        x = lo + (hi - lo) / 2;
-    }
-    return (uint32_t)lo;
+    g[0] = g[1] = 0;
+    if (!live0 || live1 == UINT64_MAX || x1 == x0 ||
+        (x1 > x0 ? live1 <= live0 : live1 >= live0))
+        return;
+    double slope = ((double)live1 - (double)live0) / ((double)x1 - (double)x0);
+    double cache = 0, usable = (double)c->usable;
+    if (v0->kind == MM_VERDICT_FITS && v0->reserved_uncapped > v0->allocated_peak)
+        cache = (double)(v0->reserved_uncapped - v0->allocated_peak);
+    double fixed = (double)live0 - slope * (double)x0; /* the line's value at 0 */
+    double x[2] = {(double)x0 + (usable - cache - (double)live0) / slope,
+                   (usable - fixed) / (slope + cache / (double)x0)};
+    for (int i = 0; i < 2; i++)
+        g[i] = x[i] >= (double)MM_MB_CAP ? MM_MB_CAP : x[i] >= 1 ? (uint64_t)x[i] : 1;
 }
 
-/* Where the answer probably is: the largest x whose uncapped peak fits,
- * taking the allocator's cache to grow with the live bytes as it stands at
- * x0 (its verdict's uncapped reserved peak) and the live bytes to grow
- * linearly (their two samples).  Below it a job runs without a flush; the
- * runs-at-all answer lies between it and the live bound.  Only a first
- * guess: every answer is judged.  0 when there is nothing to go on. */
-static uint64_t guess_uncapped(const fitctx *c, const mm_verdict *v0, uint64_t x0, uint64_t live0,
-                               uint64_t xl, uint64_t live_l)
-{
-    /* only from a verdict that fits: its uncapped peak is known the same
-     * whoever judged it (mm_verdict_for or verdict_quick), so the answer does
-     * not depend on who asks */
-    if (!v0 || v0->kind != MM_VERDICT_FITS || !v0->reserved_uncapped || !live0 || xl <= x0 ||
-        live_l <= live0)
-        return 0;
-    double rho = ((double)v0->reserved_uncapped + (double)v0->context_bytes) / (double)live0;
-    double slope = (double)(live_l - live0) / (double)(xl - x0);
-    double g = (double)x0 + ((double)c->usable / (rho < 1 ? 1 : rho) - (double)live0) / slope;
-    return g >= 1 && g < (double)xl ? (uint64_t)g : 0;
-}
-
-/* The largest micro-batch that fits, from the micro-batch c->s has (at: its
- * verdict, found here when NULL); *out: the verdict at the answer. */
-static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec, mm_verdict *out)
+/* The largest micro-batch that fits, from the micro-batch c->s has (at_spec:
+ * its verdict, found here when NULL): the spec's verdict, one sample of the
+ * live bytes (a folded simulation, no replay), then verdicts from the guess
+ * (search_from). */
+static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
 {
     uint64_t mb = c->s->training.micro_batch_size;
-    uint64_t x0 = mb < 1 ? 1 : mb > MM_MB_CAP ? MM_MB_CAP : mb, live0 = 0, live_l = 0;
+    uint64_t x0 = mb < 1 ? 1 : mb > MM_MB_CAP ? MM_MB_CAP : mb;
     mm_verdict own;
-    memset(out, 0, sizeof *out);
-    uint32_t xl = live_search(c, x0, &live0, &live_l);
-    if (!xl)
-        return 0;
-    uint64_t lo = 0, hi = (uint64_t)xl + 1;
-    if (x0 <= xl) { /* the spec's own micro-batch, on its side */
-        c->s->training.micro_batch_size = x0;
-        if (!at_spec || x0 != mb) {
-            judge(c, &own);
-            at_spec = &own;
-        }
-        if (acceptable(c, at_spec->kind))
-            lo = x0, *out = *at_spec;
-        else
-            hi = x0;
+    span b = {0, 0};
+    c->s->training.micro_batch_size = x0;
+    if (!at_spec || x0 != mb) {
+        judge(c, &own);
+        at_spec = &own;
     }
-    uint64_t g = x0 == mb ? guess_uncapped(c, at_spec, x0, live0, xl, live_l) : 0;
-    uint32_t r = largest_ok(c, lo, hi, g, out);
+    if (acceptable(c, at_spec->kind))
+        b.lo = x0;
+    else
+        b.hi = x0;
+    /* a second sample of the live bytes, for their slope: twice x0 upwards
+     * (half downwards); one whose live bytes exceed the card is out of
+     * memory without a replay */
+    uint64_t live0 = at_spec->allocated_peak ? mm_sat_add(at_spec->allocated_peak,
+                                                          at_spec->context_bytes) : 0;
+    uint64_t x1 = b.lo ? (x0 * 2 > MM_MB_CAP ? MM_MB_CAP : x0 * 2) : x0 / 2;
+    uint64_t live1 = x1 && x1 != x0 ? probe_live(c, x1) : UINT64_MAX;
+    if (x1 > x0 && live1 > c->usable)
+        b.hi = x1;
+    uint64_t g[2];
+    guess(c, at_spec, x0, live0, x1, live1, g);
+    if (!g[0])
+        g[0] = x0;
+    uint32_t r = search_from(c, &b, g);
     c->s->training.micro_batch_size = mb;
     return r;
 }
@@ -223,11 +221,10 @@ static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec, mm_verdict
 uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
                             int no_flush, const mm_verdict *at_spec)
 {
-    mm_verdict at;
     fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush};
     if (!c.s)
         return 0;
-    uint32_t mb = max_batch(&c, at_spec, &at);
+    uint32_t mb = max_batch(&c, at_spec);
     mm_spec_free(c.s);
     return mb;
 }
@@ -247,12 +244,17 @@ static uint32_t max_batch_no_flush(const fitctx *c, uint32_t max, const mm_verdi
         *out = *at_max;
         return max;
     }
-    uint64_t lo = 0, hi = max; /* max itself needs a flush */
+    span b = {0, max}; /* max itself needs a flush */
     if (at_spec->kind == MM_VERDICT_FITS && mb < max)
-        lo = mb, *out = *at_spec;
+        b.lo = mb;
     else if (mb < max)
-        hi = mb;
-    uint32_t r = largest_ok(&nf, lo, hi, 0, out);
+        b.hi = mb;
+    const uint64_t g[2] = {b.hi - 1, 0};
+    uint32_t r = search_from(&nf, &b, g);
+    if (r) { /* its verdict, in full */
+        c->s->training.micro_batch_size = r;
+        judge(c, out);
+    }
     c->s->training.micro_batch_size = mb;
     return r;
 }
@@ -335,11 +337,11 @@ static void reset(const fitctx *c, const mm_spec *spec)
  * micro-batch and the largest micro-batch then. */
 static void with_checkpointing(const fitctx *c, const mm_spec *spec, mm_fit_result *out)
 {
-    mm_verdict v, at;
+    mm_verdict v;
     c->s->training.ckpt.enabled = 1;
     judge(c, &v);
     summarize(&v, &out->ckpt);
-    out->max_micro_batch_ckpt = max_batch(c, &v, &at);
+    out->max_micro_batch_ckpt = max_batch(c, &v);
     out->checkpointing_helps = !out->fits && acceptable(c, v.kind);
     reset(c, spec);
 }
@@ -349,7 +351,7 @@ static void with_checkpointing(const fitctx *c, const mm_spec *spec, mm_fit_resu
  * segments freed when the cache is flushed. */
 static void with_expandable(const fitctx *c, const mm_spec *spec, mm_fit_result *out)
 {
-    mm_verdict v, at;
+    mm_verdict v;
     char *conf = c->s->device.alloc_conf;
     size_t used = strlen(conf);
     /* not with max_split_size_mb: the allocator model's capped replay of that
@@ -363,7 +365,7 @@ static void with_expandable(const fitctx *c, const mm_spec *spec, mm_fit_result 
     judge(c, &v);
     summarize(&v, &out->expandable);
     out->expandable_helps = !out->fits && acceptable(c, v.kind);
-    out->max_micro_batch_expandable = max_batch(c, &v, &at);
+    out->max_micro_batch_expandable = max_batch(c, &v);
     reset(c, spec);
 }
 
@@ -428,11 +430,17 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     else
         out->max_micro_batch_ckpt = out->max_micro_batch;
     with_expandable(&c, spec, out);
-    out->min_zero_stage = spec->fsdp.version ? -1 : smallest_zero(&c, spec, &at);
+    /* tensor parallel is modelled alone (spec_tp.c): no ZeRO stage, no data
+     * parallel beside it to suggest */
+    int tp = spec->training.tensor_parallel > 1;
+    out->min_zero_stage = spec->fsdp.version || tp ? -1 : smallest_zero(&c, spec, &at);
     if (out->min_zero_stage >= 0)
         summarize(&at, &out->zero);
     reset(&c, spec);
-    more_gpus(&c, spec, out);
+    if (!tp)
+        more_gpus(&c, spec, out);
+    else
+        out->min_data_parallel_zero = -1;
     mm_spec_free(c.s);
     return 0;
 }

@@ -328,3 +328,38 @@ int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_ver
     judge_close(&j);
     return rc;
 }
+
+/* Why stopping the uncapped replay at the capacity decides FITS exactly:
+ * the capped replay (alloc.c) is the uncapped one until a cudaMalloc would
+ * take the reserved bytes above the capacity - the allocator reads the
+ * capacity nowhere else when it is card-blind (no memory fraction, no
+ * expandable segments).  If the uncapped reserved peak stays at or below the
+ * capacity no cudaMalloc fails: the verdict is FITS (judge_card takes the
+ * uncapped replay for it on the same grounds).  If it passes the capacity,
+ * that cudaMalloc fails in the capped replay: a retry or out of memory, never
+ * FITS.  The setup before the steps only allocates the parameters, so its
+ * reserved bytes never exceed the steps' peak. */
+int verdict_fits_clean(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_error *err)
+{
+    judge j;
+    mm_verdict v;
+    reserve_result r;
+    int rc = judge_step(&j, sp, gpu_bytes, err), fits = 0;
+    if (!rc) {
+        card_figures(&j, gpu_bytes, usable, &v);
+        if (j.s.peak <= v.capacity && !(rc = judge_log(&j, err))) {
+            if (!card_blind(&j.L.conf)) {
+                rc = replay_at(&j, v.capacity ? v.capacity : 1, &r, err);
+                fits = !rc && !r.oom && !r.retries;
+            } else if (reserve_replay_until(&j.L.s, j.n, &j.L.conf, j.L.per_param, j.L.pairs,
+                                            v.capacity, &r)) {
+                mm_err(err, "out of memory");
+                rc = -1;
+            } else {
+                fits = !r.stopped && !r.oom && !r.retries;
+            }
+        }
+    }
+    judge_close(&j);
+    return rc ? -1 : fits;
+}

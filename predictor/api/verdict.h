@@ -26,4 +26,12 @@ uint64_t verdict_outside(const mm_overheads *o, uint64_t allocated, uint32_t n);
 int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_verdict *v,
                   mm_error *err);
 
+/* Whether the verdict of verdict_quick(sp, gpu_bytes, usable) is FITS, for
+ * searches that ask only that (flush=reject: a flush does not count): the
+ * allocated peak above the capacity fails without a replay, and where the
+ * uncapped replay does not read the card's size it is stopped as soon as
+ * its reserved peak passes the capacity (reserve_replay_until).  1 fits, 0
+ * not, -1 with err as verdict_quick. */
+int verdict_fits_clean(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_error *err);
+
 #endif

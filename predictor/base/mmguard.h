@@ -48,6 +48,8 @@ const char *mm_spec_path(const mm_spec *spec);
 /* sha256 (hex, 64 chars) of the exact bytes the spec was loaded from. */
 const char *mm_spec_digest(const mm_spec *spec);
 uint32_t mm_spec_data_parallel(const mm_spec *spec);
+/* training.tensor_parallel: GPUs per model replica (1 without tensor parallel) */
+uint32_t mm_spec_tensor_parallel(const mm_spec *spec);
 uint32_t mm_spec_micro_batch(const mm_spec *spec);
 int mm_spec_zero_stage(const mm_spec *spec);
 int mm_spec_checkpointing(const mm_spec *spec);

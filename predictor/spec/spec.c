@@ -448,6 +448,10 @@ const char *mm_spec_name(const mm_spec *s) { return s->name; }
 const char *mm_spec_path(const mm_spec *s) { return s->path; }
 const char *mm_spec_digest(const mm_spec *s) { return s->digest; }
 uint32_t mm_spec_data_parallel(const mm_spec *s) { return (uint32_t)s->training.data_parallel; }
+uint32_t mm_spec_tensor_parallel(const mm_spec *s)
+{
+    return s->training.tensor_parallel > 1 ? (uint32_t)s->training.tensor_parallel : 1;
+}
 uint32_t mm_spec_micro_batch(const mm_spec *s) { return (uint32_t)s->training.micro_batch_size; }
 int mm_spec_zero_stage(const mm_spec *s) { return s->training.zero_stage; }
 int mm_spec_checkpointing(const mm_spec *s) { return s->training.ckpt.enabled; }

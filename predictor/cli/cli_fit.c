@@ -28,8 +28,13 @@ static void spec_line(const mm_spec *s, const mm_fit_result *f, uint64_t gpu, ui
         snprintf(what, sizeof what, "out of memory at %s", v->oom_event);
     else
         mm_fit_judged_text(&j, what, sizeof what);
-    printf("%s on a %s GPU (usable %s), %u GPU%s: %s\n", mm_spec_name(s), gm, us, v->n,
-           v->n == 1 ? "" : "s", what);
+    uint32_t tp = mm_spec_tensor_parallel(s);
+    if (tp > 1) /* each data-parallel replica spans tp GPUs */
+        printf("%s on a %s GPU (usable %s), %u GPUs (tensor parallel %u x data parallel %u): "
+               "%s\n", mm_spec_name(s), gm, us, v->n * tp, tp, v->n, what);
+    else
+        printf("%s on a %s GPU (usable %s), %u GPU%s: %s\n", mm_spec_name(s), gm, us, v->n,
+               v->n == 1 ? "" : "s", what);
 }
 
 static void batch_lines(const mm_spec *s, const mm_fit_result *f)
@@ -74,6 +79,11 @@ static void remedy_lines(const mm_spec *s, const mm_fit_result *f)
         mm_fit_judged_text(&f->ckpt, a, sizeof a);
         printf("  with gradient checkpointing: %s", a);
         largest(f->max_micro_batch_ckpt);
+    }
+    if (mm_spec_tensor_parallel(s) > 1) { /* mm_fit tries neither (spec_tp.c refuses them) */
+        printf("  ZeRO, FSDP and more data-parallel GPUs beside tensor parallelism are not "
+               "modelled\n");
+        return;
     }
     if (f->min_data_parallel_fsdp) {
         /* FSDP and ZeRO exclude each other: no stage to try */

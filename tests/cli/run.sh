@@ -19,6 +19,7 @@ expect() {
     if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/    /' "$T/out"; fi
 }
 has() { if grep -q -- "$1" "$T/out"; then ok; else bad "output lacks '$1'"; sed 's/^/    /' "$T/out"; fi; }
+hasnt() { if grep -q -- "$1" "$T/out"; then bad "output has '$1'"; else ok; fi; }
 
 expect 0 "$M" --version;                      has "mmguard 0.1.0"
 expect 0 "$M" --help;                         has "predict SPEC"
@@ -53,6 +54,10 @@ expect 2 "$M" check $D/llava-1.5-7b-finetune.yaml --gpu-mem 80GiB --margin 120%;
 expect 1 "$M" fit $D/llava-1.5-7b-finetune.yaml --gpu-mem 48GiB --set training.data_parallel=1
 has "no micro-batch runs"; has "smallest number of GPUs with ZeRO-3: "
 expect 0 "$M" fit $D/llava-1.5-7b-lora.yaml --gpu-mem 80GiB --json;           has '"max_micro_batch"'
+# a tensor-parallel spec: its GPUs are tp x dp, and no ZeRO / FSDP / GPU-count remedy is offered
+expect 0 "$M" fit tests/slurm/specs/llama-8b-tp2.yaml --gpu-mem 40GiB
+has "2 GPUs (tensor parallel 2 x data parallel 1)"; has "beside tensor parallelism are not modelled"
+hasnt "no ZeRO stage runs"
 
 # bad specs: one line naming file:line:col and the key, exit 2
 printf 'name: x\nmodules:\n  - name: llm\n    type: llama\n    hidden_size: 64\n    num_hidden_layers: 1\n    num_attention_heads: 4\n    intermediate_size: 64\n    vocab_size: 100\ntraining:\n  micro_batch_size: 1\n  seq_len: 8\n  optimiser: adamw\n' > "$T/typo.yaml"

@@ -154,9 +154,9 @@ MEANING = {
     "training.activation_offloading": "forward saves of >= 1 KiB wait on the host "
                                       "(torchtune / TRL activation offloading)",
     "training.torch_compile": "torch.compile(model), inductor, default mode: the eager prediction as a "
-                              "bound (the prediction says so); refused with a vision tower, DDP, ZeRO, "
-                              "FSDP (FSDP2 compiled per block was measured: one row 304 B above the "
-                              "eager prediction) or selective_op checkpointing (docs/oracle.md)",
+                              "bound (the prediction says so), also under FSDP2 (compiled per block, "
+                              "as torchtitan does); refused with a vision tower, DDP, ZeRO, FSDP1 or "
+                              "selective_op checkpointing (docs/oracle.md)",
     "training.liger_kernel": "Liger-Kernel (HF use_liger_kernel / liger_kernel_config): true = the "
                              "apply function's defaults, or the map below; Llama, Qwen2, LLaVA "
                              "over either, Qwen2-VL, Qwen2.5-VL and Gemma 3; refused elsewhere with the reason",

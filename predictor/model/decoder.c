@@ -76,6 +76,26 @@ static int32_t embed(lctx *c, int32_t feat)
     return merge_images(c, emb, feat);
 }
 
+/* transformers 5.17 LlamaModel.forward (modeling_llama.py, and Mistral, Qwen2/3,
+ * Mixtral, Gemma3Text, MllamaText alike) without position_ids given:
+ * `torch.arange(S) + past_seen_tokens` - the arange and the int64 sum, then a
+ * view (unsqueeze).  The sum is passed to every decoder layer, so a checkpointed
+ * layer keeps it until its re-run (stack.c); otherwise it ends with the base
+ * model's forward.  Qwen-VL text models get theirs from get_rope_index (not
+ * modelled: -1); packed and sequence-parallel batches bring them as inputs. */
+static void position_ids(lctx *c)
+{
+    const module_spec *m = c->m, *v = mm_spec_module(c->spec, MOD_VISION);
+    c->pos_ids = -1;
+    if (m->pos != POS_ROPE || (v && v->temporal_patch_size) || c->on_seq ||
+        c->spec->training.packing)
+        return;
+    uint32_t r = op_row(c, "rotary_emb", "rope");
+    int32_t a = op_new(c, r, c->S, 8);
+    c->pos_ids = op_new(c, r, c->S, 8);
+    op_drop(c, a);
+}
+
 /* rotary cos / sin (B, S, d), computed in fp32 and cast to the hidden dtype */
 static void rotary(lctx *c, int32_t x)
 {
@@ -162,6 +182,7 @@ int32_t decoder_module(lctx *c, int32_t image_features)
     }
     op_unit_event(c, OP_UNIT_BASE, SIM_LAYER_BEGIN); /* the base model's FSDP unit */
     int32_t x = embed(c, image_features);
+    position_ids(c);
     rotary(c, x);
     masks(c, has_images);
     c->per_layer = 1;
@@ -181,6 +202,8 @@ int32_t decoder_module(lctx *c, int32_t image_features)
     int32_t z = op_decoder_norm(c, "norm", x, c->on_seq ? c->T / c->seq_shards : c->T,
                                 m->hidden_size, m->norm);
     op_drop(c, x);
+    op_drop(c, c->pos_ids); /* the base model's forward returns */
+    c->pos_ids = -1;
     op_unit_event(c, OP_UNIT_BASE, SIM_LAYER_END);
     if (c->on_seq) { /* lm_head's input all-gathered (ColwiseParallel input Shard(1)) */
         int32_t g = c->on_seq(c, z, 1, m->hidden_size);

@@ -83,6 +83,7 @@ typedef struct lctx {
     uint64_t images;     /* images in the micro-batch */
     int32_t cos, sin, mask, mask_sliding, pixels, cross_states;
     int32_t mask_cross;  /* Mllama: the cross-attention mask (B, 1, S, image tokens) */
+    int32_t pos_ids;     /* the text model's int64 position ids (decoder.c), -1 none */
     int32_t taps[MAX_TAPS];   /* DeepStack / Mllama intermediate hidden states */
     size_t ntaps;
     uint64_t win_chunks;  /* Qwen2.5-VL: windows per batch for window-attention layers */

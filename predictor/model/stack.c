@@ -149,6 +149,7 @@ static int32_t run_layer(lctx *c, int32_t x, uint64_t l)
         n->aux[5] = c->cross_states;
         op_save(c, n, c->mask_cross);
         n->aux[6] = c->mask_cross;
+        op_save(c, n, c->pos_ids); /* a kwarg of the layer call, held until its re-run */
     }
     return y;
 }

@@ -20,7 +20,7 @@ static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const
     c->spec = sp;
     c->scratch = scratch;
     c->cos = c->sin = c->mask = c->mask_sliding = c->pixels = c->cross_states = -1;
-    c->mask_cross = -1;
+    c->mask_cross = c->pos_ids = -1;
     for (int i = 0; i < 4; i++)
         c->late_drop[i] = -1;
     for (int i = 0; i < MAX_TAPS; i++)

@@ -11,20 +11,20 @@
  *     is refused: their packed weights, scales and dequantization buffers are
  *     not bitsandbytes', and nothing in the spec says them. */
 #include "import_hf.h"
+#include "import_rd.h"
 
 #include <stdio.h>
 #include <string.h>
 
 /* the keys of BitsAndBytesConfig.to_dict() (transformers utils/quantization_config.py)
  * that change nothing the spec counts, and why */
-static const struct {
-    const char *key, *why;
-} bnb_ignored[] = {
-    {"llm_int8_threshold", "LLM.int8()'s outlier threshold: a value"},
-    {"llm_int8_enable_fp32_cpu_offload", "offloads modules the device_map puts on the CPU, "
-                                         "which a training job on GPUs has none of"},
-    {"bnb_4bit_quant_storage", "the packed weights' storage dtype: the same bytes"},
-    {"_load_in_4bit", "a copy of load_in_4bit"}, {"_load_in_8bit", "a copy of load_in_8bit"},
+static const imp_rule bnb_rules[] = {
+    {"llm_int8_threshold", 'i', "LLM.int8()'s outlier threshold: a value"},
+    {"llm_int8_enable_fp32_cpu_offload", 'i', "offloads modules the device_map puts on the "
+                                              "CPU, which a training job on GPUs has none of"},
+    {"bnb_4bit_quant_storage", 'i', "the packed weights' storage dtype: the same bytes"},
+    {"_load_in_4bit", 'i', "a copy of load_in_4bit"},
+    {"_load_in_8bit", 'i', "a copy of load_in_8bit"},
 };
 
 static int bnb_skip(hfc *q)
@@ -85,12 +85,6 @@ static int bnb(hfc *q, imp_spec *s, int vlm)
         return -1;
     if (b8)
         hf_mark(q, "bnb_4bit_compute_dtype"); /* to_dict() writes it for 8-bit too */
-    for (size_t i = 0; i < sizeof bnb_ignored / sizeof bnb_ignored[0]; i++)
-        if (hf_node(q, bnb_ignored[i].key)) {
-            char w[160];
-            imp_note(s, "ignored %s: %s", hf_where(q, bnb_ignored[i].key, w, sizeof w),
-                     bnb_ignored[i].why);
-        }
     imp_set(imp_module(s, "decoder"), "quantization",
             "quantization_config (bitsandbytes, a pre-quantized checkpoint)", "{bits: %d%s%s%s}",
             b4 ? 4 : 8, b4 ? ", quant_type: " : "", b4 ? qt : "",
@@ -116,5 +110,8 @@ int imp_hf_quant(hfc *top, imp_spec *s, int vlm)
                                            "only (other methods pack weights, scales and "
                                            "dequantization buffers differently)",
                        method[0] ? method : "(none)");
-    return bnb(&q, s, vlm) || hf_finish(&q) ? -1 : 0;
+    if (bnb(&q, s, vlm))
+        return -1;
+    return imp_rules_finish(&q, bnb_rules, sizeof bnb_rules / sizeof bnb_rules[0],
+                            "quantization_config");
 }

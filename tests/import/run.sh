@@ -211,7 +211,7 @@ expect 2 "$M" import --hf "$T/q/config.json"
 has "expected exactly one of load_in_4bit and load_in_8bit"
 q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_typo": 1}'
 expect 2 "$M" import --hf "$T/q/config.json"
-has "quantization_config.bnb_4bit_typo: unknown key"
+has "quantization_config.bnb_4bit_typo: unknown quantization_config key"
 sed "s/}\$/, $BNB}/" "$S/llava-1.5-7b-hf/config.json" > "$T/q/config.json"
 expect 2 "$M" import --hf "$T/q/config.json"
 has "a quantized vision-language checkpoint"

@@ -32,12 +32,13 @@
 static const char *const vars[] = {"VIDEO_MAX_PIXELS", "VIDEO_MIN_PIXELS", "VIDEO_TOTAL_PIXELS",
                                    "FPS_MAX_FRAMES", "FPS_MIN_FRAMES", "FPS", NULL};
 
-static int any_video_var(hfc *env)
+/* the first video variable the environment sets, NULL none */
+static const char *first_video_var(hfc *env)
 {
     for (size_t i = 0; vars[i]; i++)
         if (mm_node_get(env->map, vars[i]))
-            return 1;
-    return 0;
+            return vars[i];
+    return NULL;
 }
 
 /* the frame count and a frame's bounds, as fetch_video computes them at worst */
@@ -71,14 +72,11 @@ static int frame_bounds(hfc *env, imp_spec *s, uint64_t *frames, uint64_t *lo, u
 
 int imp_swift_video(imp_job *j, hfc *env)
 {
-    if (!any_video_var(env))
+    const char *first = first_video_var(env);
+    if (!first)
         return 0;
     imp_section *v = imp_find_module(j->s, "vision");
     const char *fam = v ? imp_get(v, "family") : NULL;
-    const char *first = NULL;
-    for (size_t i = 0; vars[i] && !first; i++)
-        if (mm_node_get(env->map, vars[i]))
-            first = vars[i];
     if (!fam || (strcmp(fam, "qwen2_vl") && strcmp(fam, "qwen2_5_vl")))
         return hf_fail(env, first, "video samples are mapped for the Qwen2-VL and Qwen2.5-VL "
                                    "templates (qwen_vl_utils' pixel bounds); not for %s",

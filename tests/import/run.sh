@@ -190,28 +190,23 @@ same "$T/bnb.yaml" "$T/plain.yaml"
 expect 2 "$M" import --hf "$T/bnb/config.json" --args "--per_device_train_batch_size 2 --bf16 True"
 has "quantized base weights cannot be trained: set trainable: false (QLoRA)"
 q() { sed "s/}\$/, \"quantization_config\": $1}/" "$T/config.json" > "$T/q/config.json"; }
+# qr CONFIG TEXT: that quantization_config is refused with TEXT
+qr() { q "$1"; expect 2 "$M" import --hf "$T/q/config.json"; has "$2"; }
 mkdir -p "$T/q"
 q '{"quant_method": "bitsandbytes", "load_in_8bit": true, "bnb_4bit_compute_dtype": "float32"}'
 expect 2 "$M" import --hf "$T/q/config.json" # (written, then refused: nothing trains it)
 has "quantization: {bits: 8}"
-q '{"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false}'
-expect 2 "$M" import --hf "$T/q/config.json"
-has "quantization_config.quant_method: 'gptq'-quantized bases are not modelled"
-q '{"quant_method": "awq", "bits": 4}'
-expect 2 "$M" import --hf "$T/q/config.json"
-has "'awq'-quantized bases are not modelled"
-q '{"quant_method": "bitsandbytes", "load_in_4bit": true}'
-expect 2 "$M" import --hf "$T/q/config.json"
-has "bnb_4bit_compute_dtype: 'float32': the quantized Linears would compute in it"
-q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16", "llm_int8_skip_modules": ["lm_head", "mlp"]}'
-expect 2 "$M" import --hf "$T/q/config.json"
-has "llm_int8_skip_modules: only [lm_head] is modelled"
-q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "load_in_8bit": true}'
-expect 2 "$M" import --hf "$T/q/config.json"
-has "expected exactly one of load_in_4bit and load_in_8bit"
-q '{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_typo": 1}'
-expect 2 "$M" import --hf "$T/q/config.json"
-has "quantization_config.bnb_4bit_typo: unknown quantization_config key"
+qr '{"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false}' \
+    "quantization_config.quant_method: 'gptq'-quantized bases are not modelled"
+qr '{"quant_method": "awq", "bits": 4}' "'awq'-quantized bases are not modelled"
+qr '{"quant_method": "bitsandbytes", "load_in_4bit": true}' \
+    "bnb_4bit_compute_dtype: 'float32': the quantized Linears would compute in it"
+qr '{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16", "llm_int8_skip_modules": ["lm_head", "mlp"]}' \
+    "llm_int8_skip_modules: only [lm_head] is modelled"
+qr '{"quant_method": "bitsandbytes", "load_in_4bit": true, "load_in_8bit": true}' \
+    "expected exactly one of load_in_4bit and load_in_8bit"
+qr '{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_typo": 1}' \
+    "quantization_config.bnb_4bit_typo: unknown quantization_config key"
 sed "s/}\$/, $BNB}/" "$S/llava-1.5-7b-hf/config.json" > "$T/q/config.json"
 expect 2 "$M" import --hf "$T/q/config.json"
 has "a quantized vision-language checkpoint"

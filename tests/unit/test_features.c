@@ -8,14 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static mm_prediction run(const mm_spec *s)
-{
-    mm_prediction p;
-    mm_error e;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
-    return p;
-}
-
 static void set(mm_spec *s, const char *kv)
 {
     mm_error e;
@@ -55,10 +47,10 @@ END_TEST
 START_TEST(modules_to_save_adds_trainable_copies)
 {
     mm_spec *s = unit_preset("qwen2.5-vl-7b-lora");
-    mm_prediction a = run(s);
+    mm_prediction a = unit_predict(s);
     set(s, "language_model.lora={r: 8, lora_alpha: 16, lora_dropout: 0, target_modules: "
            "all-linear, modules_to_save: [embed_tokens, lm_head]}");
-    mm_prediction b = run(s);
+    mm_prediction b = unit_predict(s);
     uint64_t vh = 152064ull * 3584; /* Qwen2.5-VL-7B: vocab x hidden, untied */
     ck_assert_uint_eq(b.parameters_count, a.parameters_count + 2 * vh);
     ck_assert_uint_eq(b.trainable_count, a.trainable_count + 2 * vh);

@@ -180,10 +180,9 @@ static mm_spec *qvl_spec(int q25, const char *liger, mm_error *e)
 static mm_prediction qvl_predict(int q25, const char *liger)
 {
     mm_error e;
-    mm_prediction p;
     mm_spec *s = qvl_spec(q25, liger, &e);
     ck_assert_msg(s != NULL, "%s: %s", liger, e.msg);
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    mm_prediction p = unit_predict(s);
     mm_spec_free(s);
     return p;
 }
@@ -261,11 +260,10 @@ static mm_prediction g3_predict(const char *liger, int vision)
         "     input_size: 128, hidden_size: 512, trainable: true}\n";
     char buf[3072];
     mm_error e;
-    mm_prediction p;
     snprintf(buf, sizeof buf, g3, vision ? tower : "", vision ? 1 : 0, liger);
     mm_spec *s = mm_spec_load_buffer(buf, strlen(buf), "g3.yaml", MM_FMT_YAML, &e);
     ck_assert_msg(s != NULL, "%s: %s", liger, e.msg);
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    mm_prediction p = unit_predict(s);
     mm_spec_free(s);
     return p;
 }

@@ -30,13 +30,9 @@ static mm_spec *load(void)
 static mm_prediction with_targets(mm_spec *s, const char *targets)
 {
     char kv[512];
-    mm_error e;
-    mm_prediction p;
     snprintf(kv, sizeof kv, "language_model.lora={r: 8, lora_alpha: 16, lora_dropout: 0, "
                             "target_modules: %s}", targets);
-    ck_assert_msg(mm_spec_set(s, kv, &e) == 0, "%s: %s", kv, e.msg);
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
-    return p;
+    return unit_set_predict(s, kv);
 }
 
 /* lm_head: lora_A (r x h) and lora_B (V x r) train; all-linear leaves the head

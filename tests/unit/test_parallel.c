@@ -35,14 +35,6 @@ static mm_spec *tiny(const char *training, const char *extra)
     return s;
 }
 
-static mm_prediction predict(const mm_spec *s)
-{
-    mm_prediction p;
-    mm_error e;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
-    return p;
-}
-
 /* a frozen tiny Llama with LoRA on every linear, on 2 ranks, with `fsdp` (a
  * line of the spec's fsdp section) */
 static mm_spec *lora_dp2(const char *fsdp)
@@ -113,7 +105,7 @@ START_TEST(ddp_bucket_view_saves_one_gradient_copy)
 {
     mm_spec *a = tiny(", data_parallel: 2", "ddp: {gradient_as_bucket_view: false}\n");
     mm_spec *b = tiny(", data_parallel: 2", "ddp: {gradient_as_bucket_view: true}\n");
-    mm_prediction pa = predict(a), pb = predict(b);
+    mm_prediction pa = unit_predict(a), pb = unit_predict(b);
     ck_assert_uint_eq(pa.phase_peak[MM_PHASE_OPTIMIZER] - pb.phase_peak[MM_PHASE_OPTIMIZER], 2 * P);
     ck_assert_uint_eq(pa.allocated_dp1, pb.allocated_dp1);
     mm_prediction_free(&pa);
@@ -203,7 +195,7 @@ END_TEST
 START_TEST(zero2_optimizer_phase_by_hand)
 {
     mm_spec *sp = tiny(", zero_stage: 2, data_parallel: 2", "");
-    mm_prediction p = predict(sp);
+    mm_prediction p = unit_predict(sp);
     uint64_t gip = 552960 + 192;
     uint64_t want = 2 * P + 6 * P + 2 * H * H + 2 * gip + 8 * 24 + 8 * 552960ull;
     ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], want);
@@ -220,7 +212,7 @@ END_TEST
 START_TEST(zero3_optimizer_phase_by_hand)
 {
     mm_spec *sp = tiny(", zero_stage: 3, data_parallel: 2", "");
-    mm_prediction p = predict(sp);
+    mm_prediction p = unit_predict(sp);
     uint64_t want = P + 2 * (5 * H) + 6 * P + P + 2 * H * H + 8 * 24 + 8 * 552960ull;
     ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], want);
     mm_prediction_free(&p);
@@ -287,7 +279,7 @@ START_TEST(zero2_round_robin_changes_the_partition)
     mm_spec *a = tiny(", zero_stage: 2, data_parallel: 3", "");
     mm_spec *b = tiny(", zero_stage: 2, data_parallel: 3",
                       "deepspeed: {round_robin_gradients: true}\n");
-    mm_prediction pa = predict(a), pb = predict(b);
+    mm_prediction pa = unit_predict(a), pb = unit_predict(b);
     ck_assert_uint_eq(pa.phase_peak[MM_PHASE_OPTIMIZER] - pb.phase_peak[MM_PHASE_OPTIMIZER],
                       2 * (1105920 - 1048576));
     mm_prediction_free(&pa);

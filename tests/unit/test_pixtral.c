@@ -13,20 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static mm_prediction run(mm_spec *s, const char *kv)
-{
-    mm_error e;
-    ck_assert_msg(mm_spec_set(s, kv, &e) == 0, "%s: %s", kv, e.msg);
-    mm_prediction p;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
-    return p;
-}
-
 static void tokens(mm_spec *s, const char *size, uint64_t patches, uint64_t toks)
 {
     char kv[96];
     snprintf(kv, sizeof kv, "training.image_size=%s", size);
-    mm_prediction p = run(s, kv);
+    mm_prediction p = unit_set_predict(s, kv);
     ck_assert_uint_eq(p.image_patches, patches);
     ck_assert_uint_eq(p.image_tokens, toks);
     mm_prediction_free(&p);
@@ -67,7 +58,7 @@ END_TEST
 
 static uint64_t fwd(mm_spec *s, const char *kv)
 {
-    mm_prediction p = run(s, kv);
+    mm_prediction p = unit_set_predict(s, kv);
     uint64_t v = p.phase_peak[MM_PHASE_FORWARD];
     mm_prediction_free(&p);
     return v;
@@ -186,8 +177,7 @@ static mm_prediction m3(const char *family)
     snprintf(buf, sizeof buf, M3, family);
     mm_spec *s = mm_spec_load_buffer(buf, strlen(buf), "m3.yaml", MM_FMT_YAML, &e);
     ck_assert_msg(s != NULL, "%s", e.msg);
-    mm_prediction p;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    mm_prediction p = unit_predict(s);
     mm_spec_free(s);
     return p;
 }

@@ -16,18 +16,10 @@ static void set(mm_spec *s, const char *kv)
     ck_assert_msg(mm_spec_set(s, kv, &e) == 0, "%s", e.msg);
 }
 
-static mm_prediction predict(const mm_spec *s)
-{
-    mm_prediction p;
-    mm_error e;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
-    return p;
-}
-
 START_TEST(llava7b_parameter_counts)
 {
     mm_spec *s = unit_preset("llava-1.5-7b-finetune");
-    mm_prediction p = predict(s);
+    mm_prediction p = unit_predict(s);
     ck_assert_uint_eq(p.n_modules, 3);
     /* Vicuna-7B v1.5 (published): 6,738,415,616 */
     ck_assert_uint_eq(p.modules[2].parameters_count, 6738415616ull);
@@ -52,7 +44,7 @@ END_TEST
 START_TEST(llava13b_parameter_counts)
 {
     mm_spec *s = unit_preset("llava-1.5-13b-pretrain");
-    mm_prediction p = predict(s);
+    mm_prediction p = unit_predict(s);
     /* Vicuna-13B v1.5: 13,015,864,320 */
     ck_assert_uint_eq(p.modules[2].parameters_count, 13015864320ull);
     ck_assert_uint_eq(p.modules[1].parameters_count, 1024ull * 5120 + 5120 + 5120ull * 5120 + 5120);
@@ -66,7 +58,7 @@ END_TEST
 START_TEST(lora_parameter_counts)
 {
     mm_spec *s = unit_preset("llava-1.5-7b-lora");
-    mm_prediction p = predict(s);
+    mm_prediction p = unit_predict(s);
     /* r=128 on q,k,v,o (4096x4096) and gate,up (4096->11008), down (11008->4096):
      * per layer r*(in+out) summed, 32 layers */
     uint64_t per = 128ull * (4 * (4096 + 4096) + 2 * (4096 + 11008) + (11008 + 4096));
@@ -106,25 +98,25 @@ START_TEST(pure_bf16_adamw_optimizer_phase)
     /* torch 2.x foreach AdamW on a bf16 model: params 2P + grads 2P + exp_avg and
      * exp_avg_sq 4P + the _foreach_sqrt(exp_avg_sq) temporary 2P = 10P */
     mm_spec *s = tiny_llm("");
-    mm_prediction p = predict(s);
+    mm_prediction p = unit_predict(s);
     uint64_t P = p.parameters_count;
     ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 10 * P + 8 * 24 + NORM_KEPT);
     mm_prediction_free(&p);
     /* fused AdamW has no temporary: 8P, the norm's computation is the peak */
     set(s, "training.optimizer_impl=fused");
-    p = predict(s);
+    p = unit_predict(s);
     ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 8 * P + 8 * 24 + NORM_PEAK);
     mm_prediction_free(&p);
     /* fp32 master weights (autocast): params 4P + grads 4P + states 8P + sqrt 4P */
     set(s, "training.optimizer_impl=foreach");
     set(s, "training.master_weights=fp32");
-    p = predict(s);
+    p = unit_predict(s);
     ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 20 * P + 8 * 24 + NORM_KEPT);
     mm_prediction_free(&p);
     /* SGD without momentum: params + grads; the norm's computation is the peak */
     set(s, "training.master_weights=none");
     set(s, "training.optimizer=sgd");
-    p = predict(s);
+    p = unit_predict(s);
     ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 4 * P + 8 * 24 + NORM_PEAK);
     mm_prediction_free(&p);
     mm_spec_free(s);
@@ -140,7 +132,7 @@ START_TEST(accumulation_adds_into_grad)
     for (int ck = 0; ck <= 1; ck++) {
         mm_spec *s = tiny_llm(ck ? ", gradient_checkpointing: true" : "");
         set(s, "training.gradient_accumulation_steps=4");
-        mm_prediction p = predict(s);
+        mm_prediction p = unit_predict(s);
         ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER],
                           10 * p.parameters_count + 4 * 8 * 24 + NORM_KEPT);
         mm_prediction_free(&p);
@@ -155,7 +147,7 @@ START_TEST(tied_embeddings_one_gradient)
 {
     mm_spec *s = tiny_llm("");
     set(s, "llm.tie_word_embeddings=true");
-    mm_prediction p = predict(s);
+    mm_prediction p = unit_predict(s);
     uint64_t P = p.parameters_count;
     ck_assert_uint_eq(P, 1000ull * 256 + 4 * (4ull * 256 * 256 + 3ull * 256 * 512 + 2 * 256) + 256);
     ck_assert_uint_eq(p.phase_peak[MM_PHASE_OPTIMIZER], 10 * P + 8 * 24 + NORM_KEPT);
@@ -172,7 +164,7 @@ START_TEST(loss_dominates_small_models)
     set(s, "llm.vocab_size=32000");
     set(s, "training.seq_len=1024");
     set(s, "training.micro_batch_size=4");
-    mm_prediction p = predict(s);
+    mm_prediction p = unit_predict(s);
     ck_assert_int_eq(p.peak_phase, MM_PHASE_BACKWARD);
     ck_assert_msg(strstr(p.peak_event, "loss") != NULL, "%s", p.peak_event);
     uint64_t TV = 4ull * 1024 * 32000;
@@ -185,7 +177,7 @@ START_TEST(loss_dominates_small_models)
     /* transformers < 4.46 also copies the shifted fp32 logits in forward:
      * 2 (bf16) + 4 (fp32) + 4 (shifted) + 4 (log_softmax) = 14 TV > 12 TV */
     set(s, "framework.transformers_version=4.37.2");
-    p = predict(s);
+    p = unit_predict(s);
     ck_assert_int_eq(p.peak_phase, MM_PHASE_FORWARD);
     ck_assert_uint_ge(p.allocated_peak_bytes, 14 * TV - 4ull * 32000 * 4 * 2);
     mm_prediction_free(&p);
@@ -198,15 +190,15 @@ START_TEST(monotone_behaviour)
     mm_spec *s = unit_preset("llava-1.5-7b-finetune");
     set(s, "training.gradient_checkpointing=false");
     set(s, "training.micro_batch_size=4");
-    mm_prediction base = predict(s);
+    mm_prediction base = unit_predict(s);
     /* checkpointing lowers the peak */
     set(s, "training.gradient_checkpointing=true");
-    mm_prediction ck = predict(s);
+    mm_prediction ck = unit_predict(s);
     ck_assert_uint_lt(ck.allocated_peak_bytes, base.allocated_peak_bytes);
     /* eager attention keeps s^2 tensors: higher than flash */
     set(s, "training.gradient_checkpointing=false");
     set(s, "training.attention=eager");
-    mm_prediction eager = predict(s);
+    mm_prediction eager = unit_predict(s);
     ck_assert_uint_gt(eager.allocated_peak_bytes, base.allocated_peak_bytes);
     /* the eager excess at the peak is at least the saved fp32 + bf16 probs of 32
      * layers (32 * b * a * s^2 * 6 bytes) minus what flash keeps instead: an fp32
@@ -222,7 +214,7 @@ START_TEST(monotone_behaviour)
         mm_error e;
         snprintf(kv, sizeof kv, "training.data_parallel=%u", n);
         set(s, kv);
-        mm_prediction q = predict(s);
+        mm_prediction q = unit_predict(s);
         ck_assert_int_eq(mm_dp_cover(s, &base, &n, 1, &e), 0);
         ck_assert_uint_eq(mm_peak_for_dp(&base, n), q.peak_bytes);
         if (n > 2)
@@ -252,7 +244,7 @@ START_TEST(eager_checkpointed_softmax_backward_floor)
                         "training.attention=eager", "framework.transformers_version=5.17"};
     for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
         set(s, kv[i]);
-    mm_prediction p = predict(s);
+    mm_prediction p = unit_predict(s);
     uint64_t B = 4, H = 32, S = 2048, h = 4096, L = 32;
     uint64_t floor = p.parameters_count * 2 + 4 * (B * H * S * S * 4) + (L - 1) * (B * S * h * 2);
     ck_assert_uint_ge(p.allocated_peak_bytes, floor);
@@ -269,11 +261,11 @@ END_TEST
 START_TEST(cublas_workspaces_are_reserved)
 {
     mm_spec *s = unit_preset("llava-1.5-7b-finetune");
-    mm_prediction d = predict(s);
+    mm_prediction d = unit_predict(s);
     set(s, "device.cublas_workspace=0");
-    mm_prediction z = predict(s);
+    mm_prediction z = unit_predict(s);
     set(s, "device.cublas_workspace=32MiB");
-    mm_prediction t = predict(s);
+    mm_prediction t = unit_predict(s);
     ck_assert_uint_eq(d.reserved_peak_bytes - z.reserved_peak_bytes, 64ull << 20);
     ck_assert_uint_eq(t.reserved_peak_bytes, d.reserved_peak_bytes);
     ck_assert_uint_eq(d.allocated_peak_bytes, z.allocated_peak_bytes);
@@ -291,7 +283,7 @@ START_TEST(factors_sum_to_allocated)
                            "llava-1.5-13b-finetune"};
     for (size_t i = 0; i < 4; i++) {
         mm_spec *s = unit_preset(names[i]);
-        mm_prediction p = predict(s);
+        mm_prediction p = unit_predict(s);
         const mm_factors *f = &p.factors;
         ck_assert_uint_eq(f->parameters + f->gradients + f->optimizer_states + f->activations +
                               f->temporaries,
@@ -341,7 +333,7 @@ START_TEST(public_measured_points)
     mm_spec *s = unit_preset("llava-1.5-7b-finetune");
     set(s, "training.zero_stage=2");
     set(s, "training.micro_batch_size=1");
-    mm_prediction p = predict(s);
+    mm_prediction p = unit_predict(s);
     const uint32_t ns[] = {4, 8};
     mm_error e;
     ck_assert_int_eq(mm_dp_cover(s, &p, ns, 2, &e), 0);
@@ -353,7 +345,7 @@ START_TEST(public_measured_points)
                            "llava-1.5-7b-pretrain", "llava-1.5-7b-finetune", "llava-1.5-7b-lora"};
     for (size_t i = 0; i < 6; i++) {
         s = unit_preset(fit80[i]);
-        p = predict(s);
+        p = unit_predict(s);
         ck_assert_msg(p.peak_bytes <= a100_80, "%s: %llu", fit80[i],
                       (unsigned long long)p.peak_bytes);
         mm_prediction_free(&p);
@@ -387,7 +379,7 @@ START_TEST(folding_is_exact)
             mm_spec *s = unit_preset(names[i]);
             for (size_t k = 0; k < 3 && variants[v][k]; k++)
                 set(s, variants[v][k]);
-            mm_prediction a = predict(s), b;
+            mm_prediction a = unit_predict(s), b;
             mm_error e;
             ck_assert_msg(mm_predict_ex(s, &b, &e, MM_PREDICT_NOFOLD) == 0, "%s", e.msg);
             ck_assert_uint_eq(a.allocated_peak_bytes, b.allocated_peak_bytes);

@@ -10,10 +10,7 @@
 
 static uint64_t peak(mm_spec *s, const char *kv)
 {
-    mm_error e;
-    ck_assert_msg(mm_spec_set(s, kv, &e) == 0, "%s: %s", kv, e.msg);
-    mm_prediction p;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    mm_prediction p = unit_set_predict(s, kv);
     uint64_t v = p.phase_peak[MM_PHASE_FORWARD];
     mm_prediction_free(&p);
     return v;

@@ -37,6 +37,9 @@ Suite *wrap_suite(void);
 mm_spec *unit_preset(const char *name);              /* contrib/models/NAME.yaml */
 mm_spec *unit_tiny(const char *extra, mm_error *e);  /* tiny Llama + lines under training: */
 mm_prediction unit_tiny_predict(const char *extra);
+/* the prediction of s (the test fails if mm_predict does); after `--set kv` */
+mm_prediction unit_predict(const mm_spec *s);
+mm_prediction unit_set_predict(mm_spec *s, const char *kv);
 void unit_tiny_refused(const char *extra, const char *key, const char *why);
 /* fn(path, ctx) for each .yaml of SRCDIR/dir (asserts there is one); how many */
 size_t unit_each_yaml(const char *dir, void (*fn)(const char *path, void *ctx), void *ctx);

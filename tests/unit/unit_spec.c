@@ -34,13 +34,27 @@ mm_spec *unit_tiny(const char *extra, mm_error *e)
     return mm_spec_load_buffer(buf, strlen(buf), "tiny.yaml", MM_FMT_YAML, e);
 }
 
+mm_prediction unit_predict(const mm_spec *s)
+{
+    mm_error e;
+    mm_prediction p;
+    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    return p;
+}
+
+mm_prediction unit_set_predict(mm_spec *s, const char *kv)
+{
+    mm_error e;
+    ck_assert_msg(mm_spec_set(s, kv, &e) == 0, "%s: %s", kv, e.msg);
+    return unit_predict(s);
+}
+
 mm_prediction unit_tiny_predict(const char *extra)
 {
     mm_error e;
     mm_spec *s = unit_tiny(extra, &e);
     ck_assert_msg(s != NULL, "%s", e.msg);
-    mm_prediction p;
-    ck_assert_msg(mm_predict(s, &p, &e) == 0, "%s", e.msg);
+    mm_prediction p = unit_predict(s);
     mm_spec_free(s);
     return p;
 }

@@ -56,14 +56,6 @@ START_TEST(pixtral_seq_len_holds_the_breaks)
 }
 END_TEST
 
-static uint64_t fwd(mm_spec *s, const char *kv)
-{
-    mm_prediction p = unit_set_predict(s, kv);
-    uint64_t v = p.phase_peak[MM_PHASE_FORWARD];
-    mm_prediction_free(&p);
-    return v;
-}
-
 /* a trained tower under SDPA without checkpointing: 63 x 63 = 3969 patches (no
  * multiple of 16) make every layer keep its own padded copy of the (P, P) mask,
  * 4096 patches let every layer keep the one mask - so fewer patches cost more;
@@ -74,14 +66,14 @@ START_TEST(pixtral_sdpa_keeps_the_float_mask)
     mm_error e;
     ck_assert_msg(mm_spec_set(s, "training.gradient_checkpointing=false", &e) == 0, "%s", e.msg);
     ck_assert_msg(mm_spec_set(s, "language_model.num_hidden_layers=2", &e) == 0, "%s", e.msg);
-    uint64_t odd = fwd(s, "training.image_size=[1008, 1008]");
-    uint64_t even = fwd(s, "training.image_size=[1024, 1024]");
+    uint64_t odd = unit_set_forward_peak(s, "training.image_size=[1008, 1008]");
+    uint64_t even = unit_set_forward_peak(s, "training.image_size=[1024, 1024]");
     ck_assert_uint_gt(odd, even);
     /* 24 layers x 3969 x 3984 bf16 padded copies against one 4096 x 4096 mask */
     ck_assert_uint_gt(odd - even, 24ull * 3969 * 3984 * 2 / 2);
     ck_assert_msg(mm_spec_set(s, "training.attention=eager", &e) == 0, "%s", e.msg);
-    uint64_t eodd = fwd(s, "training.image_size=[1008, 1008]");
-    uint64_t eeven = fwd(s, "training.image_size=[1024, 1024]");
+    uint64_t eodd = unit_set_forward_peak(s, "training.image_size=[1008, 1008]");
+    uint64_t eeven = unit_set_forward_peak(s, "training.image_size=[1024, 1024]");
     ck_assert_uint_lt(eodd, eeven);
     mm_spec_free(s);
 }
@@ -97,8 +89,8 @@ START_TEST(pixtral_one_sequence_for_all_images)
                         "language_model.num_hidden_layers=1", "training.image_size=[512, 512]"};
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
         ck_assert_msg(mm_spec_set(s, kv[i], &e) == 0, "%s", e.msg);
-    uint64_t one = fwd(s, "training.images_per_sample=1");
-    uint64_t two = fwd(s, "training.images_per_sample=2");
+    uint64_t one = unit_set_forward_peak(s, "training.images_per_sample=1");
+    uint64_t two = unit_set_forward_peak(s, "training.images_per_sample=2");
     /* 24 layers keep fp32 and bf16 probabilities of 16 heads: P = 1024 adds
      * 24 x 16 x 6 x (4 - 1) P^2 bytes from one image to two */
     ck_assert_uint_gt(two - one, 24ull * 16 * 6 * 3 * 1024 * 1024);

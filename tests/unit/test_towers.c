@@ -8,24 +8,16 @@
 #include <stdio.h>
 #include <string.h>
 
-static uint64_t peak(mm_spec *s, const char *kv)
-{
-    mm_prediction p = unit_set_predict(s, kv);
-    uint64_t v = p.phase_peak[MM_PHASE_FORWARD];
-    mm_prediction_free(&p);
-    return v;
-}
-
 /* a trained Qwen2.5-VL tower: the key takes the tower's layers out of (or into)
  * checkpointing whatever training.gradient_checkpointing says, and only them */
 START_TEST(tower_checkpointing_follows_its_own_key)
 {
     mm_spec *s = unit_preset("qwen2.5-vl-7b-full");
-    uint64_t both = peak(s, "vision_tower.trainable=true");
-    uint64_t same = peak(s, "vision_tower.gradient_checkpointing=true");
-    uint64_t llm_only = peak(s, "vision_tower.gradient_checkpointing=false");
-    uint64_t none = peak(s, "training.gradient_checkpointing={enabled: false, use_reentrant: true}");
-    uint64_t tower_only = peak(s, "vision_tower.gradient_checkpointing=true");
+    uint64_t both = unit_set_forward_peak(s, "vision_tower.trainable=true");
+    uint64_t same = unit_set_forward_peak(s, "vision_tower.gradient_checkpointing=true");
+    uint64_t llm_only = unit_set_forward_peak(s, "vision_tower.gradient_checkpointing=false");
+    uint64_t none = unit_set_forward_peak(s, "training.gradient_checkpointing={enabled: false, use_reentrant: true}");
+    uint64_t tower_only = unit_set_forward_peak(s, "vision_tower.gradient_checkpointing=true");
     ck_assert_uint_eq(same, both);      /* true under a model-wide enable: nothing to change */
     ck_assert_uint_gt(llm_only, both);  /* the tower's activations stay for backward */
     ck_assert_uint_lt(tower_only, none);
@@ -55,9 +47,9 @@ END_TEST
 START_TEST(video_frames_merge_in_pairs)
 {
     mm_spec *s = unit_preset("qwen2.5-vl-7b-full");
-    uint64_t f3 = peak(s, "training.video_frames=3");
-    uint64_t f4 = peak(s, "training.video_frames=4");
-    uint64_t f5 = peak(s, "training.video_frames=5");
+    uint64_t f3 = unit_set_forward_peak(s, "training.video_frames=3");
+    uint64_t f4 = unit_set_forward_peak(s, "training.video_frames=4");
+    uint64_t f5 = unit_set_forward_peak(s, "training.video_frames=5");
     ck_assert_uint_eq(f3, f4);
     ck_assert_uint_gt(f5, f4);
     mm_spec_free(s);
@@ -71,11 +63,11 @@ END_TEST
 START_TEST(video_pixels_bound_the_frames)
 {
     mm_spec *s = unit_preset("qwen2.5-vl-7b-full");
-    uint64_t img = peak(s, "training.video_frames=4");
-    uint64_t small = peak(s, "training.video_max_pixels=12544");
-    uint64_t big = peak(s, "training.video_max_pixels=200704");
+    uint64_t img = unit_set_forward_peak(s, "training.video_frames=4");
+    uint64_t small = unit_set_forward_peak(s, "training.video_max_pixels=12544");
+    uint64_t big = unit_set_forward_peak(s, "training.video_max_pixels=200704");
     ck_assert_msg(mm_spec_set(s, "training.video_max_pixels=1003520", &(mm_error){0}) == 0, "max");
-    uint64_t grown = peak(s, "training.video_min_pixels=802816");
+    uint64_t grown = unit_set_forward_peak(s, "training.video_min_pixels=802816");
     ck_assert_uint_lt(small, img);
     ck_assert_uint_gt(big, small);
     ck_assert_uint_gt(grown, big);

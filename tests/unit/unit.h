@@ -40,6 +40,7 @@ mm_prediction unit_tiny_predict(const char *extra);
 /* the prediction of s (the test fails if mm_predict does); after `--set kv` */
 mm_prediction unit_predict(const mm_spec *s);
 mm_prediction unit_set_predict(mm_spec *s, const char *kv);
+uint64_t unit_set_forward_peak(mm_spec *s, const char *kv); /* its forward phase's peak */
 void unit_tiny_refused(const char *extra, const char *key, const char *why);
 /* fn(path, ctx) for each .yaml of SRCDIR/dir (asserts there is one); how many */
 size_t unit_each_yaml(const char *dir, void (*fn)(const char *path, void *ctx), void *ctx);

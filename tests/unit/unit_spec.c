@@ -49,6 +49,14 @@ mm_prediction unit_set_predict(mm_spec *s, const char *kv)
     return unit_predict(s);
 }
 
+uint64_t unit_set_forward_peak(mm_spec *s, const char *kv)
+{
+    mm_prediction p = unit_set_predict(s, kv);
+    uint64_t v = p.phase_peak[MM_PHASE_FORWARD];
+    mm_prediction_free(&p);
+    return v;
+}
+
 mm_prediction unit_tiny_predict(const char *extra)
 {
     mm_error e;

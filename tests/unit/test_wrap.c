@@ -36,15 +36,22 @@ static mm_spec *llama(const char *lora, const char *fsdp, mm_error *e)
     return mm_spec_load_buffer(buf, strlen(buf), "wrap.yaml", MM_FMT_YAML, e);
 }
 
-/* the forward's all-gathers (runtime.gathered_params allocations), in bytes */
-static size_t forward_gathers(const char *fsdp, uint64_t *out, size_t cap)
+/* the step's event log of the tiny Llama with `fsdp`, on 2 ranks, unfolded */
+static void logged_step(const char *fsdp, sim *s)
 {
     mm_error e;
     mm_spec *sp = llama("", fsdp, &e);
     ck_assert_msg(sp != NULL, "%s", e.msg);
-    sim s;
     step_cfg cfg = {.dp = 2, .nofold = 1, .log = 1};
-    ck_assert_msg(step_run(sp, &s, &cfg, &e) == 0, "%s", e.msg);
+    ck_assert_msg(step_run(sp, s, &cfg, &e) == 0, "%s", e.msg);
+    mm_spec_free(sp);
+}
+
+/* the forward's all-gathers (runtime.gathered_params allocations), in bytes */
+static size_t forward_gathers(const char *fsdp, uint64_t *out, size_t cap)
+{
+    sim s;
+    logged_step(fsdp, &s);
     size_t n = 0;
     for (size_t i = 0; i < s.nev; i++) {
         const sim_ev *ev = &s.ev[i];
@@ -53,7 +60,6 @@ static size_t forward_gathers(const char *fsdp, uint64_t *out, size_t cap)
             out[n++] = ev->bytes;
     }
     sim_free(&s);
-    mm_spec_free(sp);
     return n;
 }
 
@@ -91,12 +97,8 @@ END_TEST
  * and of the last mlp weight gradient made (backward) */
 static void q_free_mlp_last(const char *fsdp, size_t *qfree, size_t *mlp_last)
 {
-    mm_error e;
-    mm_spec *sp = llama("", fsdp, &e);
-    ck_assert_msg(sp != NULL, "%s", e.msg);
     sim s;
-    step_cfg cfg = {.dp = 2, .nofold = 1, .log = 1};
-    ck_assert_msg(step_run(sp, &s, &cfg, &e) == 0, "%s", e.msg);
+    logged_step(fsdp, &s);
     *qfree = SIZE_MAX;
     *mlp_last = 0;
     for (size_t i = 0; i < s.nev; i++) {
@@ -110,7 +112,6 @@ static void q_free_mlp_last(const char *fsdp, size_t *qfree, size_t *mlp_last)
             *mlp_last = i;
     }
     sim_free(&s);
-    mm_spec_free(sp);
 }
 
 /* A layer's parameters that no unit of the layer holds are views of their

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -144,6 +145,7 @@ def gloo_collective_scratch_not_counted():
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     assert emul.install_nccl_collectives()
+    live0 = M.live()
     inp = torch.randn(4096)
     out = torch.empty(4096)
     n = nbytes(inp)
@@ -166,6 +168,15 @@ def gloo_collective_scratch_not_counted():
     calls = emul.collective_calls(reset=True)
     assert calls.get("c10d::_reduce_scatter_base_") == 1 and calls.get("c10d::_allgather_base_") == 1, calls
     assert calls.get("c10d::allgather_") == 1, calls
+    # a gloo work thread still holds the last work's inputs and outputs for a moment after
+    # wait() returns (ProcessGroupGloo::runLoop keeps `work` until workInProgress_ is reset),
+    # so these two counted tensors can be freed on that thread while the next test measures:
+    # wait, bounded, until they are gone, and fail if they never are
+    del inp, out
+    deadline = time.monotonic() + 10
+    while M.live() != live0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert M.live() == live0, ("gloo never released the collectives' tensors", M.live() - live0)
 
 
 # ------------------------------------------------------------------ SDPA

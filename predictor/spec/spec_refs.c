@@ -211,7 +211,7 @@ int spec_resolve_refs(mm_spec *s, mm_error *err)
         mm_err(err, "out of memory");
         return -1;
     }
-    imp_init(imp);
+    imp_init_zeroed(imp);
     imp_job_init(j, imp);
     int any, rc = -1;
     if (import_refs(s, j, &any, err) || !any) {

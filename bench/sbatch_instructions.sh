@@ -11,6 +11,8 @@
 #   none     plugin not in plugstack.conf
 #   plain    plugin loaded, no --mm-model
 #   mm       plugin loaded, --mm-model=SPEC (LLaVA-1.5-7B fine-tune, fits)
+#   mm-nommb the same under max_micro_batch=no (the largest micro-batch not
+#            searched: MMGUARD_MAX_MICRO_BATCH and mmb= absent)
 #   base-mm  BASE_PLUGIN (an older build, e.g. before the one-variable record)
 # and for `mm` the inclusive instructions of the plugin's parts.
 set -eu
@@ -43,6 +45,11 @@ sbatch --hold -o /dev/null --gres=gpu:h100:8 --mm-model="$SPEC" --wrap true >/de
 none=$(count none "")
 plain=$(count plain "$with")
 mm=$(count mm "$with" --mm-model="$SPEC")
+conf=$CLUSTER_DIR/etc/mmguard.conf # the copy the plugstack line names
+cp "$conf" "$dir/mmguard.conf.mmb"
+printf 'max_micro_batch=no\n' >>"$conf"
+nommb=$(count nommb "$with" --mm-model="$SPEC")
+cp "$dir/mmguard.conf.mmb" "$conf"
 base=""
 if [ -n "${BASE_PLUGIN:-}" ]; then
     base=$(count base "$(echo "$with" | sed "s|[^ ]*spank_mmguard.so|$BASE_PLUGIN|")" --mm-model="$SPEC")
@@ -59,11 +66,17 @@ echo "sbatch --hold --gres=gpu:h100:8 --wrap true, instructions (callgrind):"
 printf '  plugin not loaded:              %12s\n' "$none"
 printf '  plugin loaded, no --mm-model:   %12s  (%s)\n' "$plain" "$(pct "$plain" "$none")"
 printf '  plugin loaded, --mm-model:      %12s  (%s over not loaded)\n' "$mm" "$(pct "$mm" "$none")"
+printf '  --mm-model, max_micro_batch=no: %12s  (%s over not loaded)\n' "$nommb" "$(pct "$nommb" "$none")"
 [ -n "$base" ] && printf '  BASE_PLUGIN, --mm-model:        %12s  (%s over not loaded)\n' "$base" "$(pct "$base" "$none")"
 echo "where the --mm-model instructions go (inclusive):"
 for f in slurm_spank_init_post_opt mmg_gather_request mm_spec_load_file mm_predict_verdict mm_predict_keep mm_verdict_for \
          mm_max_micro_batch mmg_publish mmg_log_decision setenvfs slurm_xcalloc; do
     printf '  %-22s %12s\n' "$f" "$(incl mm "$f" || true)"
+done
+echo "the same under max_micro_batch=no:"
+for f in slurm_spank_init_post_opt mm_spec_load_file mm_predict_verdict mm_max_micro_batch mmg_publish \
+         mmg_log_decision setenvfs slurm_xcalloc; do
+    printf '  %-22s %12s\n' "$f" "$(incl nommb "$f" || true)"
 done
 if [ -n "$base" ]; then
     echo "the same in BASE_PLUGIN:"

@@ -196,7 +196,7 @@ local function default_conf()
     return {
         action = "reject", flush = "warn", margin = { percent = 0, num = 0, den = 1, bytes = 0 }, reserve = 0,
         gpus = gpus, n_gpus = n, default_gpu = "h100", on_error = "reject", require = "off",
-        max_gpus_per_node = 8, resize_types = {}, ctld_log = nil, log = nil, syslog = false,
+        max_gpus_per_node = 8, resize_types = {}, ctld_log = nil, log = nil, syslog = false, max_micro_batch = true,
         host_mem = "check", host_overhead = 3 * GiB, def_mem_per_node = 0, def_mem_per_cpu = 0,
         def_mem_per_gpu = 0, node_mem = 0,
     }
@@ -304,9 +304,9 @@ local function set_key(conf, key, v, where)
     elseif key == "default_gpu" then
         if not valid_gpu_name(v) then return where .. ": default_gpu: invalid GPU type '" .. v .. "'" end
         conf.default_gpu = v:lower()
-    elseif key == "syslog" then
-        if BOOL[v] == nil then return where .. ": syslog: invalid value '" .. v .. "' (yes|no)" end
-        conf.syslog = BOOL[v]
+    elseif key == "syslog" or key == "max_micro_batch" then
+        if BOOL[v] == nil then return where .. ": " .. key .. ": invalid value '" .. v .. "' (yes|no)" end
+        conf[key] = BOOL[v]
     elseif key == "max_gpus_per_node" then
         local n = parse_uint(v)
         if not n or n < 1 or n > 1024 then

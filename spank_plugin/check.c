@@ -447,19 +447,21 @@ void mmg_check_run(struct mmg_check *chk, mmg_tool tool, int ac, char **av)
         return;
     publish_cards(chk);
     decide(chk);
-    if (!chk->misfit) {
+    if (!chk->misfit && chk->cfg.max_micro_batch) {
         /* only the largest micro-batch: a full mm_fit also searches
          * checkpointing, ZeRO stages and GPU counts, which only a misfit
          * needs.  Judged as this job is, on the card (its capacity-aware
          * verdict; under flush=reject a flush does not fit); the verdict at
-         * the job's own count seeds the search */
+         * the job's own count seeds the search.  max_micro_batch=no: not
+         * searched (mmb= and MMGUARD_MAX_MICRO_BATCH absent), most of what
+         * an accepted --mm-model job costs sbatch (docs/plugin.md "Cost") */
         uint32_t mb = mm_max_micro_batch(chk->spec, chk->gpu->bytes, chk->usable,
                                          chk->cfg.flush == MMG_FLUSH_REJECT,
                                          chk->worst_dp == chk->dp ? &chk->verdict : NULL);
         chk->fit.fits = 1;
         chk->fit.max_micro_batch = mb;
         chk->have_fit = mb > 0;
-    } else {
+    } else if (chk->misfit) {
         mmg_explain_misfit(chk);
         if (chk->decision == MMG_WARN)
             mmg_check_line(chk, "action=%s: submitting anyway", mmg_action_name(chk->cfg.action));

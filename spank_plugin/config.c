@@ -59,6 +59,7 @@ void mmg_config_defaults(struct mmg_config *c)
     c->require = MMG_REQUIRE_OFF;
     c->margin_den = 1;
     c->max_gpus_per_node = 8;
+    c->max_micro_batch = 1;
     c->host_overhead = MMG_DEFAULT_HOST_OVERHEAD;
     snprintf(c->default_gpu, sizeof(c->default_gpu), "h100");
     for (size_t i = 0; i < sizeof(builtin_gpus) / sizeof(builtin_gpus[0]); i++) {
@@ -319,11 +320,11 @@ static int set_other(struct mmg_config *c, const char *key, const char *value, c
         lower(c->default_gpu);
         return 0;
     }
-    if (!strcmp(key, "syslog")) {
+    if (!strcmp(key, "syslog") || !strcmp(key, "max_micro_batch")) {
         int b = parse_bool(value);
         if (b < 0)
-            return fail(err, errlen, "%s: syslog: invalid value '%s' (yes|no)", where, value);
-        c->syslog = b;
+            return fail(err, errlen, "%s: %s: invalid value '%s' (yes|no)", where, key, value);
+        *(!strcmp(key, "syslog") ? &c->syslog : &c->max_micro_batch) = b;
         return 0;
     }
     if (mmg_parse_u32(value, 1, 1024, &c->max_gpus_per_node) != 0)
@@ -355,7 +356,8 @@ int mmg_config_set(struct mmg_config *c, const char *key, const char *value,
         return set_path(c->ctld_log, sizeof(c->ctld_log), key, value, where, err, errlen);
     if (!strcmp(key, "resize_types"))
         return set_resize_types(c, value, where, err, errlen);
-    if (!strcmp(key, "default_gpu") || !strcmp(key, "syslog") || !strcmp(key, "max_gpus_per_node"))
+    if (!strcmp(key, "default_gpu") || !strcmp(key, "syslog") || !strcmp(key, "max_gpus_per_node") ||
+        !strcmp(key, "max_micro_batch"))
         return set_other(c, key, value, where, err, errlen);
     if (!strcmp(key, "config"))
         return fail(err, errlen, "%s: config: only allowed on the plugstack.conf line", where);

@@ -59,6 +59,7 @@ struct mmg_config {
     char default_gpu[MMG_GPU_NAME_MAX];
     char log_path[MMG_PATH_MAX];    /* "" = no decision log */
     int syslog;
+    int max_micro_batch;            /* max_micro_batch=: search it at submit (mmb=) */
     mmg_on_error on_error;
     mmg_require require;            /* job_submit.lua only, validated here */
     /* job_submit.lua only, validated here */
@@ -75,7 +76,7 @@ struct mmg_config {
 
 /* Built-in defaults: action=reject flush=warn margin=0% reserve=0 default_gpu=h100,
  * on_error=reject, syslog=no, no log, max_gpus_per_node=8, host_mem=check,
- * host_overhead=3GiB, no def_mem_* nor node_mem, GPU table
+ * host_overhead=3GiB, no def_mem_* nor node_mem, max_micro_batch=yes, GPU table
  * h100=81559MiB h200=143771MiB a100=81920MiB a100-40g=40960MiB l40s=46068MiB. */
 void mmg_config_defaults(struct mmg_config *c);
 

@@ -59,13 +59,36 @@ static void put(struct out *o, const char *fmt, ...)
     o->used += k > 0 ? (size_t)k : 0;
 }
 
+/* put(o, "%s", s) for k bytes of s, without the format machinery: the same
+ * truncation (at most n - used - 1 bytes and a NUL while room is left) and
+ * the same count */
+static void put_bytes(struct out *o, const char *s, size_t k)
+{
+    if (o->used < o->n) {
+        size_t room = o->n - o->used - 1, w = k < room ? k : room;
+        memcpy(o->buf + o->used, s, w);
+        o->buf[o->used + w] = '\0';
+    }
+    o->used += k;
+}
+
+/* percent-encoded: a run of plain bytes at a time, "%XX" for the others
+ * (a vsnprintf per byte was most of the record's cost) */
 static void put_str(struct out *o, const char *s)
 {
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p > ' ' && *p < 0x7f && *p != '%')
-            put(o, "%c", *p);
-        else
-            put(o, "%%%02X", *p);
+    static const char hex[] = "0123456789ABCDEF";
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        const unsigned char *run = p;
+        while (*p > ' ' && *p < 0x7f && *p != '%')
+            p++;
+        if (p > run)
+            put_bytes(o, (const char *)run, (size_t)(p - run));
+        if (*p) {
+            char esc[3] = { '%', hex[*p >> 4], hex[*p & 15] };
+            put_bytes(o, esc, 3);
+            p++;
+        }
     }
 }
 

@@ -31,9 +31,19 @@ const char *key_type_name(const mm_node *n)
     return n->type == MM_NODE_MAP ? "a mapping" : n->type == MM_NODE_SEQ ? "a list" : "a scalar";
 }
 
+/* snprintf(buf, n, "%s%s%s", prefix, *prefix && *key ? "." : "", key), byte
+ * for byte (truncated to n - 1), without the format machinery: every key of
+ * every map gets its path, used only when the key is refused */
 const char *key_path(char *buf, size_t n, const char *prefix, const char *key)
 {
-    snprintf(buf, n, "%s%s%s", prefix, *prefix && *key ? "." : "", key);
+    if (!n)
+        return buf;
+    size_t at = 0;
+    const char *parts[3] = {prefix, *prefix && *key ? "." : "", key};
+    for (int p = 0; p < 3; p++)
+        for (const char *s = parts[p]; *s && at + 1 < n; s++)
+            buf[at++] = *s;
+    buf[at] = 0;
     return buf;
 }
 
@@ -64,7 +74,7 @@ int key_index(const keydesc *keys, size_t nkeys, const char *key, unsigned kinds
 {
     int any = -1;
     for (size_t j = 0; j < nkeys; j++) {
-        if (strcmp(keys[j].key, key) != 0)
+        if (keys[j].key[0] != key[0] || strcmp(keys[j].key, key) != 0)
             continue;
         if (!kinds || !keys[j].kinds || (keys[j].kinds & kinds))
             return (int)j; /* the entry for this module kind */

@@ -19,4 +19,18 @@ static inline void lset_add(layer_set *s, uint64_t i)
         s->w[i / 64] |= 1ull << (i % 64);
 }
 
+/* the smallest index >= from in the set, or MM_MAX_LAYERS when none: a word
+ * at a time (a spec check over every index cost 4096 bit tests per list) */
+static inline uint64_t lset_first_from(const layer_set *s, uint64_t from)
+{
+    for (uint64_t w = from / 64; w < MM_LAYER_WORDS; w++) {
+        uint64_t bits = s->w[w];
+        if (w == from / 64)
+            bits &= ~0ull << (from % 64);
+        if (bits)
+            return w * 64 + (uint64_t)__builtin_ctzll(bits);
+    }
+    return MM_MAX_LAYERS;
+}
+
 #endif

@@ -193,7 +193,7 @@ int mm_cli_import(int argc, char **argv)
     mm_error e;
     if (!s || !j)
         goto done;
-    imp_init(s);
+    imp_init_zeroed(s);
     imp_job_init(j, s);
     s->allow_unknown = o.allow;
     if (read_inputs(j, &o, &e)) {

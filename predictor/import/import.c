@@ -15,6 +15,11 @@
 void imp_init(imp_spec *s)
 {
     memset(s, 0, sizeof *s);
+    imp_init_zeroed(s);
+}
+
+void imp_init_zeroed(imp_spec *s)
+{
     mm_strlcpy(s->training.name, "training", sizeof s->training.name);
     mm_strlcpy(s->deepspeed.name, "deepspeed", sizeof s->deepspeed.name);
     mm_strlcpy(s->fsdp.name, "fsdp", sizeof s->fsdp.name);
@@ -57,8 +62,9 @@ imp_section *imp_module(imp_spec *s, const char *type)
             return &s->mod[i];
     if (s->nmod == MM_MAX_MODULES)
         return &s->mod[s->nmod - 1];
+    /* a slot past nmod is still as imp_init left it, zero: nmod only grows
+     * (clearing its 175 KB again was 0.18 M instructions per module) */
     imp_section *m = &s->mod[s->nmod++];
-    memset(m, 0, sizeof *m);
     mm_strlcpy(m->type, type, sizeof m->type);
     static const char *const names[][2] = {{"vision", "vision_tower"},
                                            {"connector", "projector"},

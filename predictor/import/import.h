@@ -42,6 +42,9 @@ typedef struct imp_spec {
 } imp_spec;
 
 void imp_init(imp_spec *s);
+/* imp_init of an imp_spec already zeroed (calloc): the 2.4 MB are not cleared
+ * twice (1.5 M instructions, and every page touched) */
+void imp_init_zeroed(imp_spec *s);
 /* set key = formatted value in a section (replacing an earlier value) */
 void imp_set(imp_section *sec, const char *key, const char *from, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -50,10 +50,10 @@ int spec_layer_types(dctx *c, const mm_node *v, module_spec *ms, const char *pre
 static int layers_in_range(dctx *c, const mm_node *m, const module_spec *ms, const layer_set *s,
                            const char *key, uint64_t depth)
 {
-    for (uint64_t i = depth; i < MM_MAX_LAYERS; i++)
-        if (lset_has(s, i))
-            return bad(c, m, ms, key, "layer %llu does not exist (the module has %llu layers)",
-                       ULL(i), ULL(depth));
+    uint64_t i = lset_first_from(s, depth);
+    if (i < MM_MAX_LAYERS)
+        return bad(c, m, ms, key, "layer %llu does not exist (the module has %llu layers)",
+                   ULL(i), ULL(depth));
     return 0;
 }
 
@@ -87,9 +87,8 @@ static int check_decoder(dctx *c, const mm_node *m, module_spec *ms)
         layers_in_range(c, m, ms, &ms->dense, "dense_layers", L) ||
         layers_in_range(c, m, ms, &ms->cross, "cross_attention_layers", L))
         return -1;
-    for (uint64_t i = 0; i < L; i++)
-        if (lset_has(&ms->sliding, i) && !ms->sliding_window)
-            return bad(c, m, ms, "sliding_window", "sliding-window layers need sliding_window > 0");
+    if (!ms->sliding_window && lset_first_from(&ms->sliding, 0) < L)
+        return bad(c, m, ms, "sliding_window", "sliding-window layers need sliding_window > 0");
     if (ms->num_experts) {
         if (!ms->experts_per_tok || ms->experts_per_tok > ms->num_experts)
             return bad(c, m, ms, "num_experts_per_tok",
@@ -100,14 +99,9 @@ static int check_decoder(dctx *c, const mm_node *m, module_spec *ms)
     } else if (ms->shared_expert_intermediate_size) {
         return bad(c, m, ms, "shared_expert_intermediate_size", "a shared expert needs num_experts");
     }
-    if (ms->merge == MERGE_CROSS_ATTENTION && !lset_has(&ms->cross, 0)) {
-        int any = 0;
-        for (uint64_t i = 0; i < L && !any; i++)
-            any = lset_has(&ms->cross, i);
-        if (!any)
-            return bad(c, m, ms, "cross_attention_layers",
-                       "image_merge cross_attention needs cross_attention_layers");
-    }
+    if (ms->merge == MERGE_CROSS_ATTENTION && lset_first_from(&ms->cross, 0) >= L)
+        return bad(c, m, ms, "cross_attention_layers",
+                   "image_merge cross_attention needs cross_attention_layers");
     return 0;
 }
 

@@ -116,7 +116,7 @@ end
 
 local function conf_value(c, key)
     if key == "margin" then return M.margin_text(c)
-    elseif key == "syslog" then return c.syslog and "yes" or "no"
+    elseif key == "syslog" or key == "max_micro_batch" then return c[key] and "yes" or "no"
     elseif key == "log" or key == "ctld_log" then return c[key] or ""
     elseif key == "resize_types" then return table.concat(c.resize_types, ",")
     elseif key:sub(1, 4) == "gpu." then return c.gpus[key:sub(5)] and M.istr(c.gpus[key:sub(5)])

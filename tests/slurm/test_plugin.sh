@@ -251,6 +251,17 @@ run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:8 -o /dev/null --wrap true
 expect "fits (60 GiB): accepted with one line, whatever flush= says" \
     sh -c "[ $rc -eq 0 ] && grep -q 'predicted peak .* fits h100 (60.0 GiB usable' '$work/err' && ! grep -q 'cache flushes' '$work/err' && [ \$(grep -c mmguard '$work/err') -eq 1 ]"
 expect "fits: logged as accept, verdict fits" verdict_logged accept fits reject 60
+# logged_mmb yes|no: whether the last decision carries the largest micro-batch
+logged_mmb() {
+    python3 -c 'import json,sys; r = json.loads(open(sys.argv[1]).read().splitlines()[-1]); sys.exit(0 if ("max_micro_batch" in r) == (sys.argv[2] == "yes") else 1)' "$LOG" "$1"
+}
+expect "max_micro_batch= unset (yes): an accepted job's largest micro-batch is searched and logged" logged_mmb yes
+conf "action=reject" "gpu.h100=60GiB" "flush=reject" "max_micro_batch=no"
+run sbatch --hold --mm-model="$FLUSH" --gres=gpu:h100:8 -o /dev/null --wrap true
+expect "max_micro_batch=no: the same job is accepted with the same one line" \
+    sh -c "[ $rc -eq 0 ] && grep -q 'predicted peak .* fits h100 (60.0 GiB usable' '$work/err' && [ \$(grep -c mmguard '$work/err') -eq 1 ]"
+expect "max_micro_batch=no: logged as accept, verdict fits" verdict_logged accept fits reject 60
+expect "max_micro_batch=no: no largest micro-batch searched or logged" logged_mmb no
 scancel -u "$(id -un)" 2>/dev/null
 
 # ---- configuration errors -------------------------------------------------------

@@ -68,6 +68,7 @@ static void value_of(const struct mmg_config *c, const char *key, char *out, siz
     else if (!strcmp(key, "on_error")) snprintf(out, n, "%s", c->on_error ? "allow" : "reject");
     else if (!strcmp(key, "require")) snprintf(out, n, "%s", requires[c->require]);
     else if (!strcmp(key, "syslog")) snprintf(out, n, "%s", c->syslog ? "yes" : "no");
+    else if (!strcmp(key, "max_micro_batch")) snprintf(out, n, "%s", c->max_micro_batch ? "yes" : "no");
     else if (!strcmp(key, "log")) snprintf(out, n, "%s", c->log_path);
     else if (!strcmp(key, "ctld_log")) snprintf(out, n, "%s", c->ctld_log);
     else if (!strcmp(key, "max_gpus_per_node")) snprintf(out, n, "%u", c->max_gpus_per_node);

@@ -169,7 +169,7 @@ void alloc_blk_delete(mm_allocator *a, int32_t i)
     ivec_insert_at(a, &a->freeslots, a->freeslots.n, i);
 }
 
-void alloc_rec_search(mm_allocator *a, int small, uint64_t req, uint64_t got)
+void alloc_rec_search(mm_allocator *a, const pool *p, uint64_t req, int32_t got, size_t at)
 {
     if (a->nrecs == a->caprecs) {
         size_t cap = a->caprecs ? 2 * a->caprecs : 256;
@@ -181,7 +181,25 @@ void alloc_rec_search(mm_allocator *a, int small, uint64_t req, uint64_t got)
         a->recs = q;
         a->caprecs = cap;
     }
-    a->recs[a->nrecs++] = (struct rec_search){req, got, small};
+    struct rec_search r = {.req = req, .got = UINT64_MAX, .small = p->small};
+    if (got >= 0) {
+        const kvec *v = &p->blocks;
+        r.got = a->b[got].size;
+        r.ptr = a->b[got].ptr;
+        /* the blocks of its size after it in the pool (none before: best fit) */
+        size_t e = at + 1;
+        r.whole = a->b[got].prev < 0 && a->b[got].next < 0;
+        while (e < v->n && v->v[e].size == r.got) {
+            r.whole &= a->b[v->v[e].i].prev < 0 && a->b[v->v[e].i].next < 0;
+            e++;
+        }
+        r.others = e > at + 1;
+        if (r.others) {
+            r.cmin = v->v[at + 1].ptr;
+            r.cmax = v->v[e - 1].ptr;
+        }
+    }
+    a->recs[a->nrecs++] = r;
 }
 
 /* ---- statistics ------------------------------------------------------------------------ */
@@ -738,7 +756,7 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
     size_t at = NO_POS;
     int32_t i = get_free_block(a, p, size, &at);
     if (a->rec)
-        alloc_rec_search(a, p->small, size, i >= 0 ? a->b[i].size : UINT64_MAX);
+        alloc_rec_search(a, p, size, i, at);
     if (i < 0) {
         at = NO_POS;
         if (a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0)

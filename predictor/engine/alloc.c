@@ -166,7 +166,10 @@ static void touch(mm_allocator *a, int32_t i)
 void alloc_blk_delete(mm_allocator *a, int32_t i)
 {
     a->b[i].in_use_slot = 0;
-    ivec_insert_at(a, &a->freeslots, a->freeslots.n, i);
+    if (a->freeslots.n < a->freeslots.cap) /* a push, without the call */
+        a->freeslots.v[a->freeslots.n++] = i;
+    else
+        ivec_insert_at(a, &a->freeslots, a->freeslots.n, i);
 }
 
 void alloc_rec_search(mm_allocator *a, const pool *p, uint64_t req, int32_t got, size_t at)
@@ -748,9 +751,19 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
     return i;
 }
 
+/* mm_alloc_round_size without roundup_power2_divisions (a->round_plain):
+ * a multiple of kMinBlockSize, saturated as mm_sat_mul saturates */
+static uint64_t round_plain(uint64_t size)
+{
+    if (size < kMinBlockSize)
+        return kMinBlockSize;
+    return size > UINT64_MAX - (kMinBlockSize - 1) ? UINT64_MAX
+                                                   : (size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
+}
+
 int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
 {
-    uint64_t size = mm_alloc_round_size(&a->conf, req);
+    uint64_t size = a->round_plain ? round_plain(req) : mm_alloc_round_size(&a->conf, req);
     pool *p = &a->pools[size <= kSmallSize ? 0 : 1];
     uint64_t alloc_size = get_allocation_size(size);
     size_t at = NO_POS;
@@ -785,8 +798,9 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
  * first.  The same pool as try_merge's erase and a later pool_insert. */
 static uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p, size_t *hole)
 {
-    if (src < 0 || a->b[src].allocated || a->b[dst].mapped != a->b[src].mapped ||
-        !a->b[src].mapped)
+    if (src < 0 || a->b[src].allocated)
+        return 0; /* try_merge's first answer, without the call */
+    if (a->b[dst].mapped != a->b[src].mapped || !a->b[src].mapped)
         return try_merge(a, dst, src, p);
     if (*hole != NO_POS) {
         kvec_erase_at(&p->blocks, *hole);
@@ -851,6 +865,9 @@ mm_allocator *mm_allocator_new(const mm_alloc_conf *conf, uint64_t capacity, uin
     a->device_total = device_total ? device_total : 80ull * 1024 * MiB;
     if (a->conf.memory_fraction > 0)
         a->allowed_max = (uint64_t)(a->conf.memory_fraction * (double)a->device_total);
+    a->round_plain = 1;
+    for (int k = 0; k < MM_ROUNDUP_INTERVALS; k++)
+        a->round_plain &= a->conf.roundup_divisions[k] <= 1;
     a->next_addr = a->xs_addr = ADDR_BASE;
     a->pools[0].small = 1;
     return a;

@@ -63,6 +63,7 @@ struct mm_allocator {
     mm_segment_cb seg_cb;
     void *seg_ctx;
     uint64_t hint;        /* address of the next cudaMalloc, 0 = invent one */
+    int round_plain;      /* no roundup_power2_divisions: sizes round to 512 bytes */
     uint64_t clock;       /* counts content changes of blocks (blk.stamp) */
     /* while a fold's mark is open: each best-fit search of the cache, the
      * rounded request, the size of the block found (UINT64_MAX none) and its address,

@@ -166,10 +166,13 @@ static void touch(mm_allocator *a, int32_t i)
 void alloc_blk_delete(mm_allocator *a, int32_t i)
 {
     a->b[i].in_use_slot = 0;
-    ivec_insert_at(a, &a->freeslots, a->freeslots.n, i);
+    if (a->freeslots.n < a->freeslots.cap) /* a push, without the call */
+        a->freeslots.v[a->freeslots.n++] = i;
+    else
+        ivec_insert_at(a, &a->freeslots, a->freeslots.n, i);
 }
 
-void alloc_rec_search(mm_allocator *a, int small, uint64_t req, uint64_t got)
+void alloc_rec_search(mm_allocator *a, const pool *p, uint64_t req, int32_t got, size_t at)
 {
     if (a->nrecs == a->caprecs) {
         size_t cap = a->caprecs ? 2 * a->caprecs : 256;
@@ -181,7 +184,25 @@ void alloc_rec_search(mm_allocator *a, int small, uint64_t req, uint64_t got)
         a->recs = q;
         a->caprecs = cap;
     }
-    a->recs[a->nrecs++] = (struct rec_search){req, got, small};
+    struct rec_search r = {.req = req, .got = UINT64_MAX, .small = p->small};
+    if (got >= 0) {
+        const kvec *v = &p->blocks;
+        r.got = a->b[got].size;
+        r.ptr = a->b[got].ptr;
+        /* the blocks of its size after it in the pool (none before: best fit) */
+        size_t e = at + 1;
+        r.whole = a->b[got].prev < 0 && a->b[got].next < 0;
+        while (e < v->n && v->v[e].size == r.got) {
+            r.whole &= a->b[v->v[e].i].prev < 0 && a->b[v->v[e].i].next < 0;
+            e++;
+        }
+        r.others = e > at + 1;
+        if (r.others) {
+            r.cmin = v->v[at + 1].ptr;
+            r.cmax = v->v[e - 1].ptr;
+        }
+    }
+    a->recs[a->nrecs++] = r;
 }
 
 /* ---- statistics ------------------------------------------------------------------------ */
@@ -730,15 +751,25 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
     return i;
 }
 
+/* mm_alloc_round_size without roundup_power2_divisions (a->round_plain):
+ * a multiple of kMinBlockSize, saturated as mm_sat_mul saturates */
+static uint64_t round_plain(uint64_t size)
+{
+    if (size < kMinBlockSize)
+        return kMinBlockSize;
+    return size > UINT64_MAX - (kMinBlockSize - 1) ? UINT64_MAX
+                                                   : (size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
+}
+
 int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
 {
-    uint64_t size = mm_alloc_round_size(&a->conf, req);
+    uint64_t size = a->round_plain ? round_plain(req) : mm_alloc_round_size(&a->conf, req);
     pool *p = &a->pools[size <= kSmallSize ? 0 : 1];
     uint64_t alloc_size = get_allocation_size(size);
     size_t at = NO_POS;
     int32_t i = get_free_block(a, p, size, &at);
     if (a->rec)
-        alloc_rec_search(a, p->small, size, i >= 0 ? a->b[i].size : UINT64_MAX);
+        alloc_rec_search(a, p, size, i, at);
     if (i < 0) {
         at = NO_POS;
         if (a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0)
@@ -767,8 +798,9 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
  * first.  The same pool as try_merge's erase and a later pool_insert. */
 static uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p, size_t *hole)
 {
-    if (src < 0 || a->b[src].allocated || a->b[dst].mapped != a->b[src].mapped ||
-        !a->b[src].mapped)
+    if (src < 0 || a->b[src].allocated)
+        return 0; /* try_merge's first answer, without the call */
+    if (a->b[dst].mapped != a->b[src].mapped || !a->b[src].mapped)
         return try_merge(a, dst, src, p);
     if (*hole != NO_POS) {
         kvec_erase_at(&p->blocks, *hole);
@@ -833,6 +865,9 @@ mm_allocator *mm_allocator_new(const mm_alloc_conf *conf, uint64_t capacity, uin
     a->device_total = device_total ? device_total : 80ull * 1024 * MiB;
     if (a->conf.memory_fraction > 0)
         a->allowed_max = (uint64_t)(a->conf.memory_fraction * (double)a->device_total);
+    a->round_plain = 1;
+    for (int k = 0; k < MM_ROUNDUP_INTERVALS; k++)
+        a->round_plain &= a->conf.roundup_divisions[k] <= 1;
     a->next_addr = a->xs_addr = ADDR_BASE;
     a->pools[0].small = 1;
     return a;

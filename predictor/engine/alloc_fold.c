@@ -26,12 +26,30 @@
  *   - a free block now that is no moving one's partner is "dead" (dead_ones):
  *     the period made it between blocks that stay allocated, and every search
  *     of its pool the period made that it could have served found a smaller
- *     block, so neither it nor its copies are ever taken.
+ *     block, so neither it nor its copies are ever taken;
+ *   - or it ends a chain or a ladder of whole free blocks of one shape
+ *     (chain_from, chain_to, ladder_grows): the period consumes or adds one
+ *     such block at the end where the shift points, and the state is the
+ *     mark's shifted as if the chain went on without end on the other side;
+ *     the searches the period made show that none could have reached that
+ *     missing part (chain_ok), and a chain consumed limits the periods to
+ *     its real blocks;
+ *   - the shift: down the new segments' bytes, else the first freed pair's
+ *     move; the pairs of the first periods that follow it limit the periods
+ *     (pairs_shifted: the checkpoints a backward frees were laid out in
+ *     other places by the first layers of its forward);
+ *   - what moves keeps its order against what stays wherever a best fit
+ *     broke a tie between them (order_kept: each search's block found and
+ *     the others of its size, against the segments the period changed,
+ *     swept over the folded periods).
  * A fixed block can tie with a moving one in best fit only by size; moving
  * blocks move down, so a fixed block that lost a tie to one still loses it,
  * and one that came first fails the same size test the moving one then
  * meets.  So the next period repeats this one, shifted, and then leaves the
- * same relation behind: by induction every later period does.
+ * same relation behind: by induction every later period does.  A free
+ * block's req (the last tensor's it held) is read by nothing and not
+ * compared.  MMGUARD_REPLAY_FOLD=check (reserve.c) holds all of it to the
+ * unfolded replay: the whole state after each fold, by a hash.
  *
  * Applying period j (1..n): the blocks the first period changed or removed
  * (X, from the mark's copy) are found shifted by j * down and removed, the
@@ -45,6 +63,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+#define FOLD_DIFFER 4 /* free blocks a state may have more or fewer to pass mm_alloc_fold_maybe */
 
 enum { T_NONE = 0, T_OPAQUE, T_MOVING, T_FIXED, T_FREED, T_HIT /* a moving one's partner */ };
 
@@ -68,6 +88,10 @@ struct mm_alloc_mark {
     int32_t *part;          /* the partner now of each mark's moving or freed block */
     uint8_t *still0, *still1; /* ... that stayed in place (mark's; now's partners) */
     size_t cappart, capst0, capst1;
+    uint64_t limit;         /* the periods the chains allow (chain_from) */
+    uint64_t up;            /* how far the folded periods may move a block up (chain_ok) */
+    struct extent { uint64_t lo, hi; } *act; /* the segments the period changed */
+    size_t nact, capact;
     uint64_t *still;        /* after a fold: the still blocks' addresses, sorted */
     size_t nstill, capstill;
 };
@@ -93,6 +117,7 @@ void mm_alloc_mark_free(mm_alloc_mark *m)
     free(m->still0);
     free(m->still1);
     free(m->still);
+    free(m->act);
     free(m);
 }
 
@@ -171,22 +196,28 @@ void mm_alloc_mark_close(mm_allocator *a, mm_alloc_mark *m, uint64_t pmax[4])
 int mm_alloc_fold_maybe(const mm_allocator *a, const mm_alloc_mark *m)
 {
     const mm_alloc_stats *s0 = &m->st, *s1 = &a->st;
-    if (m->open || s1->reserved - s1->allocated < s0->reserved - s0->allocated ||
-        a->pools[0].blocks.n < m->npool[0] || a->pools[1].blocks.n < m->npool[1] ||
-        s1->num_alloc_retries != s0->num_alloc_retries ||
+    if (m->open || s1->num_alloc_retries != s0->num_alloc_retries ||
         s1->num_device_free != s0->num_device_free)
         return 0;
-    /* the mark's free blocks' sizes are among now's (sorted both): moving ones
-     * keep theirs, fixed ones stay; the others now would be dead ones */
+    /* the mark's free blocks' sizes and now's (sorted both) alike but for a
+     * few: moving ones keep theirs, fixed ones stay, dead ones and a
+     * chain's or a ladder's ends come and go */
+    size_t differ = 0;
     for (size_t k = 0, q = 0; k < 2; k++) {
-        size_t j = 0;
-        for (size_t x = 0; x < m->npool[k]; x++, q++) {
-            while (j < a->pools[k].blocks.n && a->pools[k].blocks.v[j].size < m->psize[q])
-                j++;
-            if (j == a->pools[k].blocks.n || a->pools[k].blocks.v[j].size != m->psize[q])
+        const kvec *v = &a->pools[k].blocks;
+        size_t j = 0, x = 0;
+        while (x < m->npool[k] || j < v->n) {
+            if (x == m->npool[k] || (j < v->n && v->v[j].size < m->psize[q + x])) {
+                j++, differ++;
+            } else if (j == v->n || v->v[j].size > m->psize[q + x]) {
+                x++, differ++;
+            } else {
+                x++, j++;
+            }
+            if (differ > FOLD_DIFFER)
                 return 0;
-            j++;
         }
+        q += m->npool[k];
     }
     return 1;
 }
@@ -194,6 +225,49 @@ int mm_alloc_fold_maybe(const mm_allocator *a, const mm_alloc_mark *m)
 uint64_t mm_allocator_block_ptr(const mm_allocator *a, int64_t h)
 {
     return h >= 0 && (size_t)h < a->nb ? a->b[h].ptr : 0;
+}
+
+static uint64_t mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 33);
+}
+
+uint64_t mm_alloc_hash_add(uint64_t h, uint64_t x)
+{
+    return mix64(h ^ mix64(x + 0x9E3779B97F4A7C15ull));
+}
+
+/* every block (its content and its neighbours' addresses), in any slot
+ * order, and every statistic */
+uint64_t mm_alloc_state_hash(const mm_allocator *a)
+{
+    uint64_t sum = 0;
+    for (size_t k = 0; k < a->nb; k++) {
+        const blk *b = &a->b[k];
+        if (!b->in_use_slot)
+            continue;
+        uint64_t h = mm_alloc_hash_add(b->ptr, b->size);
+        h = mm_alloc_hash_add(h, b->allocated ? b->req : 0); /* a free one's: stale, unread */
+        h = mm_alloc_hash_add(h, (uint64_t)b->allocated | (uint64_t)b->mapped << 1 |
+                                     (uint64_t)b->small << 2 | (uint64_t)(uint32_t)b->seg << 8);
+        h = mm_alloc_hash_add(h, b->prev >= 0 ? a->b[b->prev].ptr : 1);
+        h = mm_alloc_hash_add(h, b->next >= 0 ? a->b[b->next].ptr : 1);
+        sum += h;
+    }
+    uint64_t h = mm_alloc_hash_add(sum, a->next_addr);
+    const uint64_t *st = (const uint64_t *)&a->st;
+    for (size_t k = 0; k < sizeof a->st / sizeof *st; k++)
+        h = mm_alloc_hash_add(h, st[k]);
+    for (int k = 0; k < 2; k++) {
+        h = mm_alloc_hash_add(h, a->pools[k].blocks.n);
+        for (size_t j = 0; j < a->pools[k].blocks.n; j++)
+            h = mm_alloc_hash_add(h, a->pools[k].blocks.v[j].ptr);
+    }
+    return mm_alloc_hash_add(h, (uint64_t)a->nomem);
 }
 
 /* ---- address -> block -------------------------------------------------------------------- */
@@ -312,6 +386,7 @@ static int classify(const mm_allocator *a, mm_alloc_mark *m)
         return -1;
     memset(m->still0, 0, m->nb + 1);
     memset(m->still1, 0, a->nb + 1);
+    m->limit = UINT64_MAX;
     for (size_t k = 0; k <= m->nb; k++)
         m->part[k] = -1;
     for (size_t k = 0; k < m->nb; k++)
@@ -329,7 +404,9 @@ static int classify(const mm_allocator *a, mm_alloc_mark *m)
 
 static int same_shape(const blk *x, const blk *y, uint64_t shift)
 {
-    return y->ptr == x->ptr + shift && y->size == x->size && y->req == x->req &&
+    /* a free block's req is the last tensor's it held, read by nothing */
+    return y->ptr == x->ptr + shift && y->size == x->size &&
+           (!x->allocated || y->req == x->req) &&
            y->small == x->small && y->allocated == x->allocated && y->mapped == x->mapped &&
            y->seg == x->seg;
 }
@@ -341,14 +418,17 @@ static int same_shape(const blk *x, const blk *y, uint64_t shift)
 static int64_t partner(const mm_allocator *a, const mm_alloc_mark *m, size_t k, uint64_t shift,
                        uint8_t want, int *still)
 {
-    for (int c = 0; c < 2; c++) {
-        uint64_t d = c ? 0 : shift;
-        if (c && !shift)
+    /* a whole free block given back as it was stays (ladder_grows) */
+    const blk *x = &m->b[k];
+    int first = !x->allocated && x->prev < 0 && x->next < 0;
+    for (int c = first; c < first + 2; c++) {
+        uint64_t d = c & 1 ? 0 : shift;
+        if (c == 1 && !shift)
             break;
         int64_t y = mm_alloc_fold_block_at(m, m->b[k].ptr + d);
         if (y >= 0 && same_shape(&m->b[k], &a->b[y], d) &&
             (want == T_NONE || m->type1[y] == want)) {
-            *still = c || !shift;
+            *still = (c & 1) || !shift;
             return y;
         }
     }
@@ -361,20 +441,34 @@ static int pair_shape(const blk *x, const blk *y, uint64_t shift)
     return same_shape(x, y, shift) || same_shape(x, y, 0);
 }
 
-/* the pairs' blocks shifted (or in place), before the whole check (most
- * periods fail here) */
-static int pairs_shifted(const mm_allocator *a, const mm_alloc_mark *m,
-                         const mm_fold_pair *pairs, size_t np, uint64_t shift)
+/* one pair's block now is its block at the mark shifted (or in place) */
+static int pair_shifted(const mm_allocator *a, const mm_alloc_mark *m, const mm_fold_pair *p,
+                        uint64_t shift)
 {
-    for (size_t i = 0; i < np; i++) {
-        int64_t x = pairs[i].at_mark, y = pairs[i].now;
-        if ((x < 0) != (y < 0))
-            return 0;
-        if (x >= 0 && ((size_t)x >= m->nb || (size_t)y >= a->nb ||
-                       !pair_shape(&m->b[x], &a->b[y], shift)))
-            return 0;
+    int64_t x = p->at_mark, y = p->now;
+    if (x < 0 || y < 0)
+        return x < 0 && y < 0;
+    return (size_t)x < m->nb && (size_t)y < a->nb && pair_shape(&m->b[x], &a->b[y], shift);
+}
+
+/* The pairs' blocks shifted (or in place), before the whole check (most
+ * periods fail here).  The pairs of a period link the block it frees to the
+ * one the next period frees, so folding n periods needs those of the first
+ * n (the verified one and n - 1 folded ones): at the first pair that is not
+ * shifted, n and *np end (its period's and the later ones dropped). */
+static void pairs_shifted(const mm_allocator *a, const mm_alloc_mark *m,
+                          const mm_fold_pair *pairs, size_t *np, uint64_t *n, uint64_t shift)
+{
+    for (size_t i = 0; i < *np; i++) {
+        if (pairs[i].period < *n && pair_shifted(a, m, &pairs[i], shift))
+            continue;
+        if (pairs[i].period < *n)
+            *n = pairs[i].period;
+        while (i > 0 && pairs[i - 1].period >= *n)
+            i--;
+        *np = i;
+        return;
     }
-    return 1;
 }
 
 static int pairs_match(const mm_allocator *a, mm_alloc_mark *m, const mm_fold_pair *pairs,
@@ -412,6 +506,29 @@ static int side_ok(const mm_alloc_mark *m, int32_t w0, int32_t w1)
     }
 }
 
+/* Whether a chain of free blocks of x's shape that goes on, past its real
+ * blocks, with missing ones from `first_missing` on (every `shift` bytes)
+ * can stand in for the endless one (see chain_from, chain_to): no search of
+ * the period could have taken a missing one, in this period or a folded
+ * one.  Missing ones below the real ones (shift down): no search reached
+ * the size at all; above them (up): every search the size could serve found
+ * a block of that size below the first missing one, also once moved up by
+ * the folded periods (m->up: at most that many bytes), so a missing one
+ * always loses the tie by address. */
+static int chain_ok(const mm_allocator *a, const mm_alloc_mark *m, const blk *x,
+                    uint64_t first_missing, uint64_t shift)
+{
+    for (size_t s = 0; s < a->nrecs; s++) {
+        const struct rec_search *q = &a->recs[s];
+        if (q->small != x->small || q->req > x->size || q->got < x->size)
+            continue;
+        if ((int64_t)shift < 0 || q->got != x->size ||
+            mm_sat_add(q->ptr, m->up) >= first_missing)
+            return 0;
+    }
+    return 1;
+}
+
 /* A free block now that is no moving one's partner: one the period made
  * and left (a segment's remainder no request fits), to stay free through
  * the folded periods, as its copies do: it must be new, free between
@@ -419,7 +536,106 @@ static int side_ok(const mm_alloc_mark *m, int32_t w0, int32_t w1)
  * period made in its pool that could take it (request no larger) found a
  * smaller block.  The folded periods search alike (shifted), so they never
  * reach it or its copies, which are as large. */
-static int dead_ones(const mm_allocator *a, mm_alloc_mark *m)
+/* A free block now, u, that no moving one's partner is: the partner of the
+ * mark's free block u - d that the period did not touch, whose own block
+ * now is the partner of the mark's at u - 2d, and so on up to one whose
+ * block now has none there - a chain of whole free blocks of one shape
+ * that grows by one block each period at the end where they move (the 688
+ * MiB segments a checkpointed backward frees one per period pair, each
+ * below the last).  The state now is the mark's shifted if the chain had
+ * no end on the other side; it has, so no search may reach past it
+ * (chain_ok).  1 when u is such a chain's, 0 not, and the chain's blocks
+ * are partners (those now before slot k already scanned by dead_ones). */
+static int chain_to(const mm_allocator *a, mm_alloc_mark *m, size_t u, size_t k, uint64_t shift)
+{
+    const blk *x = &a->b[u];
+    if (!shift || x->prev >= 0 || x->next >= 0)
+        return 0;
+    size_t cur = u; /* a block now whose mark's partner is sought */
+    for (;;) {
+        int64_t g = mm_alloc_fold_block_at(m, a->b[cur].ptr - shift);
+        if (g < 0 || (size_t)g >= m->nb || m->type0[g] != T_FIXED || m->type1[g] != T_FIXED ||
+            !same_shape(&m->b[g], &a->b[cur], shift))
+            break;
+        m->type0[g] = T_MOVING;
+        m->part[g] = (int32_t)cur;
+        m->type1[cur] = cur < k ? T_MOVING : T_HIT;
+        cur = (size_t)g; /* untouched: the same slot now */
+    }
+    if (cur == u) /* no chain; the last block now has no mark's partner */
+        return 0;
+    m->type1[cur] = cur < k ? T_MOVING : T_HIT;
+    return chain_ok(a, m, x, a->b[cur].ptr - shift, (uint64_t)0 - shift);
+}
+
+/* The free blocks of x's size and pool: 1 when all are whole (no
+ * neighbours), their number in *n and the lowest address apart from x's in
+ * *lo; 0 when one is not whole. */
+static int whole_run(const pool *p, const blk *b, const blk *x, size_t *n, uint64_t *lo)
+{
+    size_t at = 0, hi = p->blocks.n;
+    while (at < hi) { /* the first of x's size */
+        size_t mid = at + (hi - at) / 2;
+        if (p->blocks.v[mid].size < x->size)
+            at = mid + 1;
+        else
+            hi = mid;
+    }
+    *n = 0;
+    *lo = UINT64_MAX;
+    for (; at < p->blocks.n && p->blocks.v[at].size == x->size; at++) {
+        const blk *w = &b[p->blocks.v[at].i];
+        if (w->prev >= 0 || w->next >= 0)
+            return 0;
+        (*n)++;
+        if (w != x && w->ptr < *lo)
+            *lo = w->ptr;
+    }
+    return 1;
+}
+
+/* A whole free block now, u, that the period made below every other free
+ * block of its size, all whole, one more than at the mark (the 688 MiB
+ * segment each period pair of a checkpointed backward frees below the
+ * ones it frees before): the free blocks of that size are a ladder that
+ * best fit reaches bottom first, and only through searches that found one
+ * of them among others all whole (rec.whole).  Every whole free block of
+ * the size that the period took and gave back stays (partner); the period
+ * after takes the same ranks, one of them u instead of the mark's, and
+ * so on, the moving ones (u and its copies) staying below the others as
+ * they move down.  The top of the ladder has no mark's partner: no search
+ * may have reached past the ladder (a larger block or none found for a
+ * request it could serve). */
+static int ladder_grows(const mm_allocator *a, const mm_alloc_mark *m, size_t u, uint64_t shift)
+{
+    const blk *x = &a->b[u];
+    size_t n0 = 0, n1;
+    uint64_t lo;
+    if ((int64_t)shift >= 0 || x->allocated || x->prev >= 0 || x->next >= 0 ||
+        !whole_run(&a->pools[x->small ? 0 : 1], a->b, x, &n1, &lo) || x->ptr >= lo) 
+        return 0;
+    for (size_t k = 0; k < m->nb; k++) {
+        const blk *w = &m->b[k];
+        if (!w->in_use_slot || w->allocated || !w->mapped || w->small != x->small ||
+            w->size != x->size)
+            continue;
+        if (w->prev >= 0 || w->next >= 0) 
+            return 0;
+        n0++;
+    }
+    if (n1 != n0 + 1) {
+        return 0; }
+    for (size_t s = 0; s < a->nrecs; s++) {
+        const struct rec_search *q = &a->recs[s];
+        if (q->small != x->small || q->req > x->size || q->got < x->size)
+            continue;
+        if (q->got != x->size || !q->whole) {
+            return 0; }
+    }
+    return 1;
+}
+
+static int dead_ones(const mm_allocator *a, mm_alloc_mark *m, uint64_t shift)
 {
     for (size_t k = 0; k < a->nb; k++) {
         if (m->type1[k] == T_HIT) {
@@ -428,47 +644,151 @@ static int dead_ones(const mm_allocator *a, mm_alloc_mark *m)
         }
         if (m->type1[k] != T_MOVING)
             continue;
+        if (chain_to(a, m, k, k, shift) || ladder_grows(a, m, k, shift)) {
+            m->type1[k] = T_MOVING;
+            continue;
+        }
         const blk *d = &a->b[k];
         if (d->stamp <= m->clock || (d->prev >= 0 && m->type1[d->prev] != T_OPAQUE) ||
-            (d->next >= 0 && m->type1[d->next] != T_OPAQUE))
-            return 0;
+            (d->next >= 0 && m->type1[d->next] != T_OPAQUE)) {
+            return 0; }
         for (size_t s = 0; s < a->nrecs; s++) {
             const struct rec_search *q = &a->recs[s];
-            if (q->small == d->small && q->req <= d->size && q->got >= d->size)
-                return 0;
+            if (q->small == d->small && q->req <= d->size && q->got >= d->size) {
+                return 0; }
         }
     }
     return 1;
 }
 
-/* Blocks that stayed in place and blocks that moved by the shift keep
- * their order of addresses through the folded periods only when every one
- * that moves lies below every one that stays and the shift is down (the
- * new segments' way): then no best fit between the two can turn out
- * otherwise.  Periods whose blocks all move, or all stay, need no test. */
-static int order_kept(const mm_allocator *a, const mm_alloc_mark *m, uint64_t shift)
+/* The segments the period changed (a block made or changed there, not given
+ * back in place): their extents, sorted, in m->act (m->nact).  -1 out of
+ * memory, 0 when a block given back in place shares a segment with them (its
+ * order against the moving ones would change), 1 ok. */
+static int active_segments(const mm_allocator *a, mm_alloc_mark *m)
 {
-    uint64_t lo_still = UINT64_MAX, hi_moved = 0;
-    int any_still = 0;
-    for (size_t k = 0; k < m->nb; k++) {
-        if (m->type0[k] != T_MOVING && m->type0[k] != T_FREED)
+    m->nact = 0;
+    for (size_t k = 0; k < a->nb; k++) {
+        if (!a->b[k].in_use_slot || a->b[k].stamp <= m->clock || m->still1[k] ||
+            a->b[k].prev >= 0)
+            continue; /* a segment's head that the period changed, or one below */
+        m->nact++;
+    }
+    if (reserve_n((void **)&m->act, &m->capact, 2 * (a->nb + 1), sizeof *m->act))
+        return -1;
+    size_t n = 0;
+    for (size_t k = 0; k < a->nb; k++) {
+        if (!a->b[k].in_use_slot || a->b[k].prev >= 0)
             continue;
-        const blk *x = &m->b[k], *y = &a->b[m->part[k]];
-        if (m->still0[k]) {
-            any_still = 1;
-            lo_still = x->ptr < lo_still ? x->ptr : lo_still;
-        } else {
-            hi_moved = max_u64(hi_moved, max_u64(x->ptr + x->size, y->ptr + y->size));
+        int changed = 0, still = 0;
+        uint64_t end = a->b[k].ptr;
+        for (int32_t w = (int32_t)k; w >= 0; w = a->b[w].next) {
+            changed |= a->b[w].stamp > m->clock && !m->still1[w];
+            still |= m->still1[w];
+            end = a->b[w].ptr + a->b[w].size;
+        }
+        if (changed && still)
+            return 0;
+        if (changed) {
+            m->act[n].lo = a->b[k].ptr;
+            m->act[n++].hi = end;
         }
     }
-    if (!any_still || !shift)
-        return 1;
-    if ((int64_t)shift > 0)
-        return 0;
-    for (size_t k = 0; k < a->nb; k++) /* the blocks the period made move too */
-        if (a->b[k].in_use_slot && a->b[k].stamp > m->clock && !m->still1[k])
-            hi_moved = max_u64(hi_moved, a->b[k].ptr + a->b[k].size);
-    return hi_moved <= lo_still;
+    m->nact = n;
+    return 1;
+}
+
+/* address p lies in a segment the period changed */
+static int in_active(const mm_alloc_mark *m, uint64_t p)
+{
+    for (size_t k = 0; k < m->nact; k++)
+        if (p >= m->act[k].lo && p < m->act[k].hi)
+            return 1;
+    return 0;
+}
+
+/* [lo, hi] meets what the changed segments sweep over n periods */
+static int meets_sweep(const mm_alloc_mark *m, uint64_t lo, uint64_t hi, uint64_t shift,
+                       uint64_t n)
+{
+    for (size_t k = 0; k < m->nact; k++) {
+        uint64_t a0 = m->act[k].lo, a1 = m->act[k].hi;
+        if ((int64_t)shift < 0)
+            a0 = a0 > n * -shift ? a0 - n * -shift : 0;
+        else
+            a1 = mm_sat_add(a1, n * shift);
+        if (lo < a1 && hi >= a0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Best fit breaks ties between free blocks of one size by address; what
+ * the period moves (the blocks of the segments it changed: each folded
+ * period does the same there, shifted) must keep its order against what
+ * stays (every other block) in each search the period made that had a tie.
+ * A search's block found (g) and the others of its size (c, from cmin to
+ * cmax): shifted down, a moving g stays below every c; a g that stays keeps
+ * its order unless a moving c could pass it (c within the sweep of the
+ * changed segments and g too).  Shifted up, a g that stays wins against c
+ * that move up from above it; a moving g must not reach a c. */
+static int order_kept(const mm_allocator *a, mm_alloc_mark *m, uint64_t shift, uint64_t n)
+{
+    int r = active_segments(a, m);
+    if (r <= 0 || !shift)
+        return r < 0 ? -1 : r || !shift;
+    for (size_t s = 0; s < a->nrecs; s++) {
+        const struct rec_search *q = &a->recs[s];
+        if (q->got == UINT64_MAX || !q->others)
+            continue;
+        int moving = in_active(m, q->ptr);
+        if ((int64_t)shift < 0 && !moving && meets_sweep(m, q->ptr, q->ptr, shift, n) &&
+            meets_sweep(m, q->cmin, q->cmax, 0, 0))
+            return 0;
+        if ((int64_t)shift > 0 && moving && q->cmin <= mm_sat_add(q->ptr, n * shift))
+            return 0;
+    }
+    return 1;
+}
+
+/* The mark's moving block k (free, changed by the period) has no moving
+ * partner now: its partner may be a free block the period did not touch,
+ * whose own partner is the next such block, and so on - a chain x, x + d,
+ * x + 2d, ... of free whole blocks of one shape (the 688 MiB segments a
+ * checkpointed forward consumes one per period pair, bottom first; the
+ * remainders its backward merges back, top first).  The state now is then
+ * the mark's shifted if the chain went on without end, and folded period j
+ * takes its j-th block: as long as it is real (limit) and no search could
+ * have taken a missing one (chain_ok), the real chain does the same.  A
+ * chain may also end in a moving partner of the usual kind. */
+static int chain_from(const mm_allocator *a, mm_alloc_mark *m, size_t k, uint64_t shift)
+{
+    uint64_t len = 0;
+    size_t cur = k;
+    for (;;) {
+        int64_t y = mm_alloc_fold_block_at(m, m->b[cur].ptr + shift);
+        if (!shift || y < 0 || !same_shape(&m->b[cur], &a->b[y], shift) ||
+            (m->type1[y] != T_FIXED && m->type1[y] != T_MOVING)) {
+            if (cur == k || !chain_ok(a, m, &m->b[k], m->b[k].ptr + (len + 1) * shift, shift))
+                return 0;
+            if (len < m->limit)
+                m->limit = len; /* folded period len + 1 would need one more */
+            return 1;
+        }
+        if (cur != k)
+            m->type0[cur] = T_MOVING;
+        m->part[cur] = (int32_t)y;
+        m->still0[cur] = m->still1[y] = 0;
+        if (m->type1[y] == T_MOVING) { /* joins a moving partner */
+            m->type1[y] = T_HIT;
+            return 1; /* no missing one */
+        }
+        m->type1[y] = T_HIT;
+        if (m->type0[y] != T_FIXED || (size_t)y >= m->nb)
+            return 0;
+        len++;
+        cur = (size_t)y; /* untouched: the same slot at the mark */
+    }
 }
 
 /* the moving and freed blocks: partners of equal shape (shifted or in
@@ -478,12 +798,14 @@ static int blocks_match(const mm_allocator *a, mm_alloc_mark *m, uint64_t shift)
 {
     for (size_t k = 0; k < m->nb; k++) {
         uint8_t t = m->type0[k];
-        if (t == T_OPAQUE && !untouched(a, m, k))
+        if (t == T_OPAQUE && !untouched(a, m, k)) 
             return 0; /* an allocated block changed without being freed */
-        if (t != T_MOVING)
+        if (t != T_MOVING || m->part[k] >= 0)
             continue;
         int still = 0;
         int64_t y = partner(a, m, k, shift, T_MOVING, &still);
+        if (y < 0 && chain_from(a, m, k, shift))
+            continue;
         if (y < 0)
             return 0;
         m->part[k] = (int32_t)y;
@@ -495,10 +817,11 @@ static int blocks_match(const mm_allocator *a, mm_alloc_mark *m, uint64_t shift)
         if (t != T_MOVING && t != T_FREED)
             continue;
         const blk *y = &a->b[m->part[k]];
-        if (!side_ok(m, m->b[k].prev, y->prev) || !side_ok(m, m->b[k].next, y->next))
+        if (!side_ok(m, m->b[k].prev, y->prev) || !side_ok(m, m->b[k].next, y->next)) 
             return 0;
     }
-    return order_kept(a, m, shift) && dead_ones(a, m);
+    if (!dead_ones(a, m, shift)) return 0;
+    return 1;
 }
 
 /* ---- applying the periods ---------------------------------------------------------------- */
@@ -687,7 +1010,7 @@ static int stats_stay(const mm_allocator *a, const mm_alloc_mark *m, uint64_t n)
 }
 
 /* The shift of one period: down the new segments' bytes when it got any,
- * else from the first freed pair (0 when none). */
+ * else from the first freed pair not given back in place (0 when none). */
 static uint64_t pick_shift(const mm_allocator *a, const mm_alloc_mark *m,
                            const mm_fold_pair *pairs, size_t np, uint64_t down)
 {
@@ -695,9 +1018,10 @@ static uint64_t pick_shift(const mm_allocator *a, const mm_alloc_mark *m,
         return (uint64_t)0 - down;
     for (size_t i = 0; i < np; i++)
         if (pairs[i].at_mark >= 0 && (size_t)pairs[i].at_mark < m->nb && pairs[i].now >= 0 &&
-            (size_t)pairs[i].now < a->nb)
+            (size_t)pairs[i].now < a->nb &&
+            a->b[pairs[i].now].ptr != m->b[pairs[i].at_mark].ptr)
             return a->b[pairs[i].now].ptr - m->b[pairs[i].at_mark].ptr;
-    return 0;
+    return 0; /* every pair in place (pair_shape) */
 }
 
 /* An upward shift: a moving block could pass a fixed one of its size, so
@@ -731,16 +1055,23 @@ int64_t mm_alloc_fold(mm_allocator *a, mm_alloc_mark *m, const uint64_t pmax[4],
                       uint64_t reserved_limit, uint64_t *shift)
 {
     uint64_t down = 0, n = periods_allowed(a, m, periods, reserved_limit, &down);
-    if (!n || !stats_stay(a, m, n))
-        return 0;
+    if (!n || !stats_stay(a, m, n)) return 0;
     uint64_t d = pick_shift(a, m, pairs, npairs, down);
-    if (!pairs_shifted(a, m, pairs, npairs, d))
-        return 0;
+    pairs_shifted(a, m, pairs, &npairs, &n, d);
+    if (!n) return 0;
     if (classify(a, m))
         return -1;
-    if (!pairs_match(a, m, pairs, npairs, d) || !blocks_match(a, m, d) ||
-        !fixed_clear(a, m, d, n))
-        return 0;
+    m->up = (int64_t)d > 0 ? n * d : 0;
+    if (!pairs_match(a, m, pairs, npairs, d)) return 0;
+    if (!blocks_match(a, m, d)) { return 0; }
+    if (m->limit < n)
+        n = m->limit;
+    if (!n) return 0;
+    int ok = order_kept(a, m, d, n);
+    if (ok < 0)
+        return -1;
+    if (!ok) return 0;
+    if (!fixed_clear(a, m, d, n)) return 0;
     if (collect_changes(a, m))
         return -1;
     size_t grow = m->nt > m->nx ? m->nt - m->nx : 0;
@@ -759,4 +1090,5 @@ int64_t mm_alloc_fold(mm_allocator *a, mm_alloc_mark *m, const uint64_t pmax[4],
     *shift = d;
     return (int64_t)n;
 }
+
 

@@ -45,12 +45,15 @@ uint64_t mm_allocator_block_ptr(const mm_allocator *a, int64_t h);
  * frees in its place (-1 both: a free of nothing). */
 typedef struct mm_fold_pair {
     int64_t at_mark, now;
+    uint64_t period;   /* the period that frees at_mark: 0 the verified one, j the j-th folded */
 } mm_fold_pair;
 
 /* One period ran from mark m (closed) to now, its maxima pmax (the largest
  * of its parts' when it was run as several).  If the state now is the
  * mark's shifted down by the period's new segments (see above; `pairs` are
- * the mark's blocks freed in the periods to fold, all of them), apply up to
+ * the mark's blocks freed in the verified period and the periods to fold
+ * but the last, in order; a pair not shifted like the others limits the
+ * periods to those before it), apply up to
  * `periods` more periods at once: fewer when the reserved bytes would pass
  * `reserved_limit` (or the card's capacity) before the last, as the periods
  * replayed one by one would have found them (a segment callback is not
@@ -67,5 +70,12 @@ int64_t mm_alloc_fold_block_at(const mm_alloc_mark *m, uint64_t ptr);
  * left at `ptr` is one it gave back in place (every folded period leaves its
  * copy there, not shifted), 0 when it moves with the shift. */
 int mm_alloc_fold_still(const mm_alloc_mark *m, uint64_t ptr);
+
+/* What a check of the fold compares (MMGUARD_REPLAY_FOLD=check, reserve.c):
+ * a hash of the allocator's whole state (its blocks by address, not by slot,
+ * their neighbours, the free lists' order, the statistics), and one step of
+ * such a hash. */
+uint64_t mm_alloc_state_hash(const mm_allocator *a);
+uint64_t mm_alloc_hash_add(uint64_t h, uint64_t x);
 
 #endif

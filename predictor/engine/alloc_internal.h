@@ -63,12 +63,18 @@ struct mm_allocator {
     mm_segment_cb seg_cb;
     void *seg_ctx;
     uint64_t hint;        /* address of the next cudaMalloc, 0 = invent one */
+    int round_plain;      /* no roundup_power2_divisions: sizes round to 512 bytes */
     uint64_t clock;       /* counts content changes of blocks (blk.stamp) */
     /* while a fold's mark is open: each best-fit search of the cache, the
-     * rounded request and the size of the block found (UINT64_MAX none),
+     * rounded request, the size of the block found (UINT64_MAX none) and its address,
      * by pool (alloc_fold.c: a free block the searches never reach) */
     int rec;
-    struct rec_search { uint64_t req, got; int small; } *recs;
+    struct rec_search {
+        uint64_t req, got, ptr; /* the rounded request; the block found's size, address */
+        uint64_t cmin, cmax;    /* the other free blocks of its size: lowest, highest address */
+        int small, others;      /* ... and whether there were any */
+        int whole;              /* the block found and those others all whole (no neighbours) */
+    } *recs;
     size_t nrecs, caprecs;
 };
 
@@ -76,7 +82,7 @@ struct mm_allocator {
  * memory (a->nomem); and the slot of a block that is gone */
 int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg);
 void alloc_blk_delete(mm_allocator *a, int32_t i);
-/* note a search (a->rec) */
-void alloc_rec_search(mm_allocator *a, int small, uint64_t req, uint64_t got);
+/* note a search of pool p (a->rec): block `got` found at `at`, -1 none */
+void alloc_rec_search(mm_allocator *a, const pool *p, uint64_t req, int32_t got, size_t at);
 
 #endif

@@ -36,7 +36,17 @@ typedef struct fold {
     size_t *pair_ev;        /* ... and the events that free them */
     size_t cappairs;
     int verbose;            /* MMGUARD_REPLAY_FOLD=verbose: say what was folded */
+    int folded;             /* the last fold_at folded periods */
 } fold;
+
+/* MMGUARD_REPLAY_FOLD=check: the state after each fold (step, event reached,
+ * hash of the allocator and of the tensors' blocks), compared with the
+ * unfolded replay's at the same events */
+typedef struct fold_check {
+    struct fold_point { int step; size_t ev; uint64_t hash; } *p;
+    size_t n, cap, next;
+    int bad;
+} fold_check;
 
 typedef struct replay {
     const sim *s;
@@ -52,6 +62,8 @@ typedef struct replay {
     uint64_t stop_above; /* end the steps once their reserved peak exceeds it */
     reserve_result *out;
     fold *fold;          /* NULL: every event replayed one by one */
+    int stepno;          /* 1 or 2 */
+    fold_check *check;   /* MMGUARD_REPLAY_FOLD=check: points to record (fold) or compare */
 } replay;
 
 /* The request of a (row, phase) found no room even after the cache was freed:
@@ -209,8 +221,52 @@ static inline void event(replay *r, const sim_ev *e)
     }
 }
 
+/* the allocator's state and each live tensor's block (fold_check) */
+static uint64_t replay_hash(const replay *r)
+{
+    uint64_t h = mm_alloc_state_hash(r->a);
+    for (size_t i = 0; i <= r->s->nt; i++)
+        if (r->h[i] >= 0)
+            h += mm_alloc_hash_add(i, mm_allocator_block_ptr(r->a, r->h[i]));
+    return h;
+}
+
+/* the folded replay reached event `ev` of its step by a fold: note the state */
+static void check_note(replay *r, size_t ev)
+{
+    fold_check *c = r->check;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 16;
+        struct fold_point *q = realloc(c->p, cap * sizeof *q);
+        if (!q) {
+            r->failed = 1;
+            return;
+        }
+        c->p = q;
+        c->cap = cap;
+    }
+    c->p[c->n++] = (struct fold_point){r->stepno, ev, replay_hash(r)};
+}
+
+/* the unfolded replay ran event ev - 1 of its step: the same state as the
+ * folded one's there? */
+static void check_compare(replay *r, size_t ev)
+{
+    fold_check *c = r->check;
+    while (c->next < c->n && c->p[c->next].step == r->stepno && c->p[c->next].ev == ev) {
+        if (c->p[c->next].hash != replay_hash(r)) {
+            fprintf(stderr, "mmguard: replay fold check: the state differs after step %d event %zu\n",
+                    r->stepno, ev);
+            c->bad = 1;
+        }
+        c->next++;
+    }
+}
+
 /* ---- folding repeated periods (alloc_fold.h) ------------------------------------------ */
 
+#define FOLD_RETRY 4  /* periods before a span whose verification failed is tried again
+                         (a state may settle into its period after a few) */
 #define FOLD_STRIDE 16 /* events between two looks for a period where none was found */
 #define FOLD_PENDING(x) (-3 - (int64_t)(x))
 
@@ -311,11 +367,12 @@ static int64_t pair_frees(replay *r, size_t i, size_t b0, size_t now, size_t Q, 
         if (!v->is_free || f->again[e] || f->born[v->id] >= (int64_t)b0)
             continue;
         if (e >= end - Q)
-            return -1;
+            continue; /* freed by the last folded period: the chain ends there */
         if (grow_pairs(f, np))
             return -2;
         f->pairs[np].at_mark = e < now ? f->was[e - i] : r->h[v->id];
         f->pairs[np].now = r->h[r->ev[e + Q].id];
+        f->pairs[np].period = (e - b0) / Q;
         f->pair_ev[np++] = e;
     }
     return (int64_t)np;
@@ -340,6 +397,8 @@ static int64_t try_fold(replay *r, size_t i, size_t b0, size_t Q, size_t end,
         return -1;
     int64_t got = mm_alloc_fold(r->a, f->full, pmax, f->pairs, (size_t)np, n, r->stop_above,
                                 &shift);
+    if (got > 0)
+        f->folded = 1;
     if (got > 0 && f->verbose) /* what tests/fold/fold.py counts */
         fprintf(stderr, "mmguard: replay folded %lld periods of %zu events\n", (long long)got, Q);
     if (got > 0 && skip_handles(r, f->ptr + (b0 - i), b1, Q, (size_t)got, shift, f->full))
@@ -387,13 +446,14 @@ static size_t verify_fold(replay *r, size_t i, size_t P, size_t end, size_t t, s
 }
 
 /* At period t of a region: how many periods back (at most FOLD_SPAN, none
- * that failed already: `failed` bit c) the state looked like this one (its
- * light mark passes mm_alloc_fold_maybe), 0 none. */
-static size_t repeats_back(replay *r, size_t t, unsigned failed)
+ * whose verification failed less than FOLD_RETRY periods ago: retry[c])
+ * the state looked like this one (its light mark passes
+ * mm_alloc_fold_maybe), 0 none. */
+static size_t repeats_back(replay *r, size_t t, const size_t *retry)
 {
     const size_t R = FOLD_SPAN + 1;
     for (size_t c = 1; c <= FOLD_SPAN && c <= t; c++)
-        if (!(failed >> c & 1) && mm_alloc_fold_maybe(r->a, r->fold->ring[(t - c) % R]))
+        if (t >= retry[c] && mm_alloc_fold_maybe(r->a, r->fold->ring[(t - c) % R]))
             return c;
     return 0;
 }
@@ -427,15 +487,15 @@ static size_t fold_at(replay *r, size_t i)
         }
         f->capev = K * P;
     }
-    unsigned failed = 0; /* the spans whose verification failed */
+    size_t retry[FOLD_SPAN + 1] = {0}; /* when a span that failed may be tried again */
     size_t t = 0;
     while (t < K && !r->failed) {
-        size_t c = repeats_back(r, t, failed);
+        size_t c = repeats_back(r, t, retry);
         if (c && (end - (i + t * P)) / (c * P) >= 2) {
             size_t got = verify_fold(r, i, P, end, t, c);
             if (got != i + (t + c) * P || r->failed)
                 return got;
-            failed |= 1u << c; /* not folded: look on, for another span */
+            retry[c] = t + c + FOLD_RETRY; /* not folded: look on, for another span */
             t += c;
             continue;
         }
@@ -451,8 +511,9 @@ static size_t fold_at(replay *r, size_t i)
 static void step(replay *r, int first, int per_param)
 {
     int states = !first;
+    r->stepno = first ? 1 : 2;
     size_t i = r->step_ev;
-    if (!r->fold) { /* one by one */
+    if (!r->fold && !r->check) { /* one by one */
         for (; i < r->nev && !r->failed; i++) {
             if (!states && r->ev[i].phase == MM_PHASE_OPTIMIZER) {
                 model_states(r, F_OPT, per_param);
@@ -473,12 +534,17 @@ static void step(replay *r, int first, int per_param)
         if (r->fold && i >= r->fold->next_try) {
             size_t j = fold_at(r, i);
             if (j != i) {
+                if (r->check && r->fold->folded)
+                    check_note(r, j);
+                r->fold->folded = 0;
                 i = j;
                 continue;
             }
         }
         event(r, e);
         i++;
+        if (r->check && !r->fold) /* the unfolded replay of a check */
+            check_compare(r, i);
     }
     if (!states && !r->failed)
         model_states(r, F_OPT, per_param);
@@ -627,8 +693,44 @@ int reserve_replay_until(const sim *s, uint64_t n, const mm_alloc_conf *conf,
     return replay_run(&r, n, conf, per_param_states, 0, 0);
 }
 
+static int replay_once(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
+                       uint64_t capacity, uint64_t device_total, int fold_mode);
+
+/* MMGUARD_REPLAY_FOLD: 0 off, 1 on, 2 verbose, 3 check (off: "0") */
+static int fold_mode(void)
+{
+    const char *on = getenv("MMGUARD_REPLAY_FOLD");
+    if (!on || !*on || !strcmp(on, "0"))
+        return 0;
+    return !strcmp(on, "verbose") ? 2 : !strcmp(on, "check") ? 3 : 1;
+}
+
 static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
                       uint64_t capacity, uint64_t device_total)
+{
+    int mode = fold_mode();
+    if (mode != 3)
+        return replay_once(rp, n, conf, per_param_states, capacity, device_total, mode);
+    /* the folded replay noting its state after each fold, then the unfolded
+     * one comparing its own at the same events */
+    fold_check c = {0};
+    reserve_result plain;
+    replay folded = *rp, unfolded = *rp;
+    folded.check = unfolded.check = &c;
+    unfolded.out = &plain;
+    int rc = replay_once(&folded, n, conf, per_param_states, capacity, device_total, 2);
+    int rc2 = replay_once(&unfolded, n, conf, per_param_states, capacity, device_total, 0);
+    if (!c.bad && (rc != rc2 || memcmp(&plain, rp->out, sizeof plain)))
+        fprintf(stderr, "mmguard: replay fold check: the results differ\n");
+    else if (!c.bad && c.next != c.n)
+        fprintf(stderr, "mmguard: replay fold check: %zu of %zu states not compared\n",
+                c.n - c.next, c.n);
+    free(c.p);
+    return rc;
+}
+
+static int replay_once(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per_param_states,
+                       uint64_t capacity, uint64_t device_total, int mode)
 {
     replay r = *rp;
     const sim *s = r.s;
@@ -650,13 +752,12 @@ static int replay_run(replay *rp, uint64_t n, const mm_alloc_conf *conf, int per
     for (size_t i = 0; i <= s->nt; i++)
         r.h[i] = -1;
     int nomem = 0;
-    const char *on = getenv("MMGUARD_REPLAY_FOLD");
-    if (on && *on && strcmp(on, "0"))
+    if (mode)
         r.fold = fold_new(&r, &nomem);
     if (nomem)
         r.failed = 1;
     if (r.fold)
-        r.fold->verbose = !strcmp(on, "verbose");
+        r.fold->verbose = mode == 2;
     model_states(&r, F_PARAM, 1);
     if (!r.failed)
         other_setup(&r);

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """The allocator replay's fold is exact (issue 24; predictor/engine/alloc_fold.c).
 
-Every spec below is predicted twice, with the fold (MMGUARD_REPLAY_FOLD=verbose)
-and without it, and the two outputs must be byte-identical:
+Every spec below is predicted twice, with the fold (MMGUARD_REPLAY_FOLD=check:
+each folded replay says its folds, and replays again unfolded to compare the
+allocator's whole state after every fold, by a hash of its blocks, free lists,
+statistics and the tensors' blocks, saying any that differs on stderr) and
+without it (MMGUARD_REPLAY_FOLD=0), and the two outputs must be byte-identical:
   - every shipped preset (contrib/models/*.yaml) and bench spec (bench/*.yaml):
     `mmguard predict --json`, and `mmguard check --gpu-mem G --margin 0 --json` at
     a card of the preset's own boundaries (the capacity-limited replay, with its
@@ -44,9 +47,9 @@ REF = None  # --ref: the build compared against, unfolded
 
 def run(args, fold):
     env = dict(os.environ)
-    env.pop("MMGUARD_REPLAY_FOLD", None)
+    env["MMGUARD_REPLAY_FOLD"] = "0"
     if fold and not REF:
-        env["MMGUARD_REPLAY_FOLD"] = "verbose"
+        env["MMGUARD_REPLAY_FOLD"] = "check"
     p = subprocess.run([REF if fold and REF else MM] + args, capture_output=True, text=True, env=env, timeout=600)
     folds = [int(n) for n in FOLDED.findall(p.stderr)]
     err = FOLDED.sub("", p.stderr).strip()

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "alloc_fold.h"
 #include "mmguard.h"
 
 #define MiB (1024ull * 1024ull)
@@ -256,6 +257,43 @@ static int replay(const char *text, mm_replay_result *r, mm_error *e)
                                   MM_REPLAY_CONF_FROM_TRACE | MM_REPLAY_TRACE_ADDRESSES, 0, r, e);
 }
 
+/* What MMGUARD_REPLAY_FOLD=check compares after a fold (alloc_fold.c,
+ * mm_alloc_state_hash): the same sequence gives the same hash; a tensor's
+ * request counts while its block is allocated and not once it is free (a
+ * free block's req is the last tensor's, read by nothing: 3 MiB - 100 and
+ * 3 MiB - 200 both round to a 3 MiB block, kMinBlockSize 512; the peak of
+ * the requested bytes still tells them apart until it is reset); a block at
+ * another address or with other neighbours is another state. */
+START_TEST(state_hash_what_a_fold_keeps)
+{
+    mm_allocator *a = new_alloc(NULL, 0), *b = new_alloc(NULL, 0);
+    int64_t x = mm_allocator_malloc(a, 3 * MiB - 100), y = mm_allocator_malloc(b, 3 * MiB - 200);
+    ck_assert_int_ge(x, 0);
+    ck_assert_int_ge(y, 0);
+    ck_assert_uint_ne(mm_alloc_state_hash(a), mm_alloc_state_hash(b)); /* requested differs */
+    mm_allocator_release(a, x);
+    mm_allocator_release(b, y);
+    ck_assert_uint_ne(mm_alloc_state_hash(a), mm_alloc_state_hash(b)); /* requested_peak */
+    mm_allocator_reset_peaks(a);
+    mm_allocator_reset_peaks(b);
+    ck_assert_uint_eq(mm_alloc_state_hash(a), mm_alloc_state_hash(b));
+    /* two 4 MiB tensors in the 20 MiB segment, one freed: the first leaves a
+     * free block before the second, the second one merged with the rest */
+    int64_t p = mm_allocator_malloc(a, 4 * MiB), q = mm_allocator_malloc(a, 4 * MiB);
+    int64_t r = mm_allocator_malloc(b, 4 * MiB), t = mm_allocator_malloc(b, 4 * MiB);
+    ck_assert_uint_eq(mm_alloc_state_hash(a), mm_alloc_state_hash(b));
+    mm_allocator_release(a, p);
+    mm_allocator_release(b, t);
+    ck_assert_uint_eq(mm_allocator_stats(a)->allocated, mm_allocator_stats(b)->allocated);
+    ck_assert_uint_ne(mm_alloc_state_hash(a), mm_alloc_state_hash(b));
+    mm_allocator_release(a, q);
+    mm_allocator_release(b, r);
+    ck_assert_uint_eq(mm_alloc_state_hash(a), mm_alloc_state_hash(b));
+    mm_allocator_free(a);
+    mm_allocator_free(b);
+}
+END_TEST
+
 START_TEST(trace_replay_small)
 {
     /* two 100 MiB tensors, the first freed, a 150 MiB one: as the
@@ -331,6 +369,7 @@ Suite *alloc_suite(void)
     tcase_add_test(tc, conf_errors_name_the_key);
     tcase_add_test(tc, trace_replay_small);
     tcase_add_test(tc, trace_errors_name_file_and_line);
+    tcase_add_test(tc, state_hash_what_a_fold_keeps);
     suite_add_tcase(s, tc);
     return s;
 }

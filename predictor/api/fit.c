@@ -40,10 +40,17 @@
 
 #define MM_MB_CAP 65536u
 
+/* the verdict of the largest micro-batch a search found fitting so far */
+typedef struct fit_best {
+    uint64_t mb;      /* 0: none judged in full (judge) yet */
+    mm_verdict v;
+} fit_best;
+
 typedef struct fitctx {
     mm_spec *s;       /* the working copy, changed in place */
     uint64_t gpu, usable;
     int no_flush;     /* a cache flush does not count as fitting (flush=reject) */
+    fit_best *best;   /* where passes() keeps its fitting verdicts, or NULL */
 } fitctx;
 
 static int acceptable(const fitctx *c, mm_verdict_kind k)
@@ -98,9 +105,14 @@ static int passes(const fitctx *c, uint64_t x)
     mm_verdict v;
     mm_error e;
     c->s->training.micro_batch_size = x;
-    if (!c->no_flush)
-        return judge(c, &v);
-    return verdict_fits_clean(c->s, c->gpu, c->usable, &e) == 1;
+    if (c->no_flush)
+        return verdict_fits_clean(c->s, c->gpu, c->usable, &e) == 1;
+    int ok = judge(c, &v);
+    if (ok && c->best && x > c->best->mb) { /* the search's answer: mm_fit's verdict at it */
+        c->best->mb = x;
+        c->best->v = v;
+    }
+    return ok;
 }
 
 /* The search's bracket: lo fits (0: none known), hi does not (0: none known,
@@ -221,7 +233,7 @@ static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
 uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
                             int no_flush, const mm_verdict *at_spec)
 {
-    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush};
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, NULL};
     if (!c.s)
         return 0;
     uint32_t mb = max_batch(&c, at_spec);
@@ -259,21 +271,31 @@ static uint32_t max_batch_no_flush(const fitctx *c, uint32_t max, const mm_verdi
     return r;
 }
 
+/* the allocated peak at n from the allocated figures q of c->s at N = 2: at
+ * N = 2 itself a spec laid out per degree has its own (the dp point a full
+ * prediction records, predict.c reserved_peak), elsewhere the dp terms */
+static uint64_t allocated_at(const fitctx *c, const mm_prediction *q, uint32_t n)
+{
+    if (n == 2 && dp_per_degree(c->s) && q->allocated_peak_bytes)
+        return q->allocated_peak_bytes;
+    return dp_allocated(q, n);
+}
+
 /* Smallest N (1..1024) at which c->s fits, by its verdict at N; *at: that
- * verdict.  One prediction at N = 2 gives the allocated peak at every N (its
- * dp terms, when exact): an N whose live tensors exceed the card is skipped
- * without a replay.  0 if none. */
+ * verdict.  One folded run at N = 2 gives the allocated peak at every N (its
+ * dp terms, when exact; mm_predict_allocated, no replay): an N whose live
+ * tensors exceed the card is skipped without a replay.  0 if none. */
 static uint32_t first_fitting_dp(const fitctx *c, mm_verdict *at)
 {
     mm_prediction q;
     mm_error e;
     uint32_t found = 0;
     c->s->training.data_parallel = 2;
-    int have_q = mm_predict(c->s, &q, &e) == 0;
+    int have_q = mm_predict_allocated(c->s, &q, &e) == 0;
     mm_overheads o = predict_overheads(c->s);
     for (uint32_t n = 1; n <= 1024 && !found; n++) {
         if (have_q && q.terms_exact) {
-            uint64_t a = dp_allocated(&q, n);
+            uint64_t a = allocated_at(c, &q, n);
             if (mm_sat_add(a, verdict_outside(&o, a, n)) > c->usable)
                 continue;
         }
@@ -403,7 +425,8 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     memset(out, 0, sizeof *out);
     if (mm_verdict_for(spec, gpu_bytes, usable, 0, &out->verdict, err))
         return -1;
-    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush};
+    fit_best best = {0};
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, NULL};
     if (!c.s) {
         mm_err(err, "out of memory");
         return -1;
@@ -413,11 +436,17 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     out->peak_bytes = v->kind == MM_VERDICT_OOM ? 0 : mm_sat_add(v->reserved_peak,
                                                                  v->context_bytes);
     /* the plugin's own search (mm_max_micro_batch: what it publishes for an
-     * accepted job is the same answer), then the verdict at the answer */
-    out->max_micro_batch = mm_max_micro_batch(spec, gpu_bytes, usable, no_flush, v);
+     * accepted job is the same answer, on the same decoded copy of the spec),
+     * then the verdict at the answer: the one the search judged it by, when
+     * it judged it in full (passes) */
+    c.best = &best;
+    out->max_micro_batch = max_batch(&c, v);
+    c.best = NULL;
     memset(&at, 0, sizeof at);
     c.s->training.micro_batch_size = out->max_micro_batch;
-    if (out->max_micro_batch)
+    if (out->max_micro_batch && best.mb == out->max_micro_batch)
+        at = best.v;
+    else if (out->max_micro_batch)
         judge(&c, &at);
     reset(&c, spec);
     if (out->max_micro_batch)

@@ -245,6 +245,17 @@ static void device_figures(const mm_spec *sp, const run1 *r, mm_prediction *out)
     image_info(sp, out);
 }
 
+int mm_predict_allocated(const mm_spec *sp, mm_prediction *out, mm_error *err)
+{
+    run1 r;
+    memset(out, 0, sizeof *out);
+    if (err)
+        err->msg[0] = '\0';
+    int rc = first_run(sp, out, &r, 0, err);
+    run1_free(&r);
+    return rc;
+}
+
 int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
 {
     return mm_predict_ex(sp, out, err, 0);

@@ -6,7 +6,7 @@
 #   mm_predict   one prediction inside it
 #   steps        its simulated steps (step_run: the folded run and the unfolded one
 #                that writes the allocation log), the allocator replay aside
-#   max_mb       mm_max_micro_batch at 90% of an H100 (what the plugin adds to an
+#   max_mb       mm_max_micro_batch (its fit_max_micro_batch) at 90% of an H100 (what the plugin adds to an
 #                accepted --mm-model submission), from `mmguard fit`
 #   fit          the whole mm_fit of `mmguard fit --gpu-mem 81559MiB --margin 10%`
 #
@@ -27,7 +27,7 @@ for spec in "$@"; do
     proc=$(count "$MMGUARD" predict "$spec" --json)
     pred=$(count --toggle-collect=mm_predict "$MMGUARD" predict "$spec" --json)
     steps=$(count --toggle-collect=step_run "$MMGUARD" predict "$spec" --json)
-    mmb=$(count --toggle-collect=mm_max_micro_batch "$MMGUARD" fit "$spec" --gpu-mem 81559MiB --margin 10%)
+    mmb=$(count --toggle-collect=fit_max_micro_batch "$MMGUARD" fit "$spec" --gpu-mem 81559MiB --margin 10%)
     fit=$(count --toggle-collect=mm_fit "$MMGUARD" fit "$spec" --gpu-mem 81559MiB --margin 10%)
     printf '%-34s %12s %12s %12s %12s %12s\n' "$(basename "$spec" .yaml)" "$(m "$proc")" \
         "$(m "$pred")" "$(m "$steps")" "$(m "$mmb")" "$(m "$fit")"

@@ -51,7 +51,16 @@ typedef struct fitctx {
     uint64_t gpu, usable;
     int no_flush;     /* a cache flush does not count as fitting (flush=reject) */
     fit_best *best;   /* where passes() keeps its fitting verdicts, or NULL */
+    sim *rows;        /* within one micro-batch search, or NULL: the first step it
+                         simulated (nrows 0: none yet), whose rows and parameter
+                         counts every later step borrows (step.h rows_from) */
 } fitctx;
+
+/* the search's rows, when it has them */
+static const sim *rows_of(const fitctx *c)
+{
+    return c->rows && c->rows->nrows ? c->rows : NULL;
+}
 
 static int acceptable(const fitctx *c, mm_verdict_kind k)
 {
@@ -63,7 +72,7 @@ static int acceptable(const fitctx *c, mm_verdict_kind k)
 static int judge(const fitctx *c, mm_verdict *v)
 {
     mm_error e;
-    if (verdict_quick(c->s, c->gpu, c->usable, v, &e)) {
+    if (verdict_quick(c->s, c->gpu, c->usable, rows_of(c), v, &e)) {
         memset(v, 0, sizeof *v);
         v->kind = MM_VERDICT_OOM;
         snprintf(v->oom_event, sizeof v->oom_event, "%.150s", e.msg);
@@ -87,14 +96,24 @@ static void summarize(const mm_verdict *v, mm_fit_judged *out)
  * model refuses the size.  Above the usable bytes it runs out of memory. */
 static uint64_t probe_live(const fitctx *c, uint64_t x)
 {
-    mm_peak_only q;
+    sim s;
     mm_error e;
+    const sim *rows = rows_of(c);
     c->s->training.micro_batch_size = x;
-    if (mm_predict_peak(c->s, &q, 1, &e))
+    /* the folded step, as mm_predict_peak's lower bound takes it */
+    step_cfg cfg = {.dp = c->s->training.data_parallel, .rows_from = rows,
+                    .largest_param = rows ? rows->largest_param : 0};
+    if (step_run(c->s, &s, &cfg, &e)) {
+        sim_free(&s);
         return UINT64_MAX;
+    }
+    uint64_t a = s.peak;
+    if (c->rows && !rows) /* the search's rows from now on */
+        *c->rows = s;
+    else
+        sim_free(&s);
     mm_overheads o = predict_overheads(c->s);
-    return mm_sat_add(q.allocated,
-                      verdict_outside(&o, q.allocated, mm_spec_data_parallel(c->s)));
+    return mm_sat_add(a, verdict_outside(&o, a, mm_spec_data_parallel(c->s)));
 }
 
 /* Whether c->s at micro-batch x fits, as judge() says.  Under no_flush only
@@ -106,7 +125,7 @@ static int passes(const fitctx *c, uint64_t x)
     mm_error e;
     c->s->training.micro_batch_size = x;
     if (c->no_flush)
-        return verdict_fits_clean(c->s, c->gpu, c->usable, &e) == 1;
+        return verdict_fits_clean_rows(c->s, c->gpu, c->usable, rows_of(c), &e) == 1;
     int ok = judge(c, &v);
     if (ok && c->best && x > c->best->mb) { /* the search's answer: mm_fit's verdict at it */
         c->best->mb = x;
@@ -197,7 +216,7 @@ static void guess(const fitctx *c, const mm_verdict *v0, uint64_t x0, uint64_t l
  * its verdict, found here when NULL): the spec's verdict, one sample of the
  * live bytes (a folded simulation, no replay), then verdicts from the guess
  * (search_from). */
-static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
+static uint32_t search_max_batch(const fitctx *c, const mm_verdict *at_spec)
 {
     uint64_t mb = c->s->training.micro_batch_size;
     uint64_t x0 = mb < 1 ? 1 : mb > MM_MB_CAP ? MM_MB_CAP : mb;
@@ -230,15 +249,41 @@ static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
     return r;
 }
 
-uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
-                            int no_flush, const mm_verdict *at_spec)
+/* search_max_batch with the search's rows: the micro-batch changes no
+ * parameter, so the first step it simulates (the sample of the live bytes)
+ * counts the rows and parameters for every later one */
+static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
 {
-    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, NULL};
+    sim rows;
+    memset(&rows, 0, sizeof rows);
+    fitctx in = *c;
+    in.rows = &rows;
+    uint32_t r = search_max_batch(&in, at_spec);
+    sim_free(&rows);
+    return r;
+}
+
+/* mm_max_micro_batch, keeping in *best (or not, NULL) the verdict of the
+ * largest micro-batch it judged fitting in full.  Not inlined: it is what
+ * bench/instructions.sh counts as the plugin's search, in `mmguard fit` too. */
+static __attribute__((noinline)) uint32_t fit_max_micro_batch(const mm_spec *spec,
+                                                              uint64_t gpu_bytes, uint64_t usable,
+                                                              int no_flush,
+                                                              const mm_verdict *at_spec,
+                                                              fit_best *best)
+{
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, best, NULL};
     if (!c.s)
         return 0;
     uint32_t mb = max_batch(&c, at_spec);
     mm_spec_free(c.s);
     return mb;
+}
+
+uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
+                            int no_flush, const mm_verdict *at_spec)
+{
+    return fit_max_micro_batch(spec, gpu_bytes, usable, no_flush, at_spec, NULL);
 }
 
 /* the largest micro-batch without a flush, below the largest that runs
@@ -426,7 +471,7 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     if (mm_verdict_for(spec, gpu_bytes, usable, 0, &out->verdict, err))
         return -1;
     fit_best best = {0};
-    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, NULL};
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, NULL, NULL};
     if (!c.s) {
         mm_err(err, "out of memory");
         return -1;
@@ -436,12 +481,9 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     out->peak_bytes = v->kind == MM_VERDICT_OOM ? 0 : mm_sat_add(v->reserved_peak,
                                                                  v->context_bytes);
     /* the plugin's own search (mm_max_micro_batch: what it publishes for an
-     * accepted job is the same answer, on the same decoded copy of the spec),
-     * then the verdict at the answer: the one the search judged it by, when
-     * it judged it in full (passes) */
-    c.best = &best;
-    out->max_micro_batch = max_batch(&c, v);
-    c.best = NULL;
+     * accepted job is the same answer), then the verdict at the answer: the
+     * one the search judged it by, when it judged it in full (passes) */
+    out->max_micro_batch = fit_max_micro_batch(spec, gpu_bytes, usable, no_flush, v, &best);
     memset(&at, 0, sizeof at);
     c.s->training.micro_batch_size = out->max_micro_batch;
     if (out->max_micro_batch && best.mb == out->max_micro_batch)

@@ -6,8 +6,10 @@
 #   mm_predict   one prediction inside it
 #   steps        its simulated steps (step_run: the folded run and the unfolded one
 #                that writes the allocation log), the allocator replay aside
-#   max_mb       mm_max_micro_batch (its fit_max_micro_batch) at 90% of an H100 (what the plugin adds to an
-#                accepted --mm-model submission), from `mmguard fit`
+#   max_mb       mm_max_micro_batch at 90% of an H100 (what the plugin adds to an
+#                accepted --mm-model submission), from `mmguard fit`: the search
+#                both run, fit_max_micro_batch (mm_fit calls it directly, to keep
+#                the verdict at its answer)
 #   fit          the whole mm_fit of `mmguard fit --gpu-mem 81559MiB --margin 10%`
 #
 #   MMGUARD=build/mmguard sh bench/instructions.sh SPEC...

@@ -18,10 +18,14 @@
  * in), guesses the answer from its allocator cache (as it is, and grown
  * with the activations) and one more sample of the live bytes, and judges
  * the guess and its neighbour: two verdicts when the guess is right (the
- * LLaVA-1.5-7B preset on 8 H100s: 23.6 M instructions, 58.9 M with the former
- * secant search on the live bytes and bisection of verdicts; every preset
- * at the five cards and two flush policies of tests/fit/fit_search.c:
- * 8.2 G, was 10.9 G; docs/plugin.md, "Cost").  Under
+ * LLaVA-1.5-7B preset on 8 H100s: 22.4 M instructions, 23.6 M before the
+ * search shared one counting pass, 58.9 M with the former secant search on
+ * the live bytes and bisection of verdicts; every preset at the five cards
+ * and two flush policies of tests/fit/fit_search.c: 8.2 G, was 10.9 G;
+ * docs/plugin.md, "Cost").  The micro-batch changes no parameter: the
+ * search's first step (its sample of the live bytes) counts the rows and
+ * parameters for all its later ones (fitctx.rows, step.h rows_from), and
+ * mm_fit takes the verdict at the answer from the search.  Under
  * flush=reject only "fits without a flush" is asked, which the uncapped
  * replay stopped at the capacity answers (verdict_fits_clean).  The verdict
  * is not monotone in the micro-batch everywhere (fragmentation: llama-3.1-8b
@@ -51,15 +55,20 @@ typedef struct fitctx {
     uint64_t gpu, usable;
     int no_flush;     /* a cache flush does not count as fitting (flush=reject) */
     fit_best *best;   /* where passes() keeps its fitting verdicts, or NULL */
-    sim *rows;        /* within one micro-batch search, or NULL: the first step it
-                         simulated (nrows 0: none yet), whose rows and parameter
-                         counts every later step borrows (step.h rows_from) */
+    struct fit_rows *rows; /* within one micro-batch search, or NULL */
 } fitctx;
+
+/* the first step a micro-batch search simulated (have: one is kept), whose
+ * rows and parameter counts every later step borrows (step.h rows_from) */
+typedef struct fit_rows {
+    int have;
+    sim s;
+} fit_rows;
 
 /* the search's rows, when it has them */
 static const sim *rows_of(const fitctx *c)
 {
-    return c->rows && c->rows->nrows ? c->rows : NULL;
+    return c->rows && c->rows->have ? &c->rows->s : NULL;
 }
 
 static int acceptable(const fitctx *c, mm_verdict_kind k)
@@ -108,10 +117,12 @@ static uint64_t probe_live(const fitctx *c, uint64_t x)
         return UINT64_MAX;
     }
     uint64_t a = s.peak;
-    if (c->rows && !rows) /* the search's rows from now on */
-        *c->rows = s;
-    else
+    if (c->rows && !rows) { /* the search's rows from now on */
+        c->rows->s = s;
+        c->rows->have = 1;
+    } else {
         sim_free(&s);
+    }
     mm_overheads o = predict_overheads(c->s);
     return mm_sat_add(a, verdict_outside(&o, a, mm_spec_data_parallel(c->s)));
 }
@@ -254,12 +265,13 @@ static uint32_t search_max_batch(const fitctx *c, const mm_verdict *at_spec)
  * counts the rows and parameters for every later one */
 static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
 {
-    sim rows;
-    memset(&rows, 0, sizeof rows);
+    fit_rows rows;
+    rows.have = 0; /* the sim only once a step fills it */
     fitctx in = *c;
     in.rows = &rows;
     uint32_t r = search_max_batch(&in, at_spec);
-    sim_free(&rows);
+    if (rows.have)
+        sim_free(&rows.s);
     return r;
 }
 

@@ -342,13 +342,18 @@ static uint64_t allocated_at(const fitctx *c, const mm_prediction *q, uint32_t n
  * verdict.  One folded run at N = 2 gives the allocated peak at every N (its
  * dp terms, when exact; mm_predict_allocated, no replay): an N whose live
  * tensors exceed the card is skipped without a replay.  0 if none. */
-static uint32_t first_fitting_dp(const fitctx *c, mm_verdict *at)
+static uint32_t first_fitting_dp(const fitctx *c0, mm_verdict *at)
 {
     mm_prediction q;
     mm_error e;
     uint32_t found = 0;
+    fit_rows rows = {.have = 0};
+    fitctx in = *c0; /* N changes no parameter: every verdict borrows that run's rows */
+    const fitctx *c = &in;
+    in.rows = &rows;
     c->s->training.data_parallel = 2;
-    int have_q = mm_predict_allocated(c->s, &q, &e) == 0;
+    int have_q = mm_predict_allocated(c->s, &q, &rows.s, &e) == 0;
+    rows.have = have_q;
     mm_overheads o = predict_overheads(c->s);
     for (uint32_t n = 1; n <= 1024 && !found; n++) {
         if (have_q && q.terms_exact) {
@@ -360,8 +365,10 @@ static uint32_t first_fitting_dp(const fitctx *c, mm_verdict *at)
         if (judge(c, at))
             found = n;
     }
-    if (have_q)
+    if (have_q) {
         mm_prediction_free(&q);
+        sim_free(&rows.s);
+    }
     return found;
 }
 

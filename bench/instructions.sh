@@ -7,7 +7,9 @@
 #   steps        its simulated steps (step_run: the folded run and the unfolded one
 #                that writes the allocation log), the allocator replay aside
 #   max_mb       mm_max_micro_batch at 90% of an H100 (what the plugin adds to an
-#                accepted --mm-model submission), from `mmguard fit`
+#                accepted --mm-model submission), from `mmguard fit`: the search
+#                both run, fit_max_micro_batch (mm_fit calls it directly, to keep
+#                the verdict at its answer)
 #   fit          the whole mm_fit of `mmguard fit --gpu-mem 81559MiB --margin 10%`
 #
 #   MMGUARD=build/mmguard sh bench/instructions.sh SPEC...
@@ -27,7 +29,7 @@ for spec in "$@"; do
     proc=$(count "$MMGUARD" predict "$spec" --json)
     pred=$(count --toggle-collect=mm_predict "$MMGUARD" predict "$spec" --json)
     steps=$(count --toggle-collect=step_run "$MMGUARD" predict "$spec" --json)
-    mmb=$(count --toggle-collect=mm_max_micro_batch "$MMGUARD" fit "$spec" --gpu-mem 81559MiB --margin 10%)
+    mmb=$(count --toggle-collect=fit_max_micro_batch "$MMGUARD" fit "$spec" --gpu-mem 81559MiB --margin 10%)
     fit=$(count --toggle-collect=mm_fit "$MMGUARD" fit "$spec" --gpu-mem 81559MiB --margin 10%)
     printf '%-34s %12s %12s %12s %12s %12s\n' "$(basename "$spec" .yaml)" "$(m "$proc")" \
         "$(m "$pred")" "$(m "$steps")" "$(m "$mmb")" "$(m "$fit")"

@@ -18,10 +18,14 @@
  * in), guesses the answer from its allocator cache (as it is, and grown
  * with the activations) and one more sample of the live bytes, and judges
  * the guess and its neighbour: two verdicts when the guess is right (the
- * LLaVA-1.5-7B preset on 8 H100s: 23.6 M instructions, 58.9 M with the former
- * secant search on the live bytes and bisection of verdicts; every preset
- * at the five cards and two flush policies of tests/fit/fit_search.c:
- * 8.2 G, was 10.9 G; docs/plugin.md, "Cost").  Under
+ * LLaVA-1.5-7B preset on 8 H100s: 22.4 M instructions, 23.6 M before the
+ * search shared one counting pass, 58.9 M with the former secant search on
+ * the live bytes and bisection of verdicts; every preset at the five cards
+ * and two flush policies of tests/fit/fit_search.c: 8.2 G, was 10.9 G;
+ * docs/plugin.md, "Cost").  The micro-batch changes no parameter: the
+ * search's first step (its sample of the live bytes) counts the rows and
+ * parameters for all its later ones (fitctx.rows, step.h rows_from), and
+ * mm_fit takes the verdict at the answer from the search.  Under
  * flush=reject only "fits without a flush" is asked, which the uncapped
  * replay stopped at the capacity answers (verdict_fits_clean).  The verdict
  * is not monotone in the micro-batch everywhere (fragmentation: llama-3.1-8b
@@ -40,11 +44,32 @@
 
 #define MM_MB_CAP 65536u
 
+/* the verdict of the largest micro-batch a search found fitting so far */
+typedef struct fit_best {
+    uint64_t mb;      /* 0: none judged in full (judge) yet */
+    mm_verdict v;
+} fit_best;
+
 typedef struct fitctx {
     mm_spec *s;       /* the working copy, changed in place */
     uint64_t gpu, usable;
     int no_flush;     /* a cache flush does not count as fitting (flush=reject) */
+    fit_best *best;   /* where passes() keeps its fitting verdicts, or NULL */
+    struct fit_rows *rows; /* within one micro-batch search, or NULL */
 } fitctx;
+
+/* the first step a micro-batch search simulated (have: one is kept), whose
+ * rows and parameter counts every later step borrows (step.h rows_from) */
+typedef struct fit_rows {
+    int have;
+    sim s;
+} fit_rows;
+
+/* the search's rows, when it has them */
+static const sim *rows_of(const fitctx *c)
+{
+    return c->rows && c->rows->have ? &c->rows->s : NULL;
+}
 
 static int acceptable(const fitctx *c, mm_verdict_kind k)
 {
@@ -56,7 +81,7 @@ static int acceptable(const fitctx *c, mm_verdict_kind k)
 static int judge(const fitctx *c, mm_verdict *v)
 {
     mm_error e;
-    if (verdict_quick(c->s, c->gpu, c->usable, v, &e)) {
+    if (verdict_quick(c->s, c->gpu, c->usable, rows_of(c), v, &e)) {
         memset(v, 0, sizeof *v);
         v->kind = MM_VERDICT_OOM;
         snprintf(v->oom_event, sizeof v->oom_event, "%.150s", e.msg);
@@ -80,14 +105,26 @@ static void summarize(const mm_verdict *v, mm_fit_judged *out)
  * model refuses the size.  Above the usable bytes it runs out of memory. */
 static uint64_t probe_live(const fitctx *c, uint64_t x)
 {
-    mm_peak_only q;
+    sim s;
     mm_error e;
+    const sim *rows = rows_of(c);
     c->s->training.micro_batch_size = x;
-    if (mm_predict_peak(c->s, &q, 1, &e))
+    /* the folded step, as mm_predict_peak's lower bound takes it */
+    step_cfg cfg = {.dp = c->s->training.data_parallel, .rows_from = rows,
+                    .largest_param = rows ? rows->largest_param : 0};
+    if (step_run(c->s, &s, &cfg, &e)) {
+        sim_free(&s);
         return UINT64_MAX;
+    }
+    uint64_t a = s.peak;
+    if (c->rows && !rows) { /* the search's rows from now on */
+        c->rows->s = s;
+        c->rows->have = 1;
+    } else {
+        sim_free(&s);
+    }
     mm_overheads o = predict_overheads(c->s);
-    return mm_sat_add(q.allocated,
-                      verdict_outside(&o, q.allocated, mm_spec_data_parallel(c->s)));
+    return mm_sat_add(a, verdict_outside(&o, a, mm_spec_data_parallel(c->s)));
 }
 
 /* Whether c->s at micro-batch x fits, as judge() says.  Under no_flush only
@@ -98,9 +135,14 @@ static int passes(const fitctx *c, uint64_t x)
     mm_verdict v;
     mm_error e;
     c->s->training.micro_batch_size = x;
-    if (!c->no_flush)
-        return judge(c, &v);
-    return verdict_fits_clean(c->s, c->gpu, c->usable, &e) == 1;
+    if (c->no_flush)
+        return verdict_fits_clean_rows(c->s, c->gpu, c->usable, rows_of(c), &e) == 1;
+    int ok = judge(c, &v);
+    if (ok && c->best && x > c->best->mb) { /* the search's answer: mm_fit's verdict at it */
+        c->best->mb = x;
+        c->best->v = v;
+    }
+    return ok;
 }
 
 /* The search's bracket: lo fits (0: none known), hi does not (0: none known,
@@ -185,7 +227,7 @@ static void guess(const fitctx *c, const mm_verdict *v0, uint64_t x0, uint64_t l
  * its verdict, found here when NULL): the spec's verdict, one sample of the
  * live bytes (a folded simulation, no replay), then verdicts from the guess
  * (search_from). */
-static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
+static uint32_t search_max_batch(const fitctx *c, const mm_verdict *at_spec)
 {
     uint64_t mb = c->s->training.micro_batch_size;
     uint64_t x0 = mb < 1 ? 1 : mb > MM_MB_CAP ? MM_MB_CAP : mb;
@@ -218,15 +260,42 @@ static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
     return r;
 }
 
-uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
-                            int no_flush, const mm_verdict *at_spec)
+/* search_max_batch with the search's rows: the micro-batch changes no
+ * parameter, so the first step it simulates (the sample of the live bytes)
+ * counts the rows and parameters for every later one */
+static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
 {
-    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush};
+    fit_rows rows;
+    rows.have = 0; /* the sim only once a step fills it */
+    fitctx in = *c;
+    in.rows = &rows;
+    uint32_t r = search_max_batch(&in, at_spec);
+    if (rows.have)
+        sim_free(&rows.s);
+    return r;
+}
+
+/* mm_max_micro_batch, keeping in *best (or not, NULL) the verdict of the
+ * largest micro-batch it judged fitting in full.  Not inlined: it is what
+ * bench/instructions.sh counts as the plugin's search, in `mmguard fit` too. */
+static __attribute__((noinline)) uint32_t fit_max_micro_batch(const mm_spec *spec,
+                                                              uint64_t gpu_bytes, uint64_t usable,
+                                                              int no_flush,
+                                                              const mm_verdict *at_spec,
+                                                              fit_best *best)
+{
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, best, NULL};
     if (!c.s)
         return 0;
     uint32_t mb = max_batch(&c, at_spec);
     mm_spec_free(c.s);
     return mb;
+}
+
+uint32_t mm_max_micro_batch(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable,
+                            int no_flush, const mm_verdict *at_spec)
+{
+    return fit_max_micro_batch(spec, gpu_bytes, usable, no_flush, at_spec, NULL);
 }
 
 /* the largest micro-batch without a flush, below the largest that runs
@@ -259,21 +328,36 @@ static uint32_t max_batch_no_flush(const fitctx *c, uint32_t max, const mm_verdi
     return r;
 }
 
+/* the allocated peak at n from the allocated figures q of c->s at N = 2: at
+ * N = 2 itself a spec laid out per degree has its own (the dp point a full
+ * prediction records, predict.c reserved_peak), elsewhere the dp terms */
+static uint64_t allocated_at(const fitctx *c, const mm_prediction *q, uint32_t n)
+{
+    if (n == 2 && dp_per_degree(c->s) && q->allocated_peak_bytes)
+        return q->allocated_peak_bytes;
+    return dp_allocated(q, n);
+}
+
 /* Smallest N (1..1024) at which c->s fits, by its verdict at N; *at: that
- * verdict.  One prediction at N = 2 gives the allocated peak at every N (its
- * dp terms, when exact): an N whose live tensors exceed the card is skipped
- * without a replay.  0 if none. */
-static uint32_t first_fitting_dp(const fitctx *c, mm_verdict *at)
+ * verdict.  One folded run at N = 2 gives the allocated peak at every N (its
+ * dp terms, when exact; mm_predict_allocated, no replay): an N whose live
+ * tensors exceed the card is skipped without a replay.  0 if none. */
+static uint32_t first_fitting_dp(const fitctx *c0, mm_verdict *at)
 {
     mm_prediction q;
     mm_error e;
     uint32_t found = 0;
+    fit_rows rows = {.have = 0};
+    fitctx in = *c0; /* N changes no parameter: every verdict borrows that run's rows */
+    const fitctx *c = &in;
+    in.rows = &rows;
     c->s->training.data_parallel = 2;
-    int have_q = mm_predict(c->s, &q, &e) == 0;
+    int have_q = mm_predict_allocated(c->s, &q, &rows.s, &e) == 0;
+    rows.have = have_q;
     mm_overheads o = predict_overheads(c->s);
     for (uint32_t n = 1; n <= 1024 && !found; n++) {
         if (have_q && q.terms_exact) {
-            uint64_t a = dp_allocated(&q, n);
+            uint64_t a = allocated_at(c, &q, n);
             if (mm_sat_add(a, verdict_outside(&o, a, n)) > c->usable)
                 continue;
         }
@@ -281,8 +365,10 @@ static uint32_t first_fitting_dp(const fitctx *c, mm_verdict *at)
         if (judge(c, at))
             found = n;
     }
-    if (have_q)
+    if (have_q) {
         mm_prediction_free(&q);
+        sim_free(&rows.s);
+    }
     return found;
 }
 
@@ -403,7 +489,8 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     memset(out, 0, sizeof *out);
     if (mm_verdict_for(spec, gpu_bytes, usable, 0, &out->verdict, err))
         return -1;
-    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush};
+    fit_best best = {0};
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, NULL, NULL};
     if (!c.s) {
         mm_err(err, "out of memory");
         return -1;
@@ -413,11 +500,14 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     out->peak_bytes = v->kind == MM_VERDICT_OOM ? 0 : mm_sat_add(v->reserved_peak,
                                                                  v->context_bytes);
     /* the plugin's own search (mm_max_micro_batch: what it publishes for an
-     * accepted job is the same answer), then the verdict at the answer */
-    out->max_micro_batch = mm_max_micro_batch(spec, gpu_bytes, usable, no_flush, v);
+     * accepted job is the same answer), then the verdict at the answer: the
+     * one the search judged it by, when it judged it in full (passes) */
+    out->max_micro_batch = fit_max_micro_batch(spec, gpu_bytes, usable, no_flush, v, &best);
     memset(&at, 0, sizeof at);
     c.s->training.micro_batch_size = out->max_micro_batch;
-    if (out->max_micro_batch)
+    if (out->max_micro_batch && best.mb == out->max_micro_batch)
+        at = best.v;
+    else if (out->max_micro_batch)
         judge(&c, &at);
     reset(&c, spec);
     if (out->max_micro_batch)

@@ -245,6 +245,24 @@ static void device_figures(const mm_spec *sp, const run1 *r, mm_prediction *out)
     image_info(sp, out);
 }
 
+int mm_predict_allocated(const mm_spec *sp, mm_prediction *out, sim *rows, mm_error *err)
+{
+    run1 r;
+    memset(out, 0, sizeof *out);
+    if (err)
+        err->msg[0] = '\0';
+    int rc = first_run(sp, out, &r, 0, err);
+    if (!rc && rows) { /* the run's rows, parameter counts and tables, moved */
+        free(r.rows.snap_row_fact);
+        r.rows.snap_row_fact = NULL;
+        r.rows.largest_param = r.largest;
+        *rows = r.rows;
+        memset(&r.rows, 0, sizeof r.rows);
+    }
+    run1_free(&r);
+    return rc;
+}
+
 int mm_predict(const mm_spec *sp, mm_prediction *out, mm_error *err)
 {
     return mm_predict_ex(sp, out, err, 0);

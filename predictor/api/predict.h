@@ -28,6 +28,15 @@ int mm_predict_keep(const mm_spec *sp, mm_prediction *out, mm_error *err, unsign
                     predict_keep *keep);
 void predict_keep_free(predict_keep *k);
 
+/* The allocated figures of mm_predict alone - allocated_peak_bytes, the peak's
+ * phase and event, phase_peak, allocated_dp1 and the dp terms -, from its first
+ * (folded, symbolic) run: no allocator replay, no dp points, no breakdown.
+ * What a search over N needs to skip the degrees whose live tensors cannot fit.
+ * With `rows` (else NULL), when it returns 0: that run's rows, parameter counts
+ * (largest_param too) and per-layer tables, for later steps of the same spec
+ * (step.h rows_from); free with sim_free. */
+int mm_predict_allocated(const mm_spec *sp, mm_prediction *out, sim *rows, mm_error *err);
+
 /* The device-level peak alone, as mm_predict's peak_bytes, without the
  * breakdown: what the searches of fit.c need. */
 typedef struct mm_peak_only {

@@ -142,14 +142,21 @@ static void oom_event(const judge *j, const reserve_result *r, mm_verdict *v)
     v->oom_largest_free = r->oom_largest_free;
 }
 
-/* the step at the spec's N (its allocated peak), not yet its log */
-static int judge_step(judge *j, const mm_spec *sp, uint64_t gpu, mm_error *err)
+/* The step at the spec's N (its allocated peak), not yet its log: the folded
+ * run, with the rows and parameter counts of `rows` (an earlier run of the
+ * spec at another micro-batch, which changes neither; step.h rows_from), or
+ * NULL: its own counting pass.  Not the log's run instead, although that one
+ * knows an allocated peak too: folding is not exact everywhere (LLaVA-1.5-7B
+ * under FSDP2 at N = 2: the folded vision tower keeps 378 MB the unfolded
+ * one does not), and the verdict reports the prediction's peak. */
+static int judge_step(judge *j, const mm_spec *sp, uint64_t gpu, const sim *rows, mm_error *err)
 {
     memset(j, 0, sizeof *j);
     j->sp = sp;
     j->gpu = gpu;
     j->n = mm_spec_data_parallel(sp);
-    step_cfg cfg = {.dp = j->n ? j->n : 1};
+    step_cfg cfg = {.dp = j->n ? j->n : 1, .rows_from = rows,
+                    .largest_param = rows ? rows->largest_param : 0};
     return step_run(sp, &j->s, &cfg, err);
 }
 
@@ -160,7 +167,7 @@ static int judge_log(judge *j, mm_error *err)
 
 static int judge_open(judge *j, const mm_spec *sp, uint64_t gpu, mm_error *err)
 {
-    return judge_step(j, sp, gpu, err) ? -1 : judge_log(j, err);
+    return judge_step(j, sp, gpu, NULL, err) ? -1 : judge_log(j, err);
 }
 
 static void judge_close(judge *j)
@@ -306,12 +313,12 @@ uint64_t verdict_outside(const mm_overheads *o, uint64_t allocated, uint32_t n)
  * block and never exceed the capacity, so that replay runs out of memory
  * (capacity.py: OOM below the live peak; its boundaries never below live +
  * context). */
-int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_verdict *v,
-                  mm_error *err)
+int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, const sim *rows,
+                  mm_verdict *v, mm_error *err)
 {
     judge j;
     reserve_result r;
-    int rc = judge_step(&j, sp, gpu_bytes, err);
+    int rc = judge_step(&j, sp, gpu_bytes, rows, err);
     if (!rc) {
         card_figures(&j, gpu_bytes, usable, v);
         if (j.s.peak > v->capacity) {
@@ -339,12 +346,13 @@ int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_ver
  * that cudaMalloc fails in the capped replay: a retry or out of memory, never
  * FITS.  The setup before the steps only allocates the parameters, so its
  * reserved bytes never exceed the steps' peak. */
-int verdict_fits_clean(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_error *err)
+int verdict_fits_clean_rows(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
+                            const sim *rows, mm_error *err)
 {
     judge j;
     mm_verdict v;
     reserve_result r;
-    int rc = judge_step(&j, sp, gpu_bytes, err), fits = 0;
+    int rc = judge_step(&j, sp, gpu_bytes, rows, err), fits = 0;
     if (!rc) {
         card_figures(&j, gpu_bytes, usable, &v);
         if (j.s.peak <= v.capacity && !(rc = judge_log(&j, err))) {
@@ -362,4 +370,9 @@ int verdict_fits_clean(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, m
     }
     judge_close(&j);
     return rc ? -1 : fits;
+}
+
+int verdict_fits_clean(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_error *err)
+{
+    return verdict_fits_clean_rows(sp, gpu_bytes, usable, NULL, err);
 }

@@ -6,6 +6,8 @@
 
 #include "mmguard.h"
 
+struct sim;
+
 /* The capacity the caching allocator may reserve on a card whose usable bytes
  * (its memory less the admin's margin and reserve) are `usable`, at N GPUs:
  * less the CUDA context, NCCL's buffers (N > 1) and the spec's extra slack.
@@ -22,9 +24,12 @@ uint64_t verdict_outside(const mm_overheads *o, uint64_t allocated, uint32_t n);
  * (fit.c): one replay at the capacity, none when the live tensors alone
  * exceed it (then oom_event says so and oom_request is 0).  reserved_uncapped
  * is known only when it fits (else 0).  0, or -1 with err (a spec the model
- * refuses, e.g. sizes that overflow). */
-int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_verdict *v,
-                  mm_error *err);
+ * refuses, e.g. sizes that overflow).  `rows`, or NULL: a finished step of the
+ * same spec at another micro-batch, whose rows and parameter counts (which
+ * the micro-batch does not change) spare the step its counting pass (step.h
+ * rows_from). */
+int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
+                  const struct sim *rows, mm_verdict *v, mm_error *err);
 
 /* Whether the verdict of verdict_quick(sp, gpu_bytes, usable) is FITS, for
  * searches that ask only that (flush=reject: a flush does not count): the
@@ -33,5 +38,8 @@ int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_ver
  * its reserved peak passes the capacity (reserve_replay_until).  1 fits, 0
  * not, -1 with err as verdict_quick. */
 int verdict_fits_clean(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_error *err);
+/* the same with rows as verdict_quick's */
+int verdict_fits_clean_rows(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
+                            const struct sim *rows, mm_error *err);
 
 #endif

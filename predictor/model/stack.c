@@ -181,9 +181,11 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
         }
         if (f.on && l == g2) {
             uint64_t delta = sim_live_fixed(c->s) - before, M = f.groups - 3;
+            /* whether a group recorded anything for backward, before the folded
+             * layers' own marker (FSDP's, parallel_fsdp.c) lands on the tape */
+            int saved = c->s->ntape > tape0;
             layer_ev(c, g2, last - g2, SIM_LAYERS_FOLDED);
-            int32_t b = ballast(c, delta, c->s->host_act - hbefore, g2, last, M,
-                                c->s->ntape > tape0);
+            int32_t b = ballast(c, delta, c->s->host_act - hbefore, g2, last, M, saved);
             c->fold_from = g2;
             c->fold_to = last;
             if (keep)

@@ -18,7 +18,7 @@
  * in), guesses the answer from its allocator cache (as it is, and grown
  * with the activations) and one more sample of the live bytes, and judges
  * the guess and its neighbour: two verdicts when the guess is right (the
- * LLaVA-1.5-7B preset on 8 H100s: 22.4 M instructions, 23.6 M before the
+ * LLaVA-1.5-7B preset on 8 H100s: 21.2 M instructions, 23.6 M before the
  * search shared one counting pass, 58.9 M with the former secant search on
  * the live bytes and bisection of verdicts; every preset at the five cards
  * and two flush policies of tests/fit/fit_search.c: 8.2 G, was 10.9 G;

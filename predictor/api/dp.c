@@ -255,13 +255,18 @@ int dp_add_point(mm_prediction *p, uint32_t from, uint32_t to, uint64_t reserved
 
 /* ---- the step log ------------------------------------------------------------------- */
 
+uint64_t steplog_degree(const mm_spec *sp, uint64_t n, int own_n)
+{
+    if (dp_per_degree(sp))
+        own_n = 1; /* its layout at n, not at another degree */
+    return own_n ? (n ? n : 1) : n > 2 ? n : 2;
+}
+
 int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint64_t n,
                 int own_n, steplog *L, mm_error *err)
 {
     memset(L, 0, sizeof *L);
-    if (dp_per_degree(sp))
-        own_n = 1; /* its layout at n, not at another degree */
-    L->n_log = own_n ? (n ? n : 1) : n > 2 ? n : 2;
+    L->n_log = steplog_degree(sp, n, own_n);
     step_cfg cfg = {.rows_from = rows_from, .largest_param = largest, .dp = L->n_log,
                     .nofold = 1, .log = 1};
     mm_alloc_conf_default(&L->conf);
@@ -333,24 +338,18 @@ int dp_per_degree(const mm_spec *sp)
     return step_parallel(sp) != PAR_DDP;
 }
 
-/* a degree of a per-degree spec: the step simulated at n itself.  The folded
- * run, not the log's: folding is not exact everywhere (LLaVA-1.5-7B under
- * FSDP2 at N = 2: the folded vision tower keeps 378 MB the unfolded one does
- * not), and the point's allocated peak is the prediction's at n */
+/* a degree of a per-degree spec: the step simulated at n itself, once: its
+ * log's run has the allocated peak a prediction at n finds (folding the
+ * layers is exact, tests/unit/test_predict.c folding_is_exact) */
 static int cover_direct(const mm_spec *sp, mm_prediction *p, uint32_t n, mm_error *err)
 {
-    sim s;
     steplog L;
     uint64_t res;
-    step_cfg cfg = {.dp = n}; /* the allocated peak as a prediction at n finds it */
-    if (step_run(sp, &s, &cfg, err) || steplog_run(sp, &s, s.largest_param, n, 1, &L, err)) {
-        sim_free(&s);
+    if (steplog_run(sp, NULL, 0, n, 1, &L, err))
         return -1;
-    }
     int rc = steplog_reserved(&L, n, &res, err);
-    uint64_t alloc = s.peak ? s.peak : 1, paged = L.s.outside_bytes;
+    uint64_t alloc = L.s.peak ? L.s.peak : 1, paged = L.s.outside_bytes;
     steplog_free(&L);
-    sim_free(&s);
     if (!rc && dp_add_point(p, n, n, res, paged, alloc)) {
         mm_err(err, "out of memory");
         rc = -1;

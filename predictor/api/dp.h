@@ -20,6 +20,9 @@ typedef struct steplog {
                               are the same for every N >= 2 */
 } steplog;
 
+/* The degree steplog_run simulates `sp` at for (n, own_n): n itself with
+ * own_n or for a per-degree spec, else max(n, 2). */
+uint64_t steplog_degree(const mm_spec *sp, uint64_t n, int own_n);
 /* Simulate `sp` with every layer at max(n, 2), rows from `rows_from` (an
  * earlier run of the same spec) when not NULL; own_n: at n itself (a log at
  * N = 1 lacks the DDP buckets and serves N = 1 only).  0, or -1 with err. */

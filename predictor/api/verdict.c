@@ -29,8 +29,10 @@
 
 typedef struct judge {
     const mm_spec *sp;
-    sim s;          /* the step at N: allocated peak, row names */
+    sim s;          /* the folded step at N, when its log is simulated at another degree */
     steplog L;      /* its allocation log */
+    const sim *st;  /* the step at N the verdict reads (allocated peak, paged bytes, row
+                       names): &s, or &L.s when the log is simulated at N itself */
     uint32_t n;
     uint64_t gpu;
 } judge;
@@ -128,7 +130,7 @@ static int search(const judge *j, uint64_t lo, uint64_t hi, int no_retry, uint64
 
 static void oom_event(const judge *j, const reserve_result *r, mm_verdict *v)
 {
-    const sim *s = &j->s;
+    const sim *s = j->st;
     const char *mod = "", *row = "";
     if (r->oom_row < s->nrows) {
         mod = j->sp->modules[s->rows[r->oom_row].module].name;
@@ -142,32 +144,53 @@ static void oom_event(const judge *j, const reserve_result *r, mm_verdict *v)
     v->oom_largest_free = r->oom_largest_free;
 }
 
-/* The step at the spec's N (its allocated peak), not yet its log: the folded
- * run, with the rows and parameter counts of `rows` (an earlier run of the
- * spec at another micro-batch, which changes neither; step.h rows_from), or
- * NULL: its own counting pass.  Not the log's run instead, although that one
- * knows an allocated peak too: folding is not exact everywhere (LLaVA-1.5-7B
- * under FSDP2 at N = 2: the folded vision tower keeps 378 MB the unfolded
- * one does not), and the verdict reports the prediction's peak. */
-static int judge_step(judge *j, const mm_spec *sp, uint64_t gpu, const sim *rows, mm_error *err)
+static void judge_init(judge *j, const mm_spec *sp, uint64_t gpu)
 {
     memset(j, 0, sizeof *j);
     j->sp = sp;
     j->gpu = gpu;
     j->n = mm_spec_data_parallel(sp);
+    j->st = &j->s;
+}
+
+/* whether the log is simulated at the spec's N itself (a per-degree spec, or
+ * N >= 2): then its run is the step at N, and one run serves both */
+static int judge_logs_at_n(const judge *j)
+{
+    uint64_t n = j->n ? j->n : 1;
+    return steplog_degree(j->sp, n, 0) == n;
+}
+
+/* The step at the spec's N (its allocated peak), the folded run, with the
+ * rows of `rows` (NULL: its own counting pass); with `logged` instead its log,
+ * in one run, where that is simulated at N: every layer simulated, whose
+ * allocated peak, paged bytes and largest parameter are the folded run's
+ * (folding the layers is exact: tests/unit/test_predict.c folding_is_exact;
+ * tests/fold/fold.py --ref holds every verdict to the two runs') */
+static int judge_step(judge *j, const mm_spec *sp, uint64_t gpu, int logged, const sim *rows,
+                      mm_error *err)
+{
+    judge_init(j, sp, gpu);
+    if (logged && judge_logs_at_n(j)) {
+        j->st = &j->L.s;
+        return steplog_run(sp, NULL, 0, j->n ? j->n : 1, 0, &j->L, err);
+    }
     step_cfg cfg = {.dp = j->n ? j->n : 1, .rows_from = rows,
                     .largest_param = rows ? rows->largest_param : 0};
     return step_run(sp, &j->s, &cfg, err);
 }
 
+/* the log, unless judge_step made it */
 static int judge_log(judge *j, mm_error *err)
 {
+    if (j->st == &j->L.s)
+        return 0;
     return steplog_run(j->sp, &j->s, j->s.largest_param, j->n ? j->n : 1, 0, &j->L, err);
 }
 
 static int judge_open(judge *j, const mm_spec *sp, uint64_t gpu, mm_error *err)
 {
-    return judge_step(j, sp, gpu, NULL, err) ? -1 : judge_log(j, err);
+    return judge_step(j, sp, gpu, 1, NULL, err) ? -1 : judge_log(j, err);
 }
 
 static void judge_close(judge *j)
@@ -209,10 +232,10 @@ static void card_figures(const judge *j, uint64_t gpu_bytes, uint64_t usable, mm
     v->n = j->n;
     v->gpu_bytes = gpu_bytes;
     v->usable_bytes = usable;
-    v->allocated_peak = j->s.peak;
-    v->paged_bytes = j->s.outside_bytes;
-    v->context_bytes = outside_allocator(&o, j->s.peak, j->n);
-    v->capacity = verdict_capacity(&o, usable, j->s.peak, j->n);
+    v->allocated_peak = j->st->peak;
+    v->paged_bytes = j->st->outside_bytes;
+    v->context_bytes = outside_allocator(&o, j->st->peak, j->n);
+    v->capacity = verdict_capacity(&o, usable, j->st->peak, j->n);
 }
 
 /* the verdict on one card from an opened judge and its uncapped replay */
@@ -222,8 +245,8 @@ static int judge_card(judge *j, const reserve_result *free_run, uint64_t gpu_byt
     reserve_result r;
     j->gpu = gpu_bytes;
     card_figures(j, gpu_bytes, usable, v);
-    v->reserved_uncapped = free_run->reserved_peak > j->s.peak ? free_run->reserved_peak
-                                                               : j->s.peak;
+    v->reserved_uncapped = free_run->reserved_peak > j->st->peak ? free_run->reserved_peak
+                                                                 : j->st->peak;
     /* a capacity holding the uncapped peak never fails a cudaMalloc: the replay
      * at it is the uncapped one (tests/alloc/capacity.py), not run twice */
     if (v->capacity >= free_run->reserved_peak && !free_run->oom && !free_run->retries)
@@ -285,6 +308,7 @@ int mm_predict_verdict(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
     /* the prediction's step at N, its log and its uncapped replay are the
      * judge's (judge_open simulates and logs the same step) */
     judge j = {.sp = sp, .s = k.rows, .L = k.L, .n = mm_spec_data_parallel(sp), .gpu = gpu_bytes};
+    j.st = &j.s;
     reserve_result free_run = k.free_run;
     int rc = card_blind(&k.L.conf) ? 0 : replay_at(&j, 0, &free_run, err);
     if (!rc)
@@ -318,18 +342,19 @@ int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, const 
 {
     judge j;
     reserve_result r;
-    int rc = judge_step(&j, sp, gpu_bytes, rows, err);
+    int rc = judge_step(&j, sp, gpu_bytes, 0, rows, err);
     if (!rc) {
         card_figures(&j, gpu_bytes, usable, v);
-        if (j.s.peak > v->capacity) {
+        if (j.st->peak > v->capacity) {
             v->kind = MM_VERDICT_OOM;
-            v->oom_allocated = j.s.peak;
+            v->oom_allocated = j.st->peak;
             snprintf(v->oom_event, sizeof v->oom_event, "live tensors above the capacity");
         } else if (!(rc = judge_log(&j, err)) &&
                    !(rc = replay_at(&j, v->capacity ? v->capacity : 1, &r, err))) {
             replay_verdict(&j, &r, v);
             if (v->kind == MM_VERDICT_FITS)
-                v->reserved_uncapped = r.reserved_peak > j.s.peak ? r.reserved_peak : j.s.peak;
+                v->reserved_uncapped = r.reserved_peak > j.st->peak ? r.reserved_peak
+                                                                    : j.st->peak;
         }
     }
     judge_close(&j);
@@ -352,10 +377,10 @@ int verdict_fits_clean_rows(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usab
     judge j;
     mm_verdict v;
     reserve_result r;
-    int rc = judge_step(&j, sp, gpu_bytes, rows, err), fits = 0;
+    int rc = judge_step(&j, sp, gpu_bytes, 0, rows, err), fits = 0;
     if (!rc) {
         card_figures(&j, gpu_bytes, usable, &v);
-        if (j.s.peak <= v.capacity && !(rc = judge_log(&j, err))) {
+        if (j.st->peak <= v.capacity && !(rc = judge_log(&j, err))) {
             if (!card_blind(&j.L.conf)) {
                 rc = replay_at(&j, v.capacity ? v.capacity : 1, &r, err);
                 fits = !rc && !r.oom && !r.retries;

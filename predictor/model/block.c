@@ -70,7 +70,9 @@ static int32_t layer_mask(const lctx *c)
     return sliding_here(c) && c->mask_sliding >= 0 ? c->mask_sliding : c->mask;
 }
 
-static int32_t self_attention(lctx *c, int32_t z)
+/* the attention sublayer; *probs: eager's probabilities, which the layer holds
+ * (-1 none) */
+static int32_t self_attention(lctx *c, int32_t z, int32_t *probs)
 {
     const module_spec *m = c->m;
     uint64_t a = m->num_attention_heads, kv = m->num_key_value_heads, d = m->head_dim;
@@ -98,7 +100,8 @@ static int32_t self_attention(lctx *c, int32_t z)
     attn_opts o = {.B = c->B, .S = c->S, .heads = a, .kv = kv, .d = d,
                    .causal = m->kind == MOD_DECODER, .mask = layer_mask(c),
                    .softmax_fp32 = m->softmax_fp32, .chunks = c->chunks,
-                   .float_bias = m->kind == MOD_VISION && m->img.kind == IMG_PIXTRAL};
+                   .float_bias = m->kind == MOD_VISION && m->img.kind == IMG_PIXTRAL,
+                   .weights = probs};
     if (c->chunks) { /* packed: attention per image, or per window (Qwen2.5-VL) */
         o.chunks = c->chunks;
         if (c->win_chunks > c->chunks && !lset_has(&m->full_attention, c->layer))
@@ -152,8 +155,9 @@ static int32_t seq_redistribute(lctx *c, int32_t x, int gather)
 }
 
 /* x + f(norm(x)) with the optional post norm and layer scale; under sequence
- * parallel the norm and the residual hold T / seq_shards tokens (SequenceParallel) */
-static int32_t sublayer(lctx *c, int32_t x, int which, int attn)
+ * parallel the norm and the residual hold T / seq_shards tokens (SequenceParallel).
+ * probs: the attention sublayer's eager probabilities (NULL for the MLP) */
+static int32_t sublayer(lctx *c, int32_t x, int which, int32_t *probs)
 {
     const module_spec *m = c->m;
     uint64_t T = c->T, h = m->hidden_size;
@@ -162,7 +166,7 @@ static int32_t sublayer(lctx *c, int32_t x, int which, int attn)
     int32_t z = op_decoder_norm(c, norm_name(c, which == 0 ? 0 : m->sandwich_norm ? 2 : 1), x, T,
                                 h, m->norm);
     z = seq_redistribute(c, z, 1);
-    int32_t f = attn ? self_attention(c, z)
+    int32_t f = probs ? self_attention(c, z, probs)
                 : moe_here(c) ? moe_block(c, z)
                               : block_dense_mlp(c, z, m->intermediate_size);
     op_drop(c, z);
@@ -195,8 +199,15 @@ int32_t block_layer(lctx *c, int32_t x, uint64_t layer)
     c->layer = layer;
     if (c->m->kind == MOD_DECODER && lset_has(&c->m->cross, layer))
         return block_cross_layer(c, x);
-    int32_t h1 = sublayer(c, x, 0, 1);
-    int32_t out = sublayer(c, h1, 1, 0);
+    /* `hidden_states, _ = self.self_attn(...)`: `_` keeps eager's probabilities
+     * until the layer returns, after the MLP and the residual, the local freed
+     * last (transformers 5.17 modeling_llama.py:308-324; CLIP, SigLIP, Pixtral,
+     * InternVL and Mllama layers alike).  Qwen-VL's packed vision attention drops
+     * them per chunk (qwen2_vl/modeling_qwen2_vl.py:425), eager() holds none then. */
+    int32_t probs = -1;
+    int32_t h1 = sublayer(c, x, 0, &probs);
+    int32_t out = sublayer(c, h1, 1, NULL);
     op_drop(c, h1);
+    op_drop(c, probs);
     return out;
 }

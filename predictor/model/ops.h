@@ -98,6 +98,9 @@ typedef struct attn_opts {
     int32_t mask;           /* an explicit mask tensor (sdpa/eager), -1 none */
     int softmax_fp32;
     int float_bias;         /* the mask is an additive float tensor SDPA takes as it is */
+    int32_t *weights;       /* eager: receives the probabilities it returns beside the
+                               output, held for the caller to drop; NULL (or no eager
+                               weights): -1, nothing held */
 } attn_opts;
 int32_t op_attention(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o);
 /* nn.Embedding lookup of T tokens into width h; V rows */

@@ -71,7 +71,30 @@ static void softmax_bwd_tmp(lctx *c, sim_node *n, uint64_t elems, uint64_t esz)
         n->bwd_tmp = op_mul(c, elems, esz);
 }
 
-/* eager_attention_forward: scores = q k^T (keeps q, k) -> * scaling -> + mask
+/* torch.matmul of two 4-D tensors (aten/src/ATen/native/LinearAlgebra.cpp
+ * _matmul_impl, both dims >= 3): `tensor1.expand(...).reshape(tensor1_bmm_view)`,
+ * then the same for tensor2, then `tensor1_expanded.bmm(tensor2_expanded)`.  The
+ * reshape to (B * heads, rows, cols) is a view only when B and heads merge; a
+ * (B, heads, S, d) view of a (B, S, heads, d) Linear output (transformers'
+ * `.view(hidden_shape).transpose(1, 2)`, and the rotary's outputs, which keep its
+ * strides) merges only when B, heads or S is 1, so it is copied, and BmmBackward0
+ * keeps the copy (the original dies with the attention's locals).  repeat_kv's
+ * expand + reshape and the softmax's output are contiguous: views. */
+static int32_t mm_operand(lctx *c, uint32_t r, int32_t x, uint64_t B, uint64_t heads,
+                          uint64_t rows, uint64_t elems, int strided)
+{
+    if (!strided || B < 2 || heads < 2 || rows < 2) {
+        op_hold(c, x);
+        return x;
+    }
+    int32_t y = op_new(c, r, elems, esz_of(c, x));
+    sim_node *n = op_node(c, r, y, x, -1, -1, 0);
+    if (n)
+        n->grad_views = 1; /* CloneBackward0 passes the gradient on */
+    return y;
+}
+
+/* eager_attention_forward: scores = q k^T (keeps what it multiplies) -> * scaling -> + mask
  * -> softmax(dtype=float32).to(dtype) (SoftmaxBackward keeps the fp32 result;
  * the old scores stay referenced until the expression assigns) -> p v (keeps p,
  * v) -> transpose(1, 2).contiguous(), a copy the output projection keeps.
@@ -80,7 +103,13 @@ static void softmax_bwd_tmp(lctx *c, sim_node *n, uint64_t elems, uint64_t esz)
  * grad_input and the kernel's grad * output: 4 x (B, H, S, Skv).  Not modelled:
  * fp16 inputs on CUDA take _softmax(half_to_float=true) (aten SoftMax.cpp
  * softmax(): Half only, not BFloat16), with no fp32 input copy and an fp16
- * grad_input; this models bf16's path for every 16-bit dtype. */
+ * grad_input; this models bf16's path for every 16-bit dtype.
+ * Both matmuls copy their strided operands first (mm_operand): q and k (not
+ * repeated) before the scores, v (not repeated) before p v; the copies are what
+ * the bmm keeps, freed at once without autograd (the H200 trace of
+ * tests/gpu_data/traces/trace-llava7b-pretrain-eager-ck16-b16-s1024-ck1 frees k's
+ * copy, then q's, after the scores).  The probabilities are returned beside the
+ * output (modeling_llama.py:213): o->weights receives them held. */
 static int32_t eager(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const attn_opts *o)
 {
     uint64_t skv = o->Skv ? o->Skv : o->S, dt = esz_of(c, q);
@@ -94,11 +123,16 @@ static int32_t eager(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
         prior = op_new(c, r, op_mul(c, ss, o->chunks - 1), pb + (pb != dt ? dt : 0));
         prior_out = op_new(c, r, op_mul(c, qe, o->chunks - 1), dt);
     }
+    uint64_t ke = op_mul3(c, o->B, skv, op_mul(c, o->heads, o->d));
+    int32_t qc = mm_operand(c, r, q, o->B, o->heads, o->S, qe, 1);
+    int32_t kc = mm_operand(c, r, k, o->B, o->heads, skv, ke, o->kv == o->heads);
     int32_t sc = op_new(c, r, ss, dt);
-    sim_node *n = op_node(c, r, sc, q, k, -1, 0);
-    op_save(c, n, q);
-    op_save(c, n, k);
+    sim_node *n = op_node(c, r, sc, qc, kc, -1, 0);
+    op_save(c, n, qc);
+    op_save(c, n, kc);
     op_save(c, n, prior);
+    op_drop(c, kc);
+    op_drop(c, qc);
     op_drop(c, prior);
     int32_t sc2 = op_plain(c, r, sc, -1, ss, dt); /* * scaling */
     op_drop(c, sc);
@@ -126,11 +160,16 @@ static int32_t eager(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
         op_drop(c, p32);
     }
     op_drop(c, sc2);
+    int32_t vc = mm_operand(c, r, v, o->B, o->heads, skv, ke, o->kv == o->heads);
     int32_t out = op_new(c, r, qe, dt);
-    n = op_node(c, r, out, p, v, -1, 0);
+    n = op_node(c, r, out, p, vc, -1, 0);
     op_save(c, n, p);
-    op_save(c, n, v);
-    op_drop(c, p);
+    op_save(c, n, vc);
+    op_drop(c, vc);
+    if (o->weights && o->chunks <= 1)
+        *o->weights = p;
+    else
+        op_drop(c, p);
     int32_t oc = op_plain(c, r, out, -1, qe, dt); /* transpose(1, 2).contiguous() */
     op_drop(c, out);
     if (prior_out < 0)
@@ -332,6 +371,8 @@ int32_t op_attention(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v, const
 {
     op_label(c, c->attn == ATT_EAGER ? "attention (eager)" : c->attn == ATT_SDPA
                                            ? "attention (sdpa)" : "attention (flash)", r);
+    if (o->weights)
+        *o->weights = -1;
     uint64_t n = o->B * (o->chunks ? o->chunks : 1);
     uint64_t qe = op_mul3(c, n, o->S, op_mul(c, o->heads, o->d));
     uint64_t ke = op_mul3(c, n, o->Skv ? o->Skv : o->S, op_mul(c, o->kv, o->d));

@@ -125,6 +125,79 @@ START_TEST(nothing_leaks_into_the_optimizer)
 }
 END_TEST
 
+/* A tiny checkpointed eager Llama: the order of its first layer's forward.
+ * H = 256, 4 heads of 64 (no GQA), S = 128: a (T, H) bf16 tensor is 2*S*H*2 B
+ * with B = 2, a (B, heads, S, S) bf16 score 4x that. */
+static void eager_log(uint64_t B, sim *s)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf,
+             "name: eager\nmodules:\n"
+             "  - {name: llm, type: llama, hidden_size: 256, num_hidden_layers: 2,"
+             " num_attention_heads: 4, intermediate_size: 512, vocab_size: 1000}\n"
+             "training: {micro_batch_size: %llu, seq_len: 128, attention: eager,"
+             " gradient_checkpointing: true, precision: bf16}\n",
+             (unsigned long long)B);
+    mm_error e;
+    mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "eager.yaml", MM_FMT_YAML, &e);
+    ck_assert_msg(sp != NULL, "%s", e.msg);
+    step_cfg cfg = {.dp = 1, .nofold = 1, .log = 1};
+    ck_assert_msg(step_run(sp, s, &cfg, &e) == 0, "%s", e.msg);
+    mm_spec_free(sp);
+}
+
+static int ev_row(const sim *s, size_t i, const char *row)
+{
+    return s->ev[i].row < s->nrows && !strcmp(s->rows[s->ev[i].row].name, row);
+}
+
+/* torch.matmul copies a (B, heads, S, d) view of a (B, S, heads, d) tensor
+ * before its bmm when B and heads do not merge (LinearAlgebra.cpp _matmul_impl):
+ * q's and k's copies are the two allocations right before the scores, k's is
+ * freed first; with B = 1 the reshape is a view and nothing is copied.  The
+ * probabilities `_` of `hidden_states, _ = self.self_attn(...)` outlive the MLP
+ * and both residual sums of the layer (the H200 trace
+ * trace-llava7b-pretrain-eager-ck16-b16-s1024-ck1 in tests/gpu_data/traces). */
+START_TEST(eager_attention_copies_its_operands_and_holds_the_probabilities)
+{
+    for (uint64_t B = 1; B <= 2; B++) {
+        sim s;
+        eager_log(B, &s);
+        uint64_t th = B * 128 * 256 * 2, ss = B * 4 * 128 * 128 * 2;
+        size_t sc = 0, probs = 0, oproj = 0, i;
+        for (i = 0; i < s.nev && !sc; i++) /* the first scores */
+            if (!s.ev[i].is_free && s.ev[i].bytes == ss && ev_row(&s, i, "layers.self_attn.attention"))
+                sc = i;
+        ck_assert_uint_gt(sc, 2);
+        int copied = !s.ev[sc - 1].is_free && !s.ev[sc - 2].is_free &&
+                     s.ev[sc - 1].bytes == th && s.ev[sc - 2].bytes == th &&
+                     ev_row(&s, sc - 1, "layers.self_attn.attention") &&
+                     ev_row(&s, sc - 2, "layers.self_attn.attention");
+        ck_assert_int_eq(copied, B > 1);
+        if (B > 1) { /* no autograd in a checkpointed forward: freed k's first, then q's */
+            ck_assert(s.ev[sc + 1].is_free && s.ev[sc + 1].id == s.ev[sc - 1].id);
+            ck_assert(s.ev[sc + 2].is_free && s.ev[sc + 2].id == s.ev[sc - 2].id);
+        }
+        for (i = sc; i < s.nev && !oproj; i++) {
+            if (!s.ev[i].is_free && s.ev[i].bytes == ss && ev_row(&s, i, "layers.self_attn.attention"))
+                probs = i; /* the last (B, heads, S, S) bf16 tensor before o_proj */
+            if (!s.ev[i].is_free && ev_row(&s, i, "layers.self_attn.o_proj"))
+                oproj = i;
+        }
+        ck_assert_uint_gt(probs, sc);
+        int sums = 0, freed = 0;
+        for (i = probs + 1; i < s.nev && !freed; i++) {
+            if (!s.ev[i].is_free && ev_row(&s, i, "layers.residual"))
+                sums++;
+            freed = s.ev[i].is_free && s.ev[i].id == s.ev[probs].id;
+        }
+        ck_assert(freed);
+        ck_assert_int_eq(sums, 2);
+        sim_free(&s);
+    }
+}
+END_TEST
+
 Suite *engine_suite(void)
 {
     Suite *s = suite_create("engine");
@@ -132,6 +205,7 @@ Suite *engine_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, nothing_leaks_into_the_optimizer);
     tcase_add_test(tc, the_kept_peak_breakdown_is_the_stopped_runs);
+    tcase_add_test(tc, eager_attention_copies_its_operands_and_holds_the_probabilities);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -136,6 +136,14 @@ static int blame(const mm_spec *s, const mm_node *v, const char *key, mm_error *
     return -1;
 }
 
+/* the spec's reference key ref_keys[i], or NULL when it has none there (an
+ * inline `deepspeed:` mapping is the spec's own section, not a file) */
+static const mm_node *ref_at(const mm_node *root, size_t i)
+{
+    const mm_node *v = mm_node_get(root, ref_keys[i]);
+    return v && !(i == 3 && v->type == MM_NODE_MAP) ? v : NULL;
+}
+
 /* run the readers the spec names; *any = 0: nothing to import */
 static int import_refs(mm_spec *s, imp_job *j, int *any, mm_error *err)
 {
@@ -143,8 +151,8 @@ static int import_refs(mm_spec *s, imp_job *j, int *any, mm_error *err)
     char path[1024];
     *any = 0;
     for (size_t i = 0; i < NREFS; i++) {
-        const mm_node *v = mm_node_get(root, ref_keys[i]);
-        if (!v || (i == 3 && v->type == MM_NODE_MAP))
+        const mm_node *v = ref_at(root, i);
+        if (!v)
             continue;
         if (v->type != MM_NODE_SCALAR || v->is_null || !v->str[0]) {
             mm_err_at(err, s->path, v->line, v->col, "%s: expected a path to the file",
@@ -188,11 +196,9 @@ static int import_refs(mm_spec *s, imp_job *j, int *any, mm_error *err)
  * neither allocated nor cleared (1.5 M instructions of memset per load). */
 static int names_a_file(const mm_node *root)
 {
-    for (size_t i = 0; i < NREFS; i++) {
-        const mm_node *v = mm_node_get(root, ref_keys[i]);
-        if (v && !(i == 3 && v->type == MM_NODE_MAP))
+    for (size_t i = 0; i < NREFS; i++)
+        if (ref_at(root, i))
             return 1;
-    }
     return 0;
 }
 

@@ -1,12 +1,10 @@
-/* log.c - the decision log: one JSON object per line (as json-c writes it) for every
+/* log.c - the decision log: one JSON object per line (json-c) for every
  * decision of a --mm-model job, appended to the site's log file by the
  * submitting user's process (never through a symlink, never blocking on a
  * FIFO, whole lines only), and optionally to syslog. */
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <math.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,155 +16,28 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include "plugin.h"
 
-/* ---- the record's JSON, written as json-c's json_object_to_json_string_ext(
- * JSON_C_TO_STRING_PLAIN) wrote it, byte for byte: members in the order
- * added, no spaces, strings escaped as json_escape_str does ('/' too),
- * doubles "%.17g" with ".0" when that reads as an integer.  Building the
- * json-c tree and printing it was 0.19 M instructions of each sbatch. */
-
-struct jw {
-    char *buf;
-    size_t len, cap;
-    int fresh;  /* nothing yet in the innermost object or array: no comma */
-    int err;
-};
-
-static void jw_raw(struct jw *w, const char *s, size_t n)
+static json_object *u64(uint64_t v)
 {
-    if (w->err)
-        return;
-    if (w->len + n + 1 > w->cap) {
-        size_t cap = w->cap ? w->cap : 8192;
-        char *b;
-        while (w->len + n + 1 > cap)
-            cap *= 2;
-        if (!(b = realloc(w->buf, cap))) {
-            w->err = 1;
-            return;
-        }
-        w->buf = b;
-        w->cap = cap;
-    }
-    memcpy(w->buf + w->len, s, n);
-    w->len += n;
-    w->buf[w->len] = '\0';
+    return json_object_new_int64(v > INT64_MAX ? INT64_MAX : (int64_t)v);
 }
 
-/* a value (or a key) begins: the comma before all but the first */
-static void jw_sep(struct jw *w)
+static json_object *factors_json(const mm_factors *f)
 {
-    if (!w->fresh)
-        jw_raw(w, ",", 1);
-    w->fresh = 0;
-}
-
-static void jw_quoted(struct jw *w, const char *s)
-{
-    static const char hex[] = "0123456789abcdef";
-    const char *run = s;
-    jw_raw(w, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c >= ' ' && c != '"' && c != '\\' && c != '/')
-            continue;
-        const char *esc = c == '\b' ? "\\b" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
-                        : c == '\t' ? "\\t" : c == '\f' ? "\\f" : c == '"' ? "\\\""
-                        : c == '\\' ? "\\\\" : c == '/' ? "\\/" : NULL;
-        char u[6] = { '\\', 'u', '0', '0', hex[c >> 4], hex[c & 15] };
-        jw_raw(w, run, (size_t)(s - run));
-        jw_raw(w, esc ? esc : u, esc ? 2 : 6);
-        run = s + 1;
-    }
-    jw_raw(w, run, (size_t)(s - run));
-    jw_raw(w, "\"", 1);
-}
-
-static void jw_key(struct jw *w, const char *k)
-{
-    jw_sep(w);
-    jw_quoted(w, k);
-    jw_raw(w, ":", 1);
-    w->fresh = 1; /* its value follows without a comma */
-}
-
-static void jw_open(struct jw *w, const char *key, char c)
-{
-    if (key)
-        jw_key(w, key);
-    jw_sep(w);
-    jw_raw(w, &c, 1);
-    w->fresh = 1;
-}
-
-static void jw_close(struct jw *w, char c)
-{
-    jw_raw(w, &c, 1);
-    w->fresh = 0;
-}
-
-/* "key": "string", or null for NULL */
-static void jw_str(struct jw *w, const char *key, const char *v)
-{
-    jw_key(w, key);
-    jw_sep(w);
-    if (v)
-        jw_quoted(w, v);
-    else
-        jw_raw(w, "null", 4);
-}
-
-/* "%" PRId64, digits from the right (a snprintf per number was most of it) */
-static void jw_i64(struct jw *w, const char *key, int64_t v)
-{
-    char b[24], *p = b + sizeof(b);
-    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
-    do
-        *--p = (char)('0' + u % 10);
-    while (u /= 10);
-    if (v < 0)
-        *--p = '-';
-    jw_key(w, key);
-    jw_sep(w);
-    jw_raw(w, p, (size_t)(b + sizeof(b) - p));
-}
-
-/* unsigned counts as json-c's int64 held them: above INT64_MAX clamped */
-static void jw_u64(struct jw *w, const char *key, uint64_t v)
-{
-    jw_i64(w, key, v > INT64_MAX ? INT64_MAX : (int64_t)v);
-}
-
-/* json_object_double_to_json_string_format with the default "%.17g" */
-static void jw_dbl(struct jw *w, const char *key, double v)
-{
-    char b[128];
-    int n = isnan(v) ? snprintf(b, sizeof(b), "NaN")
-          : isinf(v) ? snprintf(b, sizeof(b), v > 0 ? "Infinity" : "-Infinity")
-          : snprintf(b, sizeof(b), "%.17g", v);
-    char *comma = strchr(b, ',');
-    if (comma)
-        *comma = '.';
-    if (!isnan(v) && !isinf(v) && n < (int)sizeof(b) - 2 && !comma && !strchr(b, '.') &&
-        !strchr(b, 'e') && (isdigit((unsigned char)b[0]) ||
-                            (n > 1 && b[0] == '-' && isdigit((unsigned char)b[1])))) {
-        memcpy(b + n, ".0", 3);
-        n += 2;
-    }
-    jw_key(w, key);
-    jw_sep(w);
-    jw_raw(w, b, (size_t)n);
-}
-
-static void factors_json(struct jw *w, const mm_factors *f)
-{
+    json_object *o = json_object_new_object();
     uint64_t v[MM_NFACTORS];
     mm_factor_values(f, v);
-    jw_open(w, "factors", '{');
     for (int i = 0; i < MM_NFACTORS; i++)
-        jw_u64(w, mm_factor_names[i], v[i]);
-    jw_close(w, '}');
+        json_object_object_add(o, mm_factor_names[i], u64(v[i]));
+    return o;
+}
+
+static json_object *str_or_null(const char *s)
+{
+    return s ? json_object_new_string(s) : NULL;
 }
 
 /* The job name if the command line or environment names one. */
@@ -204,7 +75,7 @@ static const char *job_name(const char *source, char *buf, size_t n)
 }
 
 /* time, user, uid, job name, source */
-static void add_who(struct jw *w, const struct mmg_check *chk)
+static void add_who(json_object *o, const struct mmg_check *chk)
 {
     char tbuf[32], name[256], pwbuf[1024];
     struct tm tm;
@@ -214,128 +85,121 @@ static void add_who(struct jw *w, const struct mmg_check *chk)
 
     gmtime_r(&now, &tm);
     strftime(tbuf, sizeof(tbuf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    jw_str(w, "time", tbuf);
+    json_object_object_add(o, "time", json_object_new_string(tbuf));
     if (getpwuid_r(uid, &pw, pwbuf, sizeof(pwbuf), &pwp) != 0)
         pwp = NULL;
-    jw_str(w, "user", pwp ? pw.pw_name : NULL);
-    jw_i64(w, "uid", (int64_t)uid);
-    jw_str(w, "job_name", job_name(chk->source, name, sizeof(name)));
-    jw_str(w, "source", chk->source);
+    json_object_object_add(o, "user", str_or_null(pwp ? pw.pw_name : NULL));
+    json_object_object_add(o, "uid", json_object_new_int64((int64_t)uid));
+    json_object_object_add(o, "job_name", str_or_null(job_name(chk->source, name, sizeof(name))));
+    json_object_object_add(o, "source", json_object_new_string(chk->source));
 }
 
 /* action, margin, GPU and the request as derived */
-static void add_site(struct jw *w, const struct mmg_check *chk)
+static void add_site(json_object *o, const struct mmg_check *chk)
 {
     char margin[64];
     int req_ok = chk->have_req && chk->req.status == MMG_REQ_OK;
     if (chk->cfg_ok) {
-        jw_str(w, "action", mmg_action_name(chk->cfg.action));
-        jw_open(w, "margin", '{');
-        jw_dbl(w, "percent", chk->cfg.margin.percent);
-        jw_u64(w, "bytes", chk->cfg.margin.bytes);
-        jw_u64(w, "reserve_bytes", chk->cfg.reserve);
+        json_object *m = json_object_new_object();
+        json_object_object_add(o, "action", json_object_new_string(mmg_action_name(chk->cfg.action)));
+        json_object_object_add(m, "percent", json_object_new_double(chk->cfg.margin.percent));
+        json_object_object_add(m, "bytes", u64(chk->cfg.margin.bytes));
+        json_object_object_add(m, "reserve_bytes", u64(chk->cfg.reserve));
         mmg_config_margin_str(&chk->cfg, margin, sizeof(margin));
-        jw_str(w, "text", margin);
-        jw_close(w, '}');
+        json_object_object_add(m, "text", json_object_new_string(margin));
+        json_object_object_add(o, "margin", m);
     }
     /* unknown type or no config: what was asked for */
-    jw_str(w, "gpu", chk->gpu ? chk->gpu->name : mmg_opts.gpu);
+    json_object_object_add(o, "gpu", str_or_null(chk->gpu ? chk->gpu->name : mmg_opts.gpu));
     if (chk->gpu)
-        jw_u64(w, "gpu_mem_bytes", chk->gpu->bytes);
-    jw_str(w, "request", req_ok ? chk->req.text : NULL);
+        json_object_object_add(o, "gpu_mem_bytes", u64(chk->gpu->bytes));
+    json_object_object_add(o, "request", str_or_null(req_ok ? chk->req.text : NULL));
     if (req_ok)
-        jw_i64(w, "nodes", chk->req.gpus.nodes_min);
+        json_object_object_add(o, "nodes", json_object_new_int64(chk->req.gpus.nodes_min));
 }
 
-/* the capacity-aware verdict on the judged card */
-static void add_verdict(struct jw *w, const struct mmg_check *chk)
-{
-    static const char *const kinds[] = { "fits", "flushes", "oom" };
-    const mm_verdict *v = &chk->verdict;
-    struct mmg_card c;
-    jw_str(w, "verdict", kinds[v->kind]);
-    jw_u64(w, "alloc_retries_per_step", v->retries_step);
-    /* the allocator's reserved peak at the card's capacity plus what is
-     * outside it: never above the card */
-    mmg_card_from_verdict(&c, "", v);
-    jw_u64(w, "card_peak_bytes", c.peak);
-    jw_i64(w, "verdict_data_parallel", v->n);
-    jw_str(w, "flush", mmg_flush_name(chk->cfg.flush));
-}
-
-static void add_prediction(struct jw *w, const struct mmg_check *chk)
+static void add_prediction(json_object *o, const struct mmg_check *chk)
 {
     const mm_prediction *p = &chk->pred;
-    jw_u64(w, "usable_bytes", chk->usable);
-    jw_i64(w, "data_parallel", chk->dp / (chk->tp ? chk->tp : 1));
+    json_object *mods = json_object_new_array();
+    json_object_object_add(o, "usable_bytes", u64(chk->usable));
+    json_object_object_add(o, "data_parallel",
+                           json_object_new_int64(chk->dp / (chk->tp ? chk->tp : 1)));
     if (chk->tp > 1)
-        jw_i64(w, "tensor_parallel", chk->tp);
+        json_object_object_add(o, "tensor_parallel", json_object_new_int64(chk->tp));
     /* GPUs the job trains on (what `mmguard report` multiplies by time) */
-    jw_i64(w, "gpus", chk->dp);
-    jw_i64(w, "spec_data_parallel", chk->spec_dp);
-    jw_i64(w, "micro_batch_size", p->micro_batch_size);
-    jw_u64(w, "peak_bytes", chk->peak);
-    if (chk->have_verdict)
-        add_verdict(w, chk);
-    jw_u64(w, "allocated_peak_bytes", chk->alloc_peak);
-    jw_str(w, "peak_phase", mm_phase_name(p->peak_phase));
-    jw_str(w, "peak_event", p->peak_event);
-    factors_json(w, &p->factors);
-    jw_open(w, "modules", '[');
-    for (size_t i = 0; i < p->n_modules && p->modules; i++) {
-        jw_open(w, NULL, '{');
-        jw_str(w, "name", p->modules[i].name);
-        jw_str(w, "type", p->modules[i].type);
-        factors_json(w, &p->modules[i].factors);
-        jw_close(w, '}');
+    json_object_object_add(o, "gpus", json_object_new_int64(chk->dp));
+    json_object_object_add(o, "spec_data_parallel", json_object_new_int64(chk->spec_dp));
+    json_object_object_add(o, "micro_batch_size", json_object_new_int64(p->micro_batch_size));
+    json_object_object_add(o, "peak_bytes", u64(chk->peak));
+    if (chk->have_verdict) {
+        const mm_verdict *v = &chk->verdict;
+        static const char *const kinds[] = { "fits", "flushes", "oom" };
+        json_object_object_add(o, "verdict", json_object_new_string(kinds[v->kind]));
+        json_object_object_add(o, "alloc_retries_per_step", u64(v->retries_step));
+        /* the allocator's reserved peak at the card's capacity plus what is
+         * outside it: never above the card */
+        struct mmg_card c;
+        mmg_card_from_verdict(&c, "", v);
+        json_object_object_add(o, "card_peak_bytes", u64(c.peak));
+        json_object_object_add(o, "verdict_data_parallel", json_object_new_int64(v->n));
+        json_object_object_add(o, "flush", json_object_new_string(mmg_flush_name(chk->cfg.flush)));
     }
-    jw_close(w, ']');
+    json_object_object_add(o, "allocated_peak_bytes", u64(chk->alloc_peak));
+    json_object_object_add(o, "peak_phase", json_object_new_string(mm_phase_name(p->peak_phase)));
+    json_object_object_add(o, "peak_event", json_object_new_string(p->peak_event));
+    json_object_object_add(o, "factors", factors_json(&p->factors));
+    for (size_t i = 0; i < p->n_modules && p->modules; i++) {
+        json_object *m = json_object_new_object();
+        json_object_object_add(m, "name", json_object_new_string(p->modules[i].name));
+        json_object_object_add(m, "type", json_object_new_string(p->modules[i].type));
+        json_object_object_add(m, "factors", factors_json(&p->modules[i].factors));
+        json_object_array_add(mods, m);
+    }
+    json_object_object_add(o, "modules", mods);
     if (chk->have_fit)
-        jw_i64(w, "max_micro_batch", chk->fit.max_micro_batch);
+        json_object_object_add(o, "max_micro_batch", json_object_new_int64(chk->fit.max_micro_batch));
 }
 
 /* "host": the host memory check (hostmem.c), when it ran. */
-static void add_host(struct jw *w, const struct mmg_check *chk)
+static void add_host(json_object *o, const struct mmg_check *chk)
 {
     static const char *const results[] = { "none", "fits", "misfit", "unchecked", "unknown" };
     const struct mmg_hostcheck *h = &chk->host;
-    if (h->result == MMG_HOST_NONE)
+    json_object *x;
+    if (h->result == MMG_HOST_NONE || !(x = json_object_new_object()))
         return;
-    jw_open(w, "host", '{');
-    jw_str(w, "result", results[h->result]);
-    jw_u64(w, "peak_bytes_per_process", h->per_rank);
-    jw_u64(w, "overhead_bytes", h->overhead);
-    jw_i64(w, "processes", h->node.ranks);
-    jw_u64(w, "need_bytes", h->need);
-    if (h->result == MMG_HOST_FITS || h->result == MMG_HOST_MISFIT)
-        jw_u64(w, "have_bytes", h->node.have_bytes);
-    else
-        jw_str(w, "have_bytes", NULL);
-    jw_str(w, "request", h->request[0] ? h->request : NULL);
-    jw_str(w, "ask", h->ask[0] ? h->ask : NULL);
-    jw_close(w, '}');
+    json_object_object_add(x, "result", json_object_new_string(results[h->result]));
+    json_object_object_add(x, "peak_bytes_per_process", u64(h->per_rank));
+    json_object_object_add(x, "overhead_bytes", u64(h->overhead));
+    json_object_object_add(x, "processes", json_object_new_int64(h->node.ranks));
+    json_object_object_add(x, "need_bytes", u64(h->need));
+    json_object_object_add(x, "have_bytes", h->result == MMG_HOST_FITS ||
+                           h->result == MMG_HOST_MISFIT ? u64(h->node.have_bytes) : NULL);
+    json_object_object_add(x, "request", str_or_null(h->request[0] ? h->request : NULL));
+    json_object_object_add(x, "ask", str_or_null(h->ask[0] ? h->ask : NULL));
+    json_object_object_add(o, "host", x);
 }
 
 char *mmg_decision_json(const struct mmg_check *chk)
 {
-    struct jw w = { NULL, 0, 0, 1, 0 };
-    jw_open(&w, NULL, '{');
-    add_who(&w, chk);
-    jw_str(&w, "decision", mmg_decision_name(chk->decision));
-    jw_str(&w, "reason", chk->reason);
-    jw_str(&w, "spec", chk->spec_path);
-    jw_str(&w, "spec_sha256", chk->spec ? mm_spec_digest(chk->spec) : NULL);
-    jw_str(&w, "model", chk->spec ? mm_spec_name(chk->spec) : NULL);
-    add_site(&w, chk);
-    if (chk->have_pred)
-        add_prediction(&w, chk);
-    add_host(&w, chk);
-    jw_close(&w, '}');
-    if (w.err) {
-        free(w.buf);
+    json_object *o = json_object_new_object();
+    char *out;
+    if (!o)
         return NULL;
-    }
-    return w.buf;
+    add_who(o, chk);
+    json_object_object_add(o, "decision", json_object_new_string(mmg_decision_name(chk->decision)));
+    json_object_object_add(o, "reason", json_object_new_string(chk->reason));
+    json_object_object_add(o, "spec", json_object_new_string(chk->spec_path));
+    json_object_object_add(o, "spec_sha256", str_or_null(chk->spec ? mm_spec_digest(chk->spec) : NULL));
+    json_object_object_add(o, "model", str_or_null(chk->spec ? mm_spec_name(chk->spec) : NULL));
+    add_site(o, chk);
+    if (chk->have_pred)
+        add_prediction(o, chk);
+    add_host(o, chk);
+    out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return out;
 }
 
 /* Append one record (line + newline) to fd, opened O_APPEND.  Writers take an

@@ -271,6 +271,17 @@ static uint64_t roundup_power2_next_division(uint64_t size, uint64_t divisions)
     return f == size ? size : f + div;
 }
 
+/* a multiple of kMinBlockSize (at least one), saturated: the rounding without
+ * roundup_power2_divisions, which mm_allocator_malloc takes directly when no
+ * interval has any (a->round_plain) */
+static uint64_t round_plain(uint64_t size)
+{
+    if (size < kMinBlockSize)
+        return kMinBlockSize;
+    return size > UINT64_MAX - (kMinBlockSize - 1) ? UINT64_MAX
+                                                   : (size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
+}
+
 uint64_t mm_alloc_round_size(const mm_alloc_conf *c, uint64_t size)
 {
     if (size < kMinBlockSize)
@@ -278,7 +289,7 @@ uint64_t mm_alloc_round_size(const mm_alloc_conf *c, uint64_t size)
     uint64_t d = divisions_for(c, size);
     if (d > 1 && size > kMinBlockSize * d)
         return roundup_power2_next_division(size, d);
-    return mm_sat_mul(kMinBlockSize, mm_ceil_div(size, kMinBlockSize));
+    return round_plain(size);
 }
 
 static uint64_t get_allocation_size(uint64_t size)
@@ -749,16 +760,6 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
     stat_add(&a->st.requested, &a->st.requested_peak, req);
     a->st.num_allocs++;
     return i;
-}
-
-/* mm_alloc_round_size without roundup_power2_divisions (a->round_plain):
- * a multiple of kMinBlockSize, saturated as mm_sat_mul saturates */
-static uint64_t round_plain(uint64_t size)
-{
-    if (size < kMinBlockSize)
-        return kMinBlockSize;
-    return size > UINT64_MAX - (kMinBlockSize - 1) ? UINT64_MAX
-                                                   : (size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
 }
 
 int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)

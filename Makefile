@@ -96,9 +96,9 @@ check-cli: $(BUILD)/mmguard
 check: deps
 	$(MAKE) --no-print-directory all
 	@mkdir -p $(BUILD)
-	@{ $(MAKE) --no-print-directory -k check-unit check-cli check-asan $(CHECK_TARGETS); \
-	   echo $$? >$(BUILD)/check.rc; } 2>&1 | tee $(BUILD)/check.log
-	@sh mk/check_summary.sh $(BUILD)/check.log "$$(cat $(BUILD)/check.rc)"
+	@sh mk/check_suites.sh "$(MAKE) --no-print-directory" $(BUILD) \
+	    check-unit check-cli check-asan $(CHECK_TARGETS) 2>&1 | tee $(BUILD)/check.log
+	@sh mk/check_summary.sh $(BUILD)/check.log "$$(cat $(BUILD)/check.rc)" $(BUILD)/check.times
 
 deps:
 	sh scripts/install-deps.sh build slurm oracle

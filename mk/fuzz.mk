@@ -3,7 +3,8 @@
 #
 #   make fuzz [FUZZ_SECONDS=60]   every harness for FUZZ_SECONDS, fails on any
 #                                 crash, leak, timeout or out-of-memory
-#   make check-fuzz               regressions + ~10 s per harness (in `make check`)
+#   make check-fuzz               regressions + ~10 s per harness, FUZZ_JOBS (2) at a
+#                                 time (in `make check`)
 #   make fuzz-build               only build $(BUILD)/fuzz/fuzz_*
 #   make valgrind                 unit tests (CK_FORK=no) + CLI on contrib specs
 #                                 under valgrind --leak-check=full
@@ -89,24 +90,14 @@ fuzz-regressions: fuzz-build
 	    || { tail -n 60 $(FUZZ_DIR)/regressions_$$h.log; echo "fuzz_$$h: a regression input fails again"; exit 1; }; \
 	done
 
-# One harness at a time, each for $(1) seconds; stop at the first failure.
+# Each harness for $(1) seconds, FUZZ_JOBS at a time (each is one process on one
+# core: two at once on a 2-core machine halves the wall time and keeps each run's
+# length); no harness starts after one fails (mk/fuzz_one.sh).
+FUZZ_JOBS ?= 2
 define fuzz_run
-	@mkdir -p $(FUZZ_DIR)/artifacts
-	@for h in $(FUZZ_HARNESSES); do \
-	  mkdir -p $(FUZZ_DIR)/corpus/$$h; \
-	  dict=""; [ -f tests/fuzz/$$h.dict ] && dict="-dict=tests/fuzz/$$h.dict"; \
-	  seeds=tests/fuzz/corpus/$$h; \
-	  case $$h in import_swift) seeds=tests/fixtures/import/ms-swift;; \
-	              import_titan) seeds=tests/fixtures/import/torchtitan;; \
-	              import_hf) seeds="tests/fuzz/corpus/import_hf $$(ls -d tests/fixtures/import/*/config.json | xargs -n1 dirname)";; esac; \
-	  echo "== fuzz_$$h for $(1) s"; \
-	  $(FUZZ_ENV) $(FUZZ_DIR)/fuzz_$$h $(FUZZ_RUN_FLAGS) $$dict -max_total_time=$(1) \
-	    -artifact_prefix=$(FUZZ_DIR)/artifacts/$$h- \
-	    $(FUZZ_DIR)/corpus/$$h $$seeds \
-	    > $(FUZZ_DIR)/fuzz_$$h.log 2>&1 \
-	    || { tail -n 60 $(FUZZ_DIR)/fuzz_$$h.log; echo "fuzz_$$h FAILED (log: $(FUZZ_DIR)/fuzz_$$h.log)"; exit 1; }; \
-	  grep -E '^#[0-9]+[[:space:]]+DONE' $(FUZZ_DIR)/fuzz_$$h.log | tail -n 1; \
-	done
+	@printf '%s\n' $(FUZZ_HARNESSES) | \
+	  FUZZ_DIR=$(FUZZ_DIR) FUZZ_RUN_FLAGS="$(FUZZ_RUN_FLAGS)" $(FUZZ_ENV) \
+	  xargs -P $(FUZZ_JOBS) -n 1 sh mk/fuzz_one.sh $(1)
 endef
 
 fuzz: fuzz-regressions

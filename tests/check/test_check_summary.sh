@@ -27,5 +27,16 @@ check "a failure wins" "not ok - x
 oracle selftest: skipped: y" 2 2 '^make check: FAILED \(exit status 2.*; 1 skipped$'
 check "never 'all suites passed' with a skip" "SKIP ctld_log safety: lua-posix not installed" 0 0 \
     '^make check: passed, but 1 skipped'
+# with the suites' times: a line with the total and the slowest five before it,
+# and the verdict still last
+printf '%s\n' "ok - a" >"$t/log"
+printf '3 check-unit\n300 check-fuzz\n12 check-cli\n1 a\n1 b\n50 check-fold\n' >"$t/times"
+out=$($sum "$t/log" 0 "$t/times")
+if [ "$(printf '%s\n' "$out" | head -n 1)" = "make check: suites took 367 s; slowest: check-fuzz 300 s, check-fold 50 s, check-cli 12 s, check-unit 3 s, a 1 s" ] &&
+   [ "$(printf '%s\n' "$out" | tail -n 1)" = "make check: all suites passed" ]; then
+    pass=$((pass + 1)); echo "ok - suite times before the verdict"
+else
+    fail=$((fail + 1)); echo "not ok - suite times before the verdict: '$out'"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -678,7 +678,8 @@ class GpuRunner:
         fw = {"transformers_version": cc.major_minor(self.env.get("transformers_version")),
               "torch_version": cc.major_minor(self.env.get("torch_version"))}
         rec["spec"] = cc.spec_for(cfg, framework=fw,
-                                  attention_used=self.build_info.get("attention_used"))
+                                  attention_used=self.build_info.get("attention_used"),
+                                  use_reentrant=self.args.use_reentrant)
         rec["build"] = self.build_info
         rec["params"] = self.param_counts
         rec["env"] = self.env
@@ -1075,7 +1076,7 @@ def dry_run(args):
     for g, cfgs in todo:
         for c in cfgs:
             spec = cc.spec_for(c)
-            if args.write_specs and spec is not None:  # None: family not describable yet
+            if args.write_specs:
                 with open(os.path.join(args.write_specs, c.id + ".json"), "w") as f:
                     json.dump(spec, f, indent=2)
                     f.write("\n")

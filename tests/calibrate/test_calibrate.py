@@ -93,6 +93,35 @@ def schema_keys():
     return keys
 
 
+ROLE = {"vit": "vision", "mlp": "connector", "llama": "decoder",
+        "vision": "vision", "connector": "connector", "decoder": "decoder"}
+
+
+def reference_keys():
+    """Key sets from docs/spec-keys.md (generated from the loader's own tables): per
+    section, and for modules[] the roles each key applies to."""
+    path = os.path.join(ROOT, "docs", "spec-keys.md")
+    with open(path) as f:
+        text = f.read()
+    heads = {"modules[] (one entry per module)": "module", "modules[].lora": "lora",
+             "modules[].image_processor (vision)": "image_processor",
+             "training": "training", "framework": "framework", "device": "device",
+             "training.gradient_checkpointing (a map, or true / false)": "gradient_checkpointing"}
+    keys = {v: {} for v in heads.values()}
+    section = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = heads.get(line[3:].strip())
+            continue
+        m = re.match(r"^\| `([A-Za-z_0-9]+)` \| ([^|]*)\|", line)
+        if section and m:
+            roles = {r.strip() for r in m.group(2).split(",")}
+            keys[section][m.group(1)] = roles
+    top = re.search(r"^Sections: (.*)$", text, re.M).group(1)
+    keys["top"] = set(re.findall(r"`([a-z_]+)`", top))
+    return keys
+
+
 def group(name):
     """The default-grid group called NAME (the grid's order changes as groups are added)."""
     return next(g for g in cc.default_grid() if g.name == name)
@@ -187,6 +216,28 @@ class TestSpec(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.keys = schema_keys()
+        cls.ref = reference_keys()
+
+    def check_reference_keys(self, spec):
+        """Every key is one the loader accepts (docs/spec-keys.md), on a module of a role
+        it applies to."""
+        k = self.ref
+        self.assertLessEqual(set(spec), k["top"])
+        for m in spec["modules"]:
+            role = ROLE[m["type"]]
+            for key in m:
+                self.assertIn(key, k["module"], "%s: %s" % (spec["name"], key))
+                roles = k["module"][key]
+                self.assertTrue("all" in roles or role in roles,
+                                "%s: %s on a %s module" % (spec["name"], key, role))
+            self.assertLessEqual(set(m.get("lora", {})), set(k["lora"]))
+            self.assertLessEqual(set(m.get("image_processor", {})), set(k["image_processor"]))
+        self.assertLessEqual(set(spec["training"]), set(k["training"]))
+        gc = spec["training"].get("gradient_checkpointing")
+        if isinstance(gc, dict):
+            self.assertLessEqual(set(gc), set(k["gradient_checkpointing"]))
+        self.assertLessEqual(set(spec.get("framework", {})), set(k["framework"]))
+        self.assertLessEqual(set(spec.get("device", {})), set(k["device"]))
 
     def check_keys(self, spec):
         k = self.keys
@@ -208,14 +259,76 @@ class TestSpec(unittest.TestCase):
         self.assertIn("micro_batch_size", self.keys["training"])
         self.assertIn("cuda_context", self.keys["device"])
 
+    def test_reference_parse_sane(self):
+        self.assertEqual(self.ref["module"]["window_size"], {"vision"})
+        self.assertEqual(self.ref["module"]["trainable"], {"all"})
+        self.assertIn("max_pixels", self.ref["image_processor"])
+        self.assertIn("image_size", self.ref["training"])
+        self.assertIn("use_reentrant", self.ref["gradient_checkpointing"])
+        self.assertIn("modules", self.ref["top"])
+
     def test_all_specs_use_documented_keys(self):
-        for c in cc.all_configs(cc.default_grid() + cc.smoke_grid()):
+        for c in cc.all_configs(cc.default_grid() + cc.smoke_grid() + cc.capacity_groups()):
             spec = cc.spec_for(c, framework={"transformers_version": "5.17", "torch_version": "2.11"})
-            if spec is None:  # a family the spec cannot describe yet: says why
-                self.assertIn("no qwen", c.harness_dict().get("spec_unsupported", "no reason"))
-                continue
-            self.check_keys(spec)
+            self.check_reference_keys(spec)
+            if c.group.model in ("llava", "llama"):
+                self.check_keys(spec)  # the annotated example's keys suffice for these
+            self.assertNotIn("spec_unsupported", c.harness_dict())
             json.dumps(spec)
+
+    def test_qwen_specs(self):
+        """The towers as calib_qwen builds them, the modes as set_trainable sets them, the
+        image as make_batch feeds it."""
+        for g in cc.default_grid():
+            if g.model not in cc.QWEN_MODELS:
+                continue
+            c = g.configs()[0]
+            s = cc.spec_for(c, attention_used={"language_model": "sdpa", "vision_tower": "eager"})
+            vit, merger, llm = s["modules"]
+            q25 = g.model == "qwen25vl"
+            self.assertEqual(vit["family"], "qwen2_5_vl" if q25 else "qwen2_vl")
+            self.assertEqual(merger["family"], "patch_merger_rms" if q25 else "patch_merger")
+            self.assertEqual((vit["hidden_size"], vit["num_hidden_layers"],
+                              vit["num_attention_heads"]), (1280, 32, 16))
+            self.assertEqual(vit["intermediate_size"], 3420 if q25 else 5120)
+            self.assertEqual(vit["hidden_act"], "silu" if q25 else "quick_gelu")
+            self.assertEqual(vit.get("window_size"), 112 if q25 else None)
+            self.assertEqual(vit.get("fullatt_block_indexes"), [7, 15, 23, 31] if q25 else None)
+            self.assertEqual(vit["attention"], "eager")  # the tower's own, as it ran
+            self.assertEqual(s["training"]["attention"], "sdpa")
+            self.assertEqual(vit["trainable"], g.mode == "full")
+            self.assertTrue(merger["trainable"])  # part_of: the merger is the projector
+            self.assertEqual((merger["input_size"], merger["hidden_size"]),
+                             (1280, g.llm_geometry()["hidden_size"]))
+            self.assertEqual(llm["family"], "qwen2_vl")
+            self.assertEqual(llm["trainable"], g.mode in ("finetune", "full"))
+            self.assertEqual(llm["tie_word_embeddings"], g.llm == "qwen2-1.5b")
+            if g.mode == "lora":
+                self.assertEqual(llm["lora"], {"r": 64, "alpha": 128, "dropout": 0.05,
+                                               "target_modules": cc.QWEN_LORA["target_modules"],
+                                               "autocast_adapter_dtype": False})
+            else:
+                self.assertNotIn("lora", llm)
+            h, w = g.image_grid
+            self.assertEqual(s["training"]["image_size"], [14 * h, 14 * w])
+            self.assertEqual(s["training"]["images_per_sample"], 1)
+            ip = vit["image_processor"]
+            self.assertEqual((ip["min_pixels"], ip["max_pixels"]), (196 * h * w, 196 * h * w))
+        s = cc.spec_for(group("qwen25vl7b-lora-img1008").configs()[0])
+        self.assertEqual(s["training"]["image_size"], [1008, 1008])
+        s = cc.spec_for(group("qwen2vl2b-finetune-eager").configs()[0],
+                        attention_used={"language_model": "eager", "vision_tower": "eager"})
+        self.assertNotIn("attention", s["modules"][0])
+        self.assertEqual(s["training"]["attention"], "eager")
+
+    def test_use_reentrant(self):
+        c = group("qwen2vl2b-finetune-sdpa").configs()[0]
+        self.assertIs(cc.spec_for(c)["training"]["gradient_checkpointing"], True)
+        self.assertEqual(cc.spec_for(c, use_reentrant="true")["training"]["gradient_checkpointing"],
+                         {"enabled": True, "use_reentrant": True})
+        c0 = [x for x in group("qwen2vl2b-finetune-sdpa").configs() if not x.checkpointing][0]
+        self.assertIs(cc.spec_for(c0, use_reentrant="true")["training"]["gradient_checkpointing"],
+                      False)
 
     def test_llava_7b_pretrain_spec(self):
         c = group("llava7b-pretrain-sdpa").configs()[0]
@@ -278,8 +391,6 @@ class TestSpec(unittest.TestCase):
             for c in cc.all_configs(cc.default_grid() + cc.smoke_grid()):
                 spec = cc.spec_for(c, framework={"transformers_version": "5.17",
                                                  "torch_version": "2.11"})
-                if spec is None:
-                    continue
                 p = os.path.join(d, c.id + ".json")
                 with open(p, "w") as f:
                     json.dump(spec, f)
@@ -292,6 +403,12 @@ class TestSpec(unittest.TestCase):
                     self.assertIn(k, j, c.id)
                 self.assertEqual(j["name"], c.id)
                 self.assertGreaterEqual(j["peak_bytes"], j["allocated_peak_bytes"])
+                if c.group.model in cc.QWEN_MODELS:
+                    # the predictor sees the image make_batch feeds: h x w patches, h*w/4
+                    # LLM tokens (the harness's vision_start + pads + vision_end layout)
+                    h, w = c.group.image_grid
+                    self.assertEqual((j["image"]["patches"], j["image"]["tokens"]),
+                                     (h * w, c.group.image_tokens()), c.id)
         finally:
             shutil.rmtree(d)
 
@@ -427,9 +544,8 @@ class TestHarnessCli(unittest.TestCase):
         self.assertEqual(len(lines), n)
         spec = json.loads(lines[0].split(" ", 2)[2])
         self.assertEqual(spec["name"], "trace-llava7b-pretrain-b4-s1024-ck0")
-        nospec = [l for l in lines if l.endswith(" null")]
-        self.assertTrue(nospec)  # Qwen rows: measured, not yet predictable
-        self.assertEqual(len(os.listdir(specs)), n - len(nospec))
+        self.assertEqual([l for l in lines if l.endswith(" null")], [])  # Qwen-VL too
+        self.assertEqual(len(os.listdir(specs)), n)
         self.assertFalse(os.path.exists(self.out))
 
     def test_simulated_run_resume_and_budget(self):
@@ -810,6 +926,7 @@ class TestCpuModelSmoke(unittest.TestCase):
         r = self.run_group("llava", "finetune")
         self.assertGreater(r.param_counts["language_model"]["trainable"], 0)
         self.run_group("llama", "finetune")
+
 
 
 if __name__ == "__main__":

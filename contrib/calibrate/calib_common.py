@@ -583,6 +583,49 @@ def llm_module(g):
     return llm
 
 
+def leftover_input_hooks(records):
+    """Measurements that ran with the input-embedding hooks of an earlier checkpointed
+    config of the same worker still registered: {id(record): True} for each.
+
+    transformers 5.17 gradient_checkpointing_enable() hooks every sub-model's input
+    embeddings (enable_input_require_grads, modeling_utils.py:3191-3199; the Qwen-VL
+    vision tower's patch_embed too) and gradient_checkpointing_disable() does not remove
+    them (:3225-3226 only with PEFT's integration); calibrate.py before the fix in
+    set_checkpointing removed at most the last hook list.  A record written by the fixed
+    harness says how many hooks were live (config.input_grad_hooks); for older ones the
+    file order tells: a worker starts with a probe "init" record of its group, and every
+    config after one with checkpointing in that worker inherits its hooks."""
+    out = {}
+    ckpt_ran = {}
+    for r in records:
+        grp = r.get("group")
+        if r.get("kind") == "probe" and r.get("probe") == "init":
+            ckpt_ran[grp] = False
+            continue
+        if r.get("kind") != "measurement":
+            continue
+        c = r.get("config") or {}
+        if "input_grad_hooks" in c:
+            if c["input_grad_hooks"] and not c.get("checkpointing"):
+                out[id(r)] = True
+        elif not c.get("checkpointing") and ckpt_ran.get(grp):
+            out[id(r)] = True
+        if c.get("checkpointing") and r.get("status") in ("ok", "oom", "error"):
+            ckpt_ran[grp] = True
+    return out
+
+
+def hooks_reach_frozen_tower(rec):
+    """True when a leftover input hook changes what the spec states: a frozen vision
+    tower that runs with autograd on (Qwen-VL; calibrate.py runs LLaVA's frozen CLIP under
+    no_grad, where the hooked patch embedding records nothing) then keeps its
+    activations for a backward into its input, which no spec with checkpointing off
+    describes."""
+    vt = (rec.get("params") or {}).get("vision_tower")
+    return bool(vt) and not vt.get("trainable") and \
+        not (rec.get("build") or {}).get("vision_no_grad")
+
+
 def major_minor(version):
     """'5.17.0.dev0' -> '5.17', '2.11.0+cu130' -> '2.11'."""
     if not version:

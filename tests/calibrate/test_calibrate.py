@@ -716,6 +716,87 @@ class TestCompare(unittest.TestCase):
             self.assertIn(row["predicted_phase"], ("forward", "backward", "optimizer"))
 
 
+class TestLeftoverHooks(unittest.TestCase):
+    def rec(self, group, ck, status="ok", **cfg):
+        return {"kind": "measurement", "group": group, "id": "%s-%d" % (group, ck),
+                "status": status, "config": dict({"checkpointing": bool(ck)}, **cfg)}
+
+    def test_file_order(self):
+        init = {"kind": "probe", "probe": "init", "group": "g"}
+        a1, a0, b0 = self.rec("g", 1), self.rec("g", 0), self.rec("g", 0)
+        other = self.rec("h", 0)
+        got = cc.leftover_input_hooks([init, a1, a0, other, dict(init), b0])
+        self.assertEqual(set(got), {id(a0)})
+        skipped = self.rec("g", 1, status="skipped")
+        c0 = self.rec("g", 0)
+        self.assertEqual(cc.leftover_input_hooks([init, skipped, c0]), {})
+        # the fixed harness says how many hooks were live
+        n0 = self.rec("g", 0, input_grad_hooks=0)
+        n2 = self.rec("g", 0, input_grad_hooks=2)
+        self.assertEqual(set(cc.leftover_input_hooks([init, a1, n0, n2])), {id(n2)})
+
+    def test_reach(self):
+        qwen = {"params": {"vision_tower": {"total": 5, "trainable": 0}}, "build": {}}
+        llava = {"params": {"vision_tower": {"total": 5, "trainable": 0}},
+                 "build": {"vision_no_grad": True}}
+        full = {"params": {"vision_tower": {"total": 5, "trainable": 5}}, "build": {}}
+        text = {"params": {"language_model": {"total": 5, "trainable": 5}}}
+        self.assertEqual([cc.hooks_reach_frozen_tower(r) for r in (qwen, llava, full, text)],
+                         [True, False, False, False])
+
+
+class FakeHandle:
+    def __init__(self, live):
+        self.live = live
+        live.add(self)
+
+    def remove(self):
+        self.live.discard(self)
+
+
+class FakeHfModel:
+    """transformers 5.17's hook bookkeeping (modeling_utils.py): enable registers a new
+    list and forgets the old one; gradient_checkpointing_enable calls it;
+    gradient_checkpointing_disable leaves the hooks (no PEFT integration)."""
+
+    def __init__(self):
+        self.live = set()
+        self.is_gradient_checkpointing = False
+
+    def enable_input_require_grads(self):
+        self._require_grads_hooks = [FakeHandle(self.live), FakeHandle(self.live)]
+        self._require_grads_hook = self._require_grads_hooks[0]
+
+    def disable_input_require_grads(self):
+        for h in getattr(self, "_require_grads_hooks", []):
+            h.remove()
+        self._require_grads_hooks = []
+
+    def gradient_checkpointing_enable(self, **kw):
+        self.is_gradient_checkpointing = True
+        self.enable_input_require_grads()
+
+    def gradient_checkpointing_disable(self):
+        self.is_gradient_checkpointing = False
+
+
+class TestSetCheckpointing(unittest.TestCase):
+    def test_no_hook_survives(self):
+        class A:
+            use_reentrant = "default"
+        for mode in ("finetune", "pretrain", "lora", "full"):
+            g = cc.Group("g", "qwen2vl", "qwen2-1.5b", mode, "sdpa", [(1, 1024, True)])
+            r = calibrate.GpuRunner(A(), g, None)
+            r.hf_model = m = FakeHfModel()
+            for _ in range(2):
+                r.set_checkpointing(True)
+                self.assertTrue(m.live)
+            self.assertEqual(len(r.grad_hooks), len(m.live))
+            r.set_checkpointing(False)
+            self.assertEqual(m.live, set(), mode)
+            self.assertEqual(r.grad_hooks, [])
+
+
 def synth_records(ctx=600 * MIB, frac=0.025, fixed=300 * MIB, n=30, seed=7, noise=4 * MIB):
     rnd = random.Random(seed)
     g = cc.default_grid()[2]
@@ -927,6 +1008,71 @@ class TestCpuModelSmoke(unittest.TestCase):
         self.assertGreater(r.param_counts["language_model"]["trainable"], 0)
         self.run_group("llama", "finetune")
 
+
+@unittest.skipUnless(have("torch") and have("transformers"),
+                     "torch and transformers not both importable: skipping the Qwen-VL CPU test")
+class TestCpuQwenSmoke(unittest.TestCase):
+    """A tiny Qwen2-VL / Qwen2.5-VL built by calib_qwen on the CPU: a config without
+    checkpointing measured after one with it runs with no input hook left on the vision
+    tower (set_checkpointing)."""
+
+    def setUp(self):
+        self.saved = (dict(cc.QWEN2VL_VIT), dict(cc.QWEN25VL_VIT), dict(cc.LLMS),
+                      calibrate.DEVICE)
+        tiny = {"depth": 2, "num_heads": 2}
+        cc.QWEN2VL_VIT.update(tiny, embed_dim=32, mlp_ratio=2)
+        cc.QWEN25VL_VIT.update(tiny, hidden_size=32, intermediate_size=48,
+                               fullatt_block_indexes=[1])
+        cc.LLMS["tiny-qwen"] = {"hidden_size": 64, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "intermediate_size": 96, "vocab_size": 151936,
+                                "tie_word_embeddings": True}
+        calibrate.DEVICE = "cpu"
+
+    def tearDown(self):
+        for d, old in zip((cc.QWEN2VL_VIT, cc.QWEN25VL_VIT, cc.LLMS), self.saved):
+            d.clear()
+            d.update(old)
+        calibrate.DEVICE = self.saved[3]
+
+    def runner(self, model, mode, points, lora=None):
+        class A:
+            lora_impl = "auto"
+            use_reentrant = "default"
+        g = cc.Group("t-%s-%s" % (model, mode), model, "tiny-qwen", mode, "sdpa", points,
+                     lora=lora, image_grid=(4, 4))
+        r = calibrate.GpuRunner(A(), g, None)
+        r.build(64)
+        return g, r
+
+    def saved_bytes(self, r, g, cfg):
+        """Bytes autograd saves for backward in one forward of cfg (its own batch)."""
+        import torch
+        total = [0]
+
+        def pack(t):
+            total[0] += t.numel() * t.element_size()
+            return t
+        r.set_checkpointing(cfg.checkpointing)
+        batch = calibrate.make_batch(g, cfg, False)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            r.model(**batch, use_cache=False).loss.backward()
+        for p in r.model.parameters():
+            p.grad = None
+        return total[0]
+
+    def test_no_hook_left_after_checkpointing(self):
+        for model, mode in (("qwen2vl", "finetune"), ("qwen25vl", "pretrain")):
+            g, r = self.runner(model, mode, [(1, 32, True), (1, 32, False)])
+            ck1, ck0 = g.configs()
+            visual = next(m for n, m in r.hf_model.named_modules() if n.endswith("visual"))
+            fresh = self.saved_bytes(r, g, ck0)
+            self.saved_bytes(r, g, ck1)
+            self.assertTrue(visual.patch_embed._forward_hooks, "5.x hooks patch_embed")
+            after = self.saved_bytes(r, g, ck0)
+            self.assertEqual(dict(visual.patch_embed._forward_hooks), {}, model)
+            self.assertEqual(after, fresh, "%s: a ck0 config after a ck1 one saves what a "
+                             "fresh one does" % model)
 
 
 if __name__ == "__main__":

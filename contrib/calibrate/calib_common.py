@@ -583,6 +583,63 @@ def llm_module(g):
     return llm
 
 
+def spec_from_record(rec):
+    """Rebuild the spec of a measurement recorded without one (the Qwen-VL rows measured
+    before spec_for described them) from the record itself: its `config` (the group and
+    the point), `build.attention_used`, and the versions in `env`.  Returns the spec;
+    raises ValueError naming what the record lacks."""
+    c = rec.get("config") or {}
+    need = ("name", "model", "llm", "mode", "attention", "micro_batch", "seq_len",
+            "checkpointing")
+    missing = [k for k in need if k not in c]
+    if missing:
+        raise ValueError("config lacks %s" % ", ".join(missing))
+    g = Group(c["name"], c["model"], c["llm"], c["mode"], c["attention"],
+              [(c["micro_batch"], c["seq_len"], c["checkpointing"])],
+              llm_layers=c.get("llm_layers"), optimizer_impl=c.get("optimizer_impl", "foreach"),
+              lora=c.get("lora"), image_grid=c.get("image_grid"),
+              alloc_conf=c.get("alloc_conf"))
+    cfg = g.configs()[0]
+    if cfg.id != rec.get("id"):
+        raise ValueError("config gives id %s, the record says %s" % (cfg.id, rec.get("id")))
+    env = rec.get("env") or {}
+    fw = {"transformers_version": major_minor(env.get("transformers_version")),
+          "torch_version": major_minor(env.get("torch_version"))}
+    return spec_for(cfg, framework=fw,
+                    attention_used=(rec.get("build") or {}).get("attention_used"),
+                    use_reentrant=c.get("use_reentrant", "default"))
+
+
+def params_mismatch(rec_params, modules, trainable=True):
+    """Where the predictor's parameter counts (`mmguard predict --json` modules[]:
+    name, parameters_count, trainable_count) differ from the ones calibrate.py counted
+    on the model that ran (record `params`: per spec module, LoRA adapters under
+    <module>_lora).  Returns a list of "module: what" strings, empty when they agree.
+    trainable=False compares totals only (the predictor counts as trainable what gets
+    a gradient: a trainable CLIP tower's unused last layer is not)."""
+    want = {}
+    for key, v in (rec_params or {}).items():
+        name = key[:-5] if key.endswith("_lora") else key
+        w = want.setdefault(name, [0, 0])
+        w[0] += int(v.get("total", 0))
+        w[1] += int(v.get("trainable", 0))
+    got = {m.get("name"): (m.get("parameters_count"), m.get("trainable_count"))
+           for m in modules or []}
+    out = []
+    for name in sorted(set(want) | set(got)):
+        if name not in got:
+            out.append("%s: measured, not in the spec" % name)
+        elif name not in want:
+            out.append("%s: in the spec, not measured" % name)
+        elif got[name][0] != want[name][0]:
+            out.append("%s: %s parameters predicted, %d measured" % (name, got[name][0],
+                                                                    want[name][0]))
+        elif trainable and got[name][1] != want[name][1]:
+            out.append("%s: %s trainable predicted, %d measured" % (name, got[name][1],
+                                                                   want[name][1]))
+    return out
+
+
 def leftover_input_hooks(records):
     """Measurements that ran with the input-embedding hooks of an earlier checkpointed
     config of the same worker still registered: {id(record): True} for each.

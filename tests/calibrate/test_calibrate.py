@@ -716,6 +716,109 @@ class TestCompare(unittest.TestCase):
             self.assertIn(row["predicted_phase"], ("forward", "backward", "optimizer"))
 
 
+GPU_DATA = os.path.join(ROOT, "tests", "gpu_data")
+
+
+def gpu_records(name):
+    return cc.read_records(os.path.join(GPU_DATA, name))
+
+
+class TestRecordedQwen(unittest.TestCase):
+    """The committed H100 / H200 Qwen-VL rows (recorded before spec_for described them,
+    so without a spec): the spec rebuilt from each record describes the model that ran."""
+
+    def qwen_rows(self, name):
+        return [r for r in compare.latest(gpu_records(name))
+                if r.get("status") == "ok" and (r.get("config") or {}).get("model")
+                in cc.QWEN_MODELS]
+
+    def test_rebuilt_spec_matches_record(self):
+        rows = self.qwen_rows("h200.jsonl")
+        self.assertEqual(len(rows), 20)
+        for r in rows:
+            self.assertIsNone(r.get("spec"))  # the data file stays as measured
+            spec = cc.spec_from_record(r)
+            self.assertEqual(spec["name"], r["id"])
+            self.assertEqual(spec["framework"], {"transformers_version": "5.17",
+                                                 "torch_version": "2.11"})
+            c = r["config"]
+            self.assertEqual((spec["training"]["micro_batch_size"], spec["training"]["seq_len"],
+                              spec["training"]["gradient_checkpointing"]),
+                             (c["micro_batch"], c["seq_len"], c["checkpointing"]))
+        bad = dict(rows[0], config=dict(rows[0]["config"], micro_batch=3))
+        with self.assertRaisesRegex(ValueError, "the record says"):
+            cc.spec_from_record(bad)
+        bad = dict(rows[0], config={"model": "qwen2vl"})
+        with self.assertRaisesRegex(ValueError, "config lacks"):
+            cc.spec_from_record(bad)
+
+    @unittest.skipUnless(MMGUARD, NO_MMGUARD)
+    def test_params_equal_the_measured_model(self):
+        """One row per group and file: the predictor's parameters per module, total and
+        trainable, equal what calibrate.py counted on the GPU model."""
+        seen = set()
+        for name in ("h100-80gb.jsonl", "h200.jsonl"):
+            for r in self.qwen_rows(name):
+                if (name, r["group"]) in seen:
+                    continue
+                seen.add((name, r["group"]))
+                pred, err = compare.predict(MMGUARD, cc.spec_from_record(r))
+                self.assertIsNone(err, r["id"])
+                self.assertEqual(cc.params_mismatch(r["params"], pred["modules"]), [], r["id"])
+                vt = r["params"]["vision_tower"]
+                wrong = dict(r["params"], vision_tower=dict(vt, trainable=vt["trainable"] + 1))
+                self.assertIn("vision_tower: %d trainable predicted, %d measured"
+                              % (vt["trainable"], vt["trainable"] + 1),
+                              cc.params_mismatch(wrong, pred["modules"]))
+        self.assertEqual(len(seen), 15)  # 9 groups on the H100, 6 on the H200
+
+    @unittest.skipUnless(MMGUARD, NO_MMGUARD)
+    def test_compare_rebuilds_and_refuses(self):
+        recs = [r for r in gpu_records("h200.jsonl")
+                if r.get("group") == "qwen2vl2b-finetune-sdpa"]
+        s = compare.compare(recs, MMGUARD)
+        self.assertEqual(len(s["rebuilt"]), 5)
+        self.assertEqual(s["refused"], [])
+        self.assertEqual({x["spec"] for x in s["all_rows"]}, {"rebuilt"})
+        # the spec must describe the model that ran: a record whose model had another
+        # depth than its config says is refused, and --check-goals fails on it
+        bad = json.loads(json.dumps(recs))
+        for r in bad:
+            if r.get("kind") == "measurement":
+                r["params"]["language_model"]["total"] += 1
+        d = tempfile.mkdtemp()
+        try:
+            path = os.path.join(d, "bad.jsonl")
+            for r in bad:
+                cc.append_record(path, r)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                rc = compare.main(["--mmguard", MMGUARD, "--check-goals", path])
+            self.assertEqual(rc, 1)
+            self.assertIn("REFUSED qwen2vl2b-finetune-sdpa-b8-s2048-ck1: rebuilt spec's "
+                          "parameter counts differ", out.getvalue())
+        finally:
+            shutil.rmtree(d)
+
+    @unittest.skipUnless(MMGUARD, NO_MMGUARD)
+    def test_leftover_hook_rows_excluded(self):
+        s = compare.compare(gpu_records("h200.jsonl"), MMGUARD)
+        ex = {x["id"] for x in s["excluded"]}
+        self.assertEqual(len(ex), 11)
+        for i in ex:
+            self.assertTrue(i.startswith("qwen") and i.endswith("-ck0"), i)
+        self.assertNotIn("qwen2vl2b-full-sdpa-b2-s1024-ck0", ex)  # trainable tower
+        self.assertFalse(ex & {x["id"] for x in s["rows"]})  # not in the goals' rows
+        s = compare.compare(gpu_records("h100-80gb.jsonl"), MMGUARD)
+        ids = {x["id"] for x in s["rows"]}
+        self.assertIn("trace-qwen25vl7b-lora-gc-b2-s2048-ck0", ids)  # a fresh worker
+        # the re-measurement removed the hooks but did not record it: --hooks-removed
+        rerun = gpu_records(os.path.join("qwen-rerun", "h200.jsonl"))
+        self.assertEqual(len(compare.compare(rerun, MMGUARD)["excluded"]), 11)
+        s = compare.compare(rerun, MMGUARD, hooks_removed=True)
+        self.assertEqual((s["excluded"], s["n_measured"], s["refused"]), ([], 18, []))
+
+
 class TestLeftoverHooks(unittest.TestCase):
     def rec(self, group, ck, status="ok", **cfg):
         return {"kind": "measurement", "group": group, "id": "%s-%d" % (group, ck),
@@ -1012,9 +1115,10 @@ class TestCpuModelSmoke(unittest.TestCase):
 @unittest.skipUnless(have("torch") and have("transformers"),
                      "torch and transformers not both importable: skipping the Qwen-VL CPU test")
 class TestCpuQwenSmoke(unittest.TestCase):
-    """A tiny Qwen2-VL / Qwen2.5-VL built by calib_qwen on the CPU: a config without
-    checkpointing measured after one with it runs with no input hook left on the vision
-    tower (set_checkpointing)."""
+    """A tiny Qwen2-VL / Qwen2.5-VL built by calib_qwen on the CPU: the parameter counts
+    of the real model equal the predictor's for spec_for's spec (the check compare.py
+    applies to rebuilt rows), and a config without checkpointing measured after one with
+    it runs with no input hook left on the vision tower (set_checkpointing)."""
 
     def setUp(self):
         self.saved = (dict(cc.QWEN2VL_VIT), dict(cc.QWEN25VL_VIT), dict(cc.LLMS),
@@ -1073,6 +1177,26 @@ class TestCpuQwenSmoke(unittest.TestCase):
             self.assertEqual(dict(visual.patch_embed._forward_hooks), {}, model)
             self.assertEqual(after, fresh, "%s: a ck0 config after a ck1 one saves what a "
                              "fresh one does" % model)
+
+    @unittest.skipUnless(MMGUARD, NO_MMGUARD)
+    def test_spec_params_equal_the_real_model(self):
+        lora = {"r": 4, "alpha": 8, "dropout": 0.05,
+                "target_modules": list(cc.QWEN_LORA["target_modules"])}
+        for model, mode in (("qwen2vl", "finetune"), ("qwen2vl", "full"),
+                            ("qwen25vl", "lora"), ("qwen25vl", "pretrain")):
+            g, r = self.runner(model, mode, [(1, 32, False)], lora=lora if mode == "lora" else None)
+            spec = cc.spec_for(g.configs()[0], framework={"transformers_version": "5.17",
+                                                          "torch_version": "2.11"})
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(spec, f)
+            try:
+                out = subprocess.run([MMGUARD, "predict", f.name, "--json"],
+                                     capture_output=True, text=True, timeout=60)
+            finally:
+                os.unlink(f.name)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            mods = json.loads(out.stdout)["modules"]
+            self.assertEqual(cc.params_mismatch(r.param_counts, mods), [], (model, mode))
 
 
 if __name__ == "__main__":

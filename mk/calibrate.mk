@@ -13,14 +13,22 @@ CALIB_MMGUARD_DEP := $(if $(wildcard predictor/cli/main.c),$(BUILD)/mmguard)
 
 # The GPU half of `make accuracy` (the CPU oracle is the other): every measured data
 # set in tests/gpu_data/ against the predictor's defaults; $(1) = --check-goals makes
-# `make check-accuracy` fail when a goal (<= 3 % allocated, <= 5 % device) is missed.
+# `make check-accuracy` fail when a goal (<= 3 % allocated, <= 5 % reserved, <= 5 %
+# device) is missed or a row's spec does not describe the model that ran (REFUSED).
+# tests/gpu_data/qwen-rerun/: the Qwen-VL configs re-measured with the input hooks
+# removed between configs, by a harness that did not record it yet (--hooks-removed;
+# tests/gpu_data/README.md).
 GPU_DATA = $(sort $(wildcard tests/gpu_data/*.jsonl))
+GPU_DATA_HOOKS_REMOVED = $(sort $(wildcard tests/gpu_data/qwen-rerun/*.jsonl))
 define gpu_accuracy
 	@if [ -z "$(GPU_DATA)" ]; then \
 	    echo "GPU data: none in tests/gpu_data/ yet (measure it: docs/calibrate.md)"; \
 	else for f in $(GPU_DATA); do \
 	    echo "== GPU data $$f"; \
 	    $(CALIB_PY) contrib/calibrate/compare.py --mmguard $(BUILD)/mmguard $(1) "$$f" || exit 1; \
+	done; for f in $(GPU_DATA_HOOKS_REMOVED); do \
+	    echo "== GPU data $$f (--hooks-removed)"; \
+	    $(CALIB_PY) contrib/calibrate/compare.py --mmguard $(BUILD)/mmguard --hooks-removed $(1) "$$f" || exit 1; \
 	done; fi
 endef
 

@@ -79,10 +79,7 @@ QWEN25VL_VIT = {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "nu
                 "hidden_act": "silu"}
 
 MODELS = ("llava", "llama", "qwen2vl", "qwen25vl")
-# LLaVA-style models whose mmguard spec the predictor can describe today; the Qwen-VL
-# ones are measured for the record (and the allocator traces) until the spec grows
-# their building blocks.
-SPEC_MODELS = ("llava", "llama")
+QWEN_MODELS = ("qwen2vl", "qwen25vl")
 
 LORA_LLAVA = {
     "r": 128, "alpha": 256, "dropout": 0.05,
@@ -217,9 +214,6 @@ class Config:
                   "seq_len": self.seq_len, "checkpointing": self.checkpointing,
                   "precision": "bf16", "optimizer": "adamw", "steps": 2,
                   "measured_step": 2, "image_tokens": self.group.image_tokens()})
-        if self.group.model not in SPEC_MODELS:
-            d["spec_unsupported"] = ("the mmguard spec has no %s building blocks yet"
-                                     % self.group.model)
         return d
 
     def dominates(self, other):
@@ -470,69 +464,223 @@ def select_groups(groups, pattern=None):
 # mmguard spec (docs/spec-schema.md)
 # ---------------------------------------------------------------------------
 
-def spec_for(cfg, framework=None, attention_used=None):
+def spec_for(cfg, framework=None, attention_used=None, use_reentrant="default"):
     """The mmguard spec (a dict, JSON-serialisable) that describes `cfg` exactly.
 
     framework: {"transformers_version": "5.17", "torch_version": "2.11"} once known.
     attention_used: {"language_model": impl, "vision_tower": impl} as the run used it
     (spec names eager|sdpa|flash); a tower that differs from the training attention
-    gets a per-module override."""
+    gets a per-module override.  use_reentrant: calibrate.py's --use-reentrant
+    (default: the library's, which the spec's default follows too)."""
     g = cfg.group
-    if g.model not in SPEC_MODELS:
-        return None  # the spec cannot describe a Qwen-VL model yet (spec_unsupported)
     att = g.attention
     if attention_used and attention_used.get("language_model"):
         att = attention_used["language_model"]
+    v_att = (attention_used or {}).get("vision_tower")
     modules = []
     if g.model == "llava":
-        vit = {"name": "vision_tower", "type": "vit"}
-        vit.update(CLIP_VIT_L_336)
-        vit["trainable"] = g.mode == "full"
-        v_att = (attention_used or {}).get("vision_tower")
-        if v_att and v_att != att:
-            vit["attention"] = v_att
-        modules.append(vit)
-        modules.append({
-            "name": "projector", "type": "mlp",
-            "input_size": CLIP_VIT_L_336["hidden_size"],
-            "hidden_size": g.llm_geometry()["hidden_size"],
-            "num_layers": 2, "activation": "gelu", "trainable": True,
-        })
-    llm = {"name": "language_model", "type": "llama"}
+        modules = llava_tower_modules(g)
+    elif g.model in QWEN_MODELS:
+        modules = qwen_tower_modules(g)
+    if modules and v_att and v_att != att:
+        modules[0]["attention"] = v_att
+    modules.append(llm_module(g))
+    training = {
+        "micro_batch_size": cfg.micro_batch,
+        "seq_len": cfg.seq_len,
+        "images_per_sample": 1 if g.model != "llama" else 0,
+        "precision": "bf16",
+        "master_weights": "none",
+        "optimizer": "adamw",
+        "optimizer_impl": g.optimizer_impl,
+        "zero_stage": 0,
+        "data_parallel": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_checkpointing": cfg.checkpointing,
+        "attention": att,
+    }
+    if cfg.checkpointing and use_reentrant in ("true", "false"):
+        training["gradient_checkpointing"] = {"enabled": True,
+                                              "use_reentrant": use_reentrant == "true"}
+    if g.model in QWEN_MODELS:
+        # calib_qwen.make_batch: one image of image_grid h x w patches of 14 px per sample
+        p = QWEN_VIT[g.model]["patch_size"]
+        training["image_size"] = [g.image_grid[0] * p, g.image_grid[1] * p]
+    spec = {"name": cfg.id, "modules": modules, "training": training}
+    if framework:
+        spec["framework"] = {k: v for k, v in framework.items() if v}
+    if cfg.group.alloc_conf:  # PYTORCH_CUDA_ALLOC_CONF the run used
+        spec["device"] = {"alloc_conf": cfg.group.alloc_conf}
+    return spec
+
+
+def llava_tower_modules(g):
+    """CLIP ViT-L/336 (frozen unless mode full; calibrate.py runs a frozen one under
+    no_grad, as LLaVA does) and the 2-layer GELU projector (always trained)."""
+    vit = {"name": "vision_tower", "type": "vit"}
+    vit.update(CLIP_VIT_L_336)
+    vit["trainable"] = g.mode == "full"
+    proj = {"name": "projector", "type": "mlp", "input_size": CLIP_VIT_L_336["hidden_size"],
+            "hidden_size": g.llm_geometry()["hidden_size"], "num_layers": 2,
+            "activation": "gelu", "trainable": True}
+    return [vit, proj]
+
+
+QWEN_VIT = {"qwen2vl": QWEN2VL_VIT, "qwen25vl": QWEN25VL_VIT}
+
+
+def qwen_tower_modules(g):
+    """The Qwen2-VL / Qwen2.5-VL vision transformer as calib_qwen.build_config builds it
+    (QWEN2VL_VIT / QWEN25VL_VIT) and its patch merger, which calibrate.py's part_of
+    counts as the projector and set_trainable trains in every mode; the blocks train in
+    mode full only.  The batch (calib_qwen.make_batch) hands the tower one image of
+    image_grid h x w patches per sample, no image processor: min_pixels = max_pixels =
+    the image's own pixels keeps smart_resize from changing it (h*w patches, h*w/4
+    LLM tokens)."""
+    v = QWEN_VIT[g.model]
+    mlp = v["embed_dim"] * v["mlp_ratio"] if g.model == "qwen2vl" else v["intermediate_size"]
+    width = v["embed_dim"] if g.model == "qwen2vl" else v["hidden_size"]
+    pixels = g.image_grid[0] * g.image_grid[1] * v["patch_size"] ** 2
+    vit = {"name": "vision_tower", "type": "vision",
+           "family": "qwen2_vl" if g.model == "qwen2vl" else "qwen2_5_vl",
+           "hidden_size": width, "num_hidden_layers": v["depth"],
+           "num_attention_heads": v["num_heads"], "intermediate_size": mlp,
+           "patch_size": v["patch_size"], "temporal_patch_size": v["temporal_patch_size"],
+           "spatial_merge_size": v["spatial_merge_size"], "num_channels": 3,
+           "hidden_act": v["hidden_act"],
+           "image_processor": {"kind": "dynamic", "min_pixels": pixels, "max_pixels": pixels},
+           "trainable": g.mode == "full"}
+    if g.model == "qwen25vl":
+        vit["window_size"] = v["window_size"]
+        vit["fullatt_block_indexes"] = list(v["fullatt_block_indexes"])
+    merger = {"name": "projector", "type": "connector",
+              "family": "patch_merger" if g.model == "qwen2vl" else "patch_merger_rms",
+              "input_size": width, "hidden_size": g.llm_geometry()["hidden_size"],
+              "trainable": True}
+    return [vit, merger]
+
+
+def llm_module(g):
+    """The language model: LlamaForCausalLM's decoder, or Qwen2-VL's (the Qwen2 decoder
+    with multimodal RoPE); LoRA as calibrate.py's apply_lora gives it to PEFT."""
+    if g.model in QWEN_MODELS:
+        llm = {"name": "language_model", "type": "decoder", "family": "qwen2_vl",
+               "hidden_act": "silu"}
+    else:
+        llm = {"name": "language_model", "type": "llama"}
     llm.update(g.llm_geometry())
     llm["tie_word_embeddings"] = bool(llm.get("tie_word_embeddings", False))
     llm["trainable"] = g.mode in ("finetune", "full")
     if g.mode == "lora":
+        # target_modules only inside the language model (apply_lora's regex), never the
+        # vision tower's own q/k/v or gate/up/down Linears
         llm["lora"] = {"r": g.lora["r"], "alpha": g.lora["alpha"],
                        "dropout": g.lora["dropout"],
                        "target_modules": list(g.lora["target_modules"]),
                        # calibrate.py passes get_peft_model(..., autocast_adapter_dtype=False):
                        # the adapters stay bf16 (LLaVA's train.py casts them to bf16 too)
                        "autocast_adapter_dtype": False}
-    modules.append(llm)
-    spec = {
-        "name": cfg.id,
-        "modules": modules,
-        "training": {
-            "micro_batch_size": cfg.micro_batch,
-            "seq_len": cfg.seq_len,
-            "images_per_sample": 1 if g.model == "llava" else 0,
-            "precision": "bf16",
-            "master_weights": "none",
-            "optimizer": "adamw",
-            "optimizer_impl": g.optimizer_impl,
-            "zero_stage": 0,
-            "data_parallel": 1,
-            "gradient_accumulation_steps": 1,
-            "gradient_checkpointing": cfg.checkpointing,
-            "attention": att,
-        },
-    }
-    if framework:
-        spec["framework"] = {k: v for k, v in framework.items() if v}
-    if cfg.group.alloc_conf:  # PYTORCH_CUDA_ALLOC_CONF the run used
-        spec["device"] = {"alloc_conf": cfg.group.alloc_conf}
-    return spec
+    return llm
+
+
+def spec_from_record(rec):
+    """Rebuild the spec of a measurement recorded without one (the Qwen-VL rows measured
+    before spec_for described them) from the record itself: its `config` (the group and
+    the point), `build.attention_used`, and the versions in `env`.  Returns the spec;
+    raises ValueError naming what the record lacks."""
+    c = rec.get("config") or {}
+    need = ("name", "model", "llm", "mode", "attention", "micro_batch", "seq_len",
+            "checkpointing")
+    missing = [k for k in need if k not in c]
+    if missing:
+        raise ValueError("config lacks %s" % ", ".join(missing))
+    g = Group(c["name"], c["model"], c["llm"], c["mode"], c["attention"],
+              [(c["micro_batch"], c["seq_len"], c["checkpointing"])],
+              llm_layers=c.get("llm_layers"), optimizer_impl=c.get("optimizer_impl", "foreach"),
+              lora=c.get("lora"), image_grid=c.get("image_grid"),
+              alloc_conf=c.get("alloc_conf"))
+    cfg = g.configs()[0]
+    if cfg.id != rec.get("id"):
+        raise ValueError("config gives id %s, the record says %s" % (cfg.id, rec.get("id")))
+    env = rec.get("env") or {}
+    fw = {"transformers_version": major_minor(env.get("transformers_version")),
+          "torch_version": major_minor(env.get("torch_version"))}
+    return spec_for(cfg, framework=fw,
+                    attention_used=(rec.get("build") or {}).get("attention_used"),
+                    use_reentrant=c.get("use_reentrant", "default"))
+
+
+def params_mismatch(rec_params, modules, trainable=True):
+    """Where the predictor's parameter counts (`mmguard predict --json` modules[]:
+    name, parameters_count, trainable_count) differ from the ones calibrate.py counted
+    on the model that ran (record `params`: per spec module, LoRA adapters under
+    <module>_lora).  Returns a list of "module: what" strings, empty when they agree.
+    trainable=False compares totals only (the predictor counts as trainable what gets
+    a gradient: a trainable CLIP tower's unused last layer is not)."""
+    want = {}
+    for key, v in (rec_params or {}).items():
+        name = key[:-5] if key.endswith("_lora") else key
+        w = want.setdefault(name, [0, 0])
+        w[0] += int(v.get("total", 0))
+        w[1] += int(v.get("trainable", 0))
+    got = {m.get("name"): (m.get("parameters_count"), m.get("trainable_count"))
+           for m in modules or []}
+    out = []
+    for name in sorted(set(want) | set(got)):
+        if name not in got:
+            out.append("%s: measured, not in the spec" % name)
+        elif name not in want:
+            out.append("%s: in the spec, not measured" % name)
+        elif got[name][0] != want[name][0]:
+            out.append("%s: %s parameters predicted, %d measured" % (name, got[name][0],
+                                                                    want[name][0]))
+        elif trainable and got[name][1] != want[name][1]:
+            out.append("%s: %s trainable predicted, %d measured" % (name, got[name][1],
+                                                                   want[name][1]))
+    return out
+
+
+def leftover_input_hooks(records):
+    """Measurements that ran with the input-embedding hooks of an earlier checkpointed
+    config of the same worker still registered: {id(record): True} for each.
+
+    transformers 5.17 gradient_checkpointing_enable() hooks every sub-model's input
+    embeddings (enable_input_require_grads, modeling_utils.py:3191-3199; the Qwen-VL
+    vision tower's patch_embed too) and gradient_checkpointing_disable() does not remove
+    them (:3225-3226 only with PEFT's integration); calibrate.py before the fix in
+    set_checkpointing removed at most the last hook list.  A record written by the fixed
+    harness says how many hooks were live (config.input_grad_hooks); for older ones the
+    file order tells: a worker starts with a probe "init" record of its group, and every
+    config after one with checkpointing in that worker inherits its hooks."""
+    out = {}
+    ckpt_ran = {}
+    for r in records:
+        grp = r.get("group")
+        if r.get("kind") == "probe" and r.get("probe") == "init":
+            ckpt_ran[grp] = False
+            continue
+        if r.get("kind") != "measurement":
+            continue
+        c = r.get("config") or {}
+        if "input_grad_hooks" in c:
+            if c["input_grad_hooks"] and not c.get("checkpointing"):
+                out[id(r)] = True
+        elif not c.get("checkpointing") and ckpt_ran.get(grp):
+            out[id(r)] = True
+        if c.get("checkpointing") and r.get("status") in ("ok", "oom", "error"):
+            ckpt_ran[grp] = True
+    return out
+
+
+def hooks_reach_frozen_tower(rec):
+    """True when a leftover input hook changes what the spec states: a frozen vision
+    tower that runs with autograd on (Qwen-VL; calibrate.py runs LLaVA's frozen CLIP under
+    no_grad, where the hooked patch embedding records nothing) then keeps its
+    activations for a backward into its input, which no spec with checkpointing off
+    describes."""
+    vt = (rec.get("params") or {}).get("vision_tower")
+    return bool(vt) and not vt.get("trainable") and \
+        not (rec.get("build") or {}).get("vision_no_grad")
 
 
 def major_minor(version):

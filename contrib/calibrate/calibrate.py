@@ -563,6 +563,7 @@ class GpuRunner:
         self.args, self.group, self.nvml = args, group, nvml
         self.model = None
         self.hf_model = None
+        self.grad_hooks = []  # enable_input_require_grads() handles (set_checkpointing)
         self.build_info = {}
         self.param_counts = {}
         self.baseline_used = None
@@ -649,6 +650,19 @@ class GpuRunner:
         self.build_info = info
 
     def set_checkpointing(self, on):
+        """Checkpointing on or off for the next config, leaving no trace of the last one.
+
+        transformers 5.17 gradient_checkpointing_enable() itself calls
+        enable_input_require_grads() (modeling_utils.py:3191-3199, main_input_name ==
+        "input_ids"), which hooks every sub-model's input embeddings, the Qwen-VL vision
+        tower's patch_embed included (_input_embed_layer = "patch_embed",
+        modeling_qwen2_vl.py:687); gradient_checkpointing_disable() removes them only on a
+        model with _hf_peft_config_loaded (:3225-3226), and each enable_input_require_grads()
+        replaces the _require_grads_hooks list of the last without removing its hooks
+        (:2166).  A config measured without checkpointing after one with it would run with
+        a frozen tower whose input requires grad (it then keeps its activations for
+        backward), which no spec with checkpointing off describes.  So every hook handle
+        registered here is kept and removed when checkpointing goes off."""
         m = self.hf_model
         frozen_embed = self.group.mode in ("pretrain", "lora")
         if on:
@@ -657,16 +671,29 @@ class GpuRunner:
                 kw["gradient_checkpointing_kwargs"] = {
                     "use_reentrant": self.args.use_reentrant == "true"}
             m.gradient_checkpointing_enable(**kw)
+            self._keep_grad_hooks(m)
             if frozen_embed:
                 m.enable_input_require_grads()
+                self._keep_grad_hooks(m)
         else:
             if getattr(m, "is_gradient_checkpointing", True):
                 m.gradient_checkpointing_disable()
-            if frozen_embed and hasattr(m, "disable_input_require_grads"):
-                try:
-                    m.disable_input_require_grads()
-                except Exception:
-                    pass  # no hook registered yet
+            for h in self.grad_hooks:
+                h.remove()  # RemovableHandle.remove() is idempotent
+            self.grad_hooks = []
+            if getattr(m, "_require_grads_hooks", None):
+                m._require_grads_hooks = []
+            if hasattr(m, "_require_grads_hook"):
+                del m._require_grads_hook
+
+    def _keep_grad_hooks(self, m):
+        """The handles enable_input_require_grads() left on m: the 5.x list, or the one
+        _require_grads_hook of 4.x."""
+        hooks = list(getattr(m, "_require_grads_hooks", None) or [])
+        one = getattr(m, "_require_grads_hook", None)
+        if one is not None and one not in hooks:
+            hooks.append(one)
+        self.grad_hooks.extend(h for h in hooks if h not in self.grad_hooks)
 
     # ---- one config ---------------------------------------------------------
     def measure(self, cfg):
@@ -678,7 +705,8 @@ class GpuRunner:
         fw = {"transformers_version": cc.major_minor(self.env.get("transformers_version")),
               "torch_version": cc.major_minor(self.env.get("torch_version"))}
         rec["spec"] = cc.spec_for(cfg, framework=fw,
-                                  attention_used=self.build_info.get("attention_used"))
+                                  attention_used=self.build_info.get("attention_used"),
+                                  use_reentrant=self.args.use_reentrant)
         rec["build"] = self.build_info
         rec["params"] = self.param_counts
         rec["env"] = self.env
@@ -690,6 +718,9 @@ class GpuRunner:
             self.set_checkpointing(cfg.checkpointing)
             rec["config"]["checkpointing_active"] = bool(
                 getattr(self.hf_model, "is_gradient_checkpointing", cfg.checkpointing))
+            # enable_input_require_grads() hooks live for this config (0 without
+            # checkpointing: set_checkpointing removed them; compare.py reads it)
+            rec["config"]["input_grad_hooks"] = len(self.grad_hooks)
             params = [p for p in self.model.parameters() if p.requires_grad]
             okw = {"lr": 1e-5}
             if g.optimizer_impl == "fused":
@@ -1075,7 +1106,7 @@ def dry_run(args):
     for g, cfgs in todo:
         for c in cfgs:
             spec = cc.spec_for(c)
-            if args.write_specs and spec is not None:  # None: family not describable yet
+            if args.write_specs:
                 with open(os.path.join(args.write_specs, c.id + ".json"), "w") as f:
                     json.dump(spec, f, indent=2)
                     f.write("\n")

@@ -93,6 +93,35 @@ def schema_keys():
     return keys
 
 
+ROLE = {"vit": "vision", "mlp": "connector", "llama": "decoder",
+        "vision": "vision", "connector": "connector", "decoder": "decoder"}
+
+
+def reference_keys():
+    """Key sets from docs/spec-keys.md (generated from the loader's own tables): per
+    section, and for modules[] the roles each key applies to."""
+    path = os.path.join(ROOT, "docs", "spec-keys.md")
+    with open(path) as f:
+        text = f.read()
+    heads = {"modules[] (one entry per module)": "module", "modules[].lora": "lora",
+             "modules[].image_processor (vision)": "image_processor",
+             "training": "training", "framework": "framework", "device": "device",
+             "training.gradient_checkpointing (a map, or true / false)": "gradient_checkpointing"}
+    keys = {v: {} for v in heads.values()}
+    section = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = heads.get(line[3:].strip())
+            continue
+        m = re.match(r"^\| `([A-Za-z_0-9]+)` \| ([^|]*)\|", line)
+        if section and m:
+            roles = {r.strip() for r in m.group(2).split(",")}
+            keys[section][m.group(1)] = roles
+    top = re.search(r"^Sections: (.*)$", text, re.M).group(1)
+    keys["top"] = set(re.findall(r"`([a-z_]+)`", top))
+    return keys
+
+
 def group(name):
     """The default-grid group called NAME (the grid's order changes as groups are added)."""
     return next(g for g in cc.default_grid() if g.name == name)
@@ -187,6 +216,28 @@ class TestSpec(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.keys = schema_keys()
+        cls.ref = reference_keys()
+
+    def check_reference_keys(self, spec):
+        """Every key is one the loader accepts (docs/spec-keys.md), on a module of a role
+        it applies to."""
+        k = self.ref
+        self.assertLessEqual(set(spec), k["top"])
+        for m in spec["modules"]:
+            role = ROLE[m["type"]]
+            for key in m:
+                self.assertIn(key, k["module"], "%s: %s" % (spec["name"], key))
+                roles = k["module"][key]
+                self.assertTrue("all" in roles or role in roles,
+                                "%s: %s on a %s module" % (spec["name"], key, role))
+            self.assertLessEqual(set(m.get("lora", {})), set(k["lora"]))
+            self.assertLessEqual(set(m.get("image_processor", {})), set(k["image_processor"]))
+        self.assertLessEqual(set(spec["training"]), set(k["training"]))
+        gc = spec["training"].get("gradient_checkpointing")
+        if isinstance(gc, dict):
+            self.assertLessEqual(set(gc), set(k["gradient_checkpointing"]))
+        self.assertLessEqual(set(spec.get("framework", {})), set(k["framework"]))
+        self.assertLessEqual(set(spec.get("device", {})), set(k["device"]))
 
     def check_keys(self, spec):
         k = self.keys
@@ -208,14 +259,76 @@ class TestSpec(unittest.TestCase):
         self.assertIn("micro_batch_size", self.keys["training"])
         self.assertIn("cuda_context", self.keys["device"])
 
+    def test_reference_parse_sane(self):
+        self.assertEqual(self.ref["module"]["window_size"], {"vision"})
+        self.assertEqual(self.ref["module"]["trainable"], {"all"})
+        self.assertIn("max_pixels", self.ref["image_processor"])
+        self.assertIn("image_size", self.ref["training"])
+        self.assertIn("use_reentrant", self.ref["gradient_checkpointing"])
+        self.assertIn("modules", self.ref["top"])
+
     def test_all_specs_use_documented_keys(self):
-        for c in cc.all_configs(cc.default_grid() + cc.smoke_grid()):
+        for c in cc.all_configs(cc.default_grid() + cc.smoke_grid() + cc.capacity_groups()):
             spec = cc.spec_for(c, framework={"transformers_version": "5.17", "torch_version": "2.11"})
-            if spec is None:  # a family the spec cannot describe yet: says why
-                self.assertIn("no qwen", c.harness_dict().get("spec_unsupported", "no reason"))
-                continue
-            self.check_keys(spec)
+            self.check_reference_keys(spec)
+            if c.group.model in ("llava", "llama"):
+                self.check_keys(spec)  # the annotated example's keys suffice for these
+            self.assertNotIn("spec_unsupported", c.harness_dict())
             json.dumps(spec)
+
+    def test_qwen_specs(self):
+        """The towers as calib_qwen builds them, the modes as set_trainable sets them, the
+        image as make_batch feeds it."""
+        for g in cc.default_grid():
+            if g.model not in cc.QWEN_MODELS:
+                continue
+            c = g.configs()[0]
+            s = cc.spec_for(c, attention_used={"language_model": "sdpa", "vision_tower": "eager"})
+            vit, merger, llm = s["modules"]
+            q25 = g.model == "qwen25vl"
+            self.assertEqual(vit["family"], "qwen2_5_vl" if q25 else "qwen2_vl")
+            self.assertEqual(merger["family"], "patch_merger_rms" if q25 else "patch_merger")
+            self.assertEqual((vit["hidden_size"], vit["num_hidden_layers"],
+                              vit["num_attention_heads"]), (1280, 32, 16))
+            self.assertEqual(vit["intermediate_size"], 3420 if q25 else 5120)
+            self.assertEqual(vit["hidden_act"], "silu" if q25 else "quick_gelu")
+            self.assertEqual(vit.get("window_size"), 112 if q25 else None)
+            self.assertEqual(vit.get("fullatt_block_indexes"), [7, 15, 23, 31] if q25 else None)
+            self.assertEqual(vit["attention"], "eager")  # the tower's own, as it ran
+            self.assertEqual(s["training"]["attention"], "sdpa")
+            self.assertEqual(vit["trainable"], g.mode == "full")
+            self.assertTrue(merger["trainable"])  # part_of: the merger is the projector
+            self.assertEqual((merger["input_size"], merger["hidden_size"]),
+                             (1280, g.llm_geometry()["hidden_size"]))
+            self.assertEqual(llm["family"], "qwen2_vl")
+            self.assertEqual(llm["trainable"], g.mode in ("finetune", "full"))
+            self.assertEqual(llm["tie_word_embeddings"], g.llm == "qwen2-1.5b")
+            if g.mode == "lora":
+                self.assertEqual(llm["lora"], {"r": 64, "alpha": 128, "dropout": 0.05,
+                                               "target_modules": cc.QWEN_LORA["target_modules"],
+                                               "autocast_adapter_dtype": False})
+            else:
+                self.assertNotIn("lora", llm)
+            h, w = g.image_grid
+            self.assertEqual(s["training"]["image_size"], [14 * h, 14 * w])
+            self.assertEqual(s["training"]["images_per_sample"], 1)
+            ip = vit["image_processor"]
+            self.assertEqual((ip["min_pixels"], ip["max_pixels"]), (196 * h * w, 196 * h * w))
+        s = cc.spec_for(group("qwen25vl7b-lora-img1008").configs()[0])
+        self.assertEqual(s["training"]["image_size"], [1008, 1008])
+        s = cc.spec_for(group("qwen2vl2b-finetune-eager").configs()[0],
+                        attention_used={"language_model": "eager", "vision_tower": "eager"})
+        self.assertNotIn("attention", s["modules"][0])
+        self.assertEqual(s["training"]["attention"], "eager")
+
+    def test_use_reentrant(self):
+        c = group("qwen2vl2b-finetune-sdpa").configs()[0]
+        self.assertIs(cc.spec_for(c)["training"]["gradient_checkpointing"], True)
+        self.assertEqual(cc.spec_for(c, use_reentrant="true")["training"]["gradient_checkpointing"],
+                         {"enabled": True, "use_reentrant": True})
+        c0 = [x for x in group("qwen2vl2b-finetune-sdpa").configs() if not x.checkpointing][0]
+        self.assertIs(cc.spec_for(c0, use_reentrant="true")["training"]["gradient_checkpointing"],
+                      False)
 
     def test_llava_7b_pretrain_spec(self):
         c = group("llava7b-pretrain-sdpa").configs()[0]
@@ -278,8 +391,6 @@ class TestSpec(unittest.TestCase):
             for c in cc.all_configs(cc.default_grid() + cc.smoke_grid()):
                 spec = cc.spec_for(c, framework={"transformers_version": "5.17",
                                                  "torch_version": "2.11"})
-                if spec is None:
-                    continue
                 p = os.path.join(d, c.id + ".json")
                 with open(p, "w") as f:
                     json.dump(spec, f)
@@ -292,6 +403,12 @@ class TestSpec(unittest.TestCase):
                     self.assertIn(k, j, c.id)
                 self.assertEqual(j["name"], c.id)
                 self.assertGreaterEqual(j["peak_bytes"], j["allocated_peak_bytes"])
+                if c.group.model in cc.QWEN_MODELS:
+                    # the predictor sees the image make_batch feeds: h x w patches, h*w/4
+                    # LLM tokens (the harness's vision_start + pads + vision_end layout)
+                    h, w = c.group.image_grid
+                    self.assertEqual((j["image"]["patches"], j["image"]["tokens"]),
+                                     (h * w, c.group.image_tokens()), c.id)
         finally:
             shutil.rmtree(d)
 
@@ -427,9 +544,8 @@ class TestHarnessCli(unittest.TestCase):
         self.assertEqual(len(lines), n)
         spec = json.loads(lines[0].split(" ", 2)[2])
         self.assertEqual(spec["name"], "trace-llava7b-pretrain-b4-s1024-ck0")
-        nospec = [l for l in lines if l.endswith(" null")]
-        self.assertTrue(nospec)  # Qwen rows: measured, not yet predictable
-        self.assertEqual(len(os.listdir(specs)), n - len(nospec))
+        self.assertEqual([l for l in lines if l.endswith(" null")], [])  # Qwen-VL too
+        self.assertEqual(len(os.listdir(specs)), n)
         self.assertFalse(os.path.exists(self.out))
 
     def test_simulated_run_resume_and_budget(self):
@@ -598,6 +714,190 @@ class TestCompare(unittest.TestCase):
         for row in s["rows"]:
             self.assertGreater(row["predicted_allocated"], 0)
             self.assertIn(row["predicted_phase"], ("forward", "backward", "optimizer"))
+
+
+GPU_DATA = os.path.join(ROOT, "tests", "gpu_data")
+
+
+def gpu_records(name):
+    return cc.read_records(os.path.join(GPU_DATA, name))
+
+
+class TestRecordedQwen(unittest.TestCase):
+    """The committed H100 / H200 Qwen-VL rows (recorded before spec_for described them,
+    so without a spec): the spec rebuilt from each record describes the model that ran."""
+
+    def qwen_rows(self, name):
+        return [r for r in compare.latest(gpu_records(name))
+                if r.get("status") == "ok" and (r.get("config") or {}).get("model")
+                in cc.QWEN_MODELS]
+
+    def test_rebuilt_spec_matches_record(self):
+        rows = self.qwen_rows("h200.jsonl")
+        self.assertEqual(len(rows), 20)
+        for r in rows:
+            self.assertIsNone(r.get("spec"))  # the data file stays as measured
+            spec = cc.spec_from_record(r)
+            self.assertEqual(spec["name"], r["id"])
+            self.assertEqual(spec["framework"], {"transformers_version": "5.17",
+                                                 "torch_version": "2.11"})
+            c = r["config"]
+            self.assertEqual((spec["training"]["micro_batch_size"], spec["training"]["seq_len"],
+                              spec["training"]["gradient_checkpointing"]),
+                             (c["micro_batch"], c["seq_len"], c["checkpointing"]))
+        bad = dict(rows[0], config=dict(rows[0]["config"], micro_batch=3))
+        with self.assertRaisesRegex(ValueError, "the record says"):
+            cc.spec_from_record(bad)
+        bad = dict(rows[0], config={"model": "qwen2vl"})
+        with self.assertRaisesRegex(ValueError, "config lacks"):
+            cc.spec_from_record(bad)
+
+    @unittest.skipUnless(MMGUARD, NO_MMGUARD)
+    def test_params_equal_the_measured_model(self):
+        """One row per group and file: the predictor's parameters per module, total and
+        trainable, equal what calibrate.py counted on the GPU model."""
+        seen = set()
+        for name in ("h100-80gb.jsonl", "h200.jsonl"):
+            for r in self.qwen_rows(name):
+                if (name, r["group"]) in seen:
+                    continue
+                seen.add((name, r["group"]))
+                pred, err = compare.predict(MMGUARD, cc.spec_from_record(r))
+                self.assertIsNone(err, r["id"])
+                self.assertEqual(cc.params_mismatch(r["params"], pred["modules"]), [], r["id"])
+                vt = r["params"]["vision_tower"]
+                wrong = dict(r["params"], vision_tower=dict(vt, trainable=vt["trainable"] + 1))
+                self.assertIn("vision_tower: %d trainable predicted, %d measured"
+                              % (vt["trainable"], vt["trainable"] + 1),
+                              cc.params_mismatch(wrong, pred["modules"]))
+        self.assertEqual(len(seen), 15)  # 9 groups on the H100, 6 on the H200
+
+    @unittest.skipUnless(MMGUARD, NO_MMGUARD)
+    def test_compare_rebuilds_and_refuses(self):
+        recs = [r for r in gpu_records("h200.jsonl")
+                if r.get("group") == "qwen2vl2b-finetune-sdpa"]
+        s = compare.compare(recs, MMGUARD)
+        self.assertEqual(len(s["rebuilt"]), 5)
+        self.assertEqual(s["refused"], [])
+        self.assertEqual({x["spec"] for x in s["all_rows"]}, {"rebuilt"})
+        # the spec must describe the model that ran: a record whose model had another
+        # depth than its config says is refused, and --check-goals fails on it
+        bad = json.loads(json.dumps(recs))
+        for r in bad:
+            if r.get("kind") == "measurement":
+                r["params"]["language_model"]["total"] += 1
+        d = tempfile.mkdtemp()
+        try:
+            path = os.path.join(d, "bad.jsonl")
+            for r in bad:
+                cc.append_record(path, r)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                rc = compare.main(["--mmguard", MMGUARD, "--check-goals", path])
+            self.assertEqual(rc, 1)
+            self.assertIn("REFUSED qwen2vl2b-finetune-sdpa-b8-s2048-ck1: rebuilt spec's "
+                          "parameter counts differ", out.getvalue())
+        finally:
+            shutil.rmtree(d)
+
+    @unittest.skipUnless(MMGUARD, NO_MMGUARD)
+    def test_leftover_hook_rows_excluded(self):
+        s = compare.compare(gpu_records("h200.jsonl"), MMGUARD)
+        ex = {x["id"] for x in s["excluded"]}
+        self.assertEqual(len(ex), 11)
+        for i in ex:
+            self.assertTrue(i.startswith("qwen") and i.endswith("-ck0"), i)
+        self.assertNotIn("qwen2vl2b-full-sdpa-b2-s1024-ck0", ex)  # trainable tower
+        self.assertFalse(ex & {x["id"] for x in s["rows"]})  # not in the goals' rows
+        s = compare.compare(gpu_records("h100-80gb.jsonl"), MMGUARD)
+        ids = {x["id"] for x in s["rows"]}
+        self.assertIn("trace-qwen25vl7b-lora-gc-b2-s2048-ck0", ids)  # a fresh worker
+        # the re-measurement removed the hooks but did not record it: --hooks-removed
+        rerun = gpu_records(os.path.join("qwen-rerun", "h200.jsonl"))
+        self.assertEqual(len(compare.compare(rerun, MMGUARD)["excluded"]), 11)
+        s = compare.compare(rerun, MMGUARD, hooks_removed=True)
+        self.assertEqual((s["excluded"], s["n_measured"], s["refused"]), ([], 18, []))
+
+
+class TestLeftoverHooks(unittest.TestCase):
+    def rec(self, group, ck, status="ok", **cfg):
+        return {"kind": "measurement", "group": group, "id": "%s-%d" % (group, ck),
+                "status": status, "config": dict({"checkpointing": bool(ck)}, **cfg)}
+
+    def test_file_order(self):
+        init = {"kind": "probe", "probe": "init", "group": "g"}
+        a1, a0, b0 = self.rec("g", 1), self.rec("g", 0), self.rec("g", 0)
+        other = self.rec("h", 0)
+        got = cc.leftover_input_hooks([init, a1, a0, other, dict(init), b0])
+        self.assertEqual(set(got), {id(a0)})
+        skipped = self.rec("g", 1, status="skipped")
+        c0 = self.rec("g", 0)
+        self.assertEqual(cc.leftover_input_hooks([init, skipped, c0]), {})
+        # the fixed harness says how many hooks were live
+        n0 = self.rec("g", 0, input_grad_hooks=0)
+        n2 = self.rec("g", 0, input_grad_hooks=2)
+        self.assertEqual(set(cc.leftover_input_hooks([init, a1, n0, n2])), {id(n2)})
+
+    def test_reach(self):
+        qwen = {"params": {"vision_tower": {"total": 5, "trainable": 0}}, "build": {}}
+        llava = {"params": {"vision_tower": {"total": 5, "trainable": 0}},
+                 "build": {"vision_no_grad": True}}
+        full = {"params": {"vision_tower": {"total": 5, "trainable": 5}}, "build": {}}
+        text = {"params": {"language_model": {"total": 5, "trainable": 5}}}
+        self.assertEqual([cc.hooks_reach_frozen_tower(r) for r in (qwen, llava, full, text)],
+                         [True, False, False, False])
+
+
+class FakeHandle:
+    def __init__(self, live):
+        self.live = live
+        live.add(self)
+
+    def remove(self):
+        self.live.discard(self)
+
+
+class FakeHfModel:
+    """transformers 5.17's hook bookkeeping (modeling_utils.py): enable registers a new
+    list and forgets the old one; gradient_checkpointing_enable calls it;
+    gradient_checkpointing_disable leaves the hooks (no PEFT integration)."""
+
+    def __init__(self):
+        self.live = set()
+        self.is_gradient_checkpointing = False
+
+    def enable_input_require_grads(self):
+        self._require_grads_hooks = [FakeHandle(self.live), FakeHandle(self.live)]
+        self._require_grads_hook = self._require_grads_hooks[0]
+
+    def disable_input_require_grads(self):
+        for h in getattr(self, "_require_grads_hooks", []):
+            h.remove()
+        self._require_grads_hooks = []
+
+    def gradient_checkpointing_enable(self, **kw):
+        self.is_gradient_checkpointing = True
+        self.enable_input_require_grads()
+
+    def gradient_checkpointing_disable(self):
+        self.is_gradient_checkpointing = False
+
+
+class TestSetCheckpointing(unittest.TestCase):
+    def test_no_hook_survives(self):
+        class A:
+            use_reentrant = "default"
+        for mode in ("finetune", "pretrain", "lora", "full"):
+            g = cc.Group("g", "qwen2vl", "qwen2-1.5b", mode, "sdpa", [(1, 1024, True)])
+            r = calibrate.GpuRunner(A(), g, None)
+            r.hf_model = m = FakeHfModel()
+            for _ in range(2):
+                r.set_checkpointing(True)
+                self.assertTrue(m.live)
+            self.assertEqual(len(r.grad_hooks), len(m.live))
+            r.set_checkpointing(False)
+            self.assertEqual(m.live, set(), mode)
+            self.assertEqual(r.grad_hooks, [])
 
 
 def synth_records(ctx=600 * MIB, frac=0.025, fixed=300 * MIB, n=30, seed=7, noise=4 * MIB):
@@ -810,6 +1110,93 @@ class TestCpuModelSmoke(unittest.TestCase):
         r = self.run_group("llava", "finetune")
         self.assertGreater(r.param_counts["language_model"]["trainable"], 0)
         self.run_group("llama", "finetune")
+
+
+@unittest.skipUnless(have("torch") and have("transformers"),
+                     "torch and transformers not both importable: skipping the Qwen-VL CPU test")
+class TestCpuQwenSmoke(unittest.TestCase):
+    """A tiny Qwen2-VL / Qwen2.5-VL built by calib_qwen on the CPU: the parameter counts
+    of the real model equal the predictor's for spec_for's spec (the check compare.py
+    applies to rebuilt rows), and a config without checkpointing measured after one with
+    it runs with no input hook left on the vision tower (set_checkpointing)."""
+
+    def setUp(self):
+        self.saved = (dict(cc.QWEN2VL_VIT), dict(cc.QWEN25VL_VIT), dict(cc.LLMS),
+                      calibrate.DEVICE)
+        tiny = {"depth": 2, "num_heads": 2}
+        cc.QWEN2VL_VIT.update(tiny, embed_dim=32, mlp_ratio=2)
+        cc.QWEN25VL_VIT.update(tiny, hidden_size=32, intermediate_size=48,
+                               fullatt_block_indexes=[1])
+        cc.LLMS["tiny-qwen"] = {"hidden_size": 64, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "intermediate_size": 96, "vocab_size": 151936,
+                                "tie_word_embeddings": True}
+        calibrate.DEVICE = "cpu"
+
+    def tearDown(self):
+        for d, old in zip((cc.QWEN2VL_VIT, cc.QWEN25VL_VIT, cc.LLMS), self.saved):
+            d.clear()
+            d.update(old)
+        calibrate.DEVICE = self.saved[3]
+
+    def runner(self, model, mode, points, lora=None):
+        class A:
+            lora_impl = "auto"
+            use_reentrant = "default"
+        g = cc.Group("t-%s-%s" % (model, mode), model, "tiny-qwen", mode, "sdpa", points,
+                     lora=lora, image_grid=(4, 4))
+        r = calibrate.GpuRunner(A(), g, None)
+        r.build(64)
+        return g, r
+
+    def saved_bytes(self, r, g, cfg):
+        """Bytes autograd saves for backward in one forward of cfg (its own batch)."""
+        import torch
+        total = [0]
+
+        def pack(t):
+            total[0] += t.numel() * t.element_size()
+            return t
+        r.set_checkpointing(cfg.checkpointing)
+        batch = calibrate.make_batch(g, cfg, False)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            r.model(**batch, use_cache=False).loss.backward()
+        for p in r.model.parameters():
+            p.grad = None
+        return total[0]
+
+    def test_no_hook_left_after_checkpointing(self):
+        for model, mode in (("qwen2vl", "finetune"), ("qwen25vl", "pretrain")):
+            g, r = self.runner(model, mode, [(1, 32, True), (1, 32, False)])
+            ck1, ck0 = g.configs()
+            visual = next(m for n, m in r.hf_model.named_modules() if n.endswith("visual"))
+            fresh = self.saved_bytes(r, g, ck0)
+            self.saved_bytes(r, g, ck1)
+            self.assertTrue(visual.patch_embed._forward_hooks, "5.x hooks patch_embed")
+            after = self.saved_bytes(r, g, ck0)
+            self.assertEqual(dict(visual.patch_embed._forward_hooks), {}, model)
+            self.assertEqual(after, fresh, "%s: a ck0 config after a ck1 one saves what a "
+                             "fresh one does" % model)
+
+    @unittest.skipUnless(MMGUARD, NO_MMGUARD)
+    def test_spec_params_equal_the_real_model(self):
+        lora = {"r": 4, "alpha": 8, "dropout": 0.05,
+                "target_modules": list(cc.QWEN_LORA["target_modules"])}
+        for model, mode in (("qwen2vl", "finetune"), ("qwen2vl", "full"),
+                            ("qwen25vl", "lora"), ("qwen25vl", "pretrain")):
+            g, r = self.runner(model, mode, [(1, 32, False)], lora=lora if mode == "lora" else None)
+            spec = cc.spec_for(g.configs()[0], framework={"transformers_version": "5.17",
+                                                          "torch_version": "2.11"})
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(spec, f)
+            try:
+                out = subprocess.run([MMGUARD, "predict", f.name, "--json"],
+                                     capture_output=True, text=True, timeout=60)
+            finally:
+                os.unlink(f.name)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            mods = json.loads(out.stdout)["modules"]
+            self.assertEqual(cc.params_mismatch(r.param_counts, mods), [], (model, mode))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ without it (MMGUARD_REPLAY_FOLD=0), and the two outputs must be byte-identical:
     early-stopped replays);
   - every truth row spec (tests/truth/data/truth.jsonl, as tests/accuracy/accuracy.py
     writes it);
-  - every GPU row spec (tests/gpu_data/*.jsonl, with its PYTORCH_CUDA_ALLOC_CONF,
-    as contrib/calibrate/compare.py writes it).
+  - every GPU row measured or out of memory (tests/gpu_data/*.jsonl and the files
+    one folder down, with its PYTORCH_CUDA_ALLOC_CONF, as contrib/calibrate/compare.py
+    writes it; a row recorded without a spec gets the one compare.py rebuilds).
 The fold must also fire somewhere (else the comparison proves nothing): the
 number of folds (the verbose lines) is printed and must be > 0.
 
@@ -37,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "accuracy"))
 import accuracy  # noqa: E402  (make_spec: a truth row's spec)
+sys.path.insert(0, os.path.join(ROOT, "contrib", "calibrate"))
+import calib_common  # noqa: E402  (spec_from_record: a GPU row recorded without a spec)
 
 MM = os.environ.get("MMGUARD", os.path.join(ROOT, "build", "mmguard"))
 FOLDED = re.compile(r"^mmguard: replay folded (\d+) periods[^\n]*\n?", re.M)
@@ -105,18 +108,22 @@ def truth_cases(tmp, only):
 
 def gpu_cases(tmp, only):
     cases = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "gpu_data", "*.jsonl"))):
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "gpu_data", "*.jsonl")) +
+                       glob.glob(os.path.join(ROOT, "tests", "gpu_data", "*", "*.jsonl"))):
         with open(path) as f:
             for k, line in enumerate(f):
                 if not line.strip():
                     continue
                 r = json.loads(line)
-                if not isinstance(r.get("spec"), dict):
+                if r.get("kind") != "measurement" or r.get("status") not in ("ok", "oom"):
                     continue
                 rid = r.get("id") or "%s:%d" % (os.path.basename(path), k + 1)
                 if only and not re.search(only, rid):
                     continue
-                spec = json.loads(json.dumps(r["spec"]))
+                if isinstance(r.get("spec"), dict):
+                    spec = json.loads(json.dumps(r["spec"]))
+                else:  # as compare.py does for the rows measured before spec_for had one
+                    spec = calib_common.spec_from_record(r)
                 for m in spec.get("modules", []):  # as compare.py's predict()
                     if isinstance(m.get("lora"), dict):
                         m["lora"].setdefault("autocast_adapter_dtype", False)

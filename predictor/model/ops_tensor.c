@@ -53,16 +53,18 @@ void op_param(lctx *c, uint32_t r, uint64_t n, int trainable)
     if (n > c->largest_param)
         c->largest_param = n;
     uint64_t gb = R->pesz && !c->amp ? R->pesz : c->gdt; /* the .grad's dtype */
-    if (trainable && c->per_layer && c->s->layer_tp && c->layer < MM_MAX_LAYERS)
-        c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
-            sim_add(c->s, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
-    if (trainable && c->per_layer && c->s->layer_gb && c->layer < MM_MAX_LAYERS)
-        c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
-            sim_add(c->s, c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + c->layer],
-                    sim_mul(c->s, n, gb));
-    if (c->per_layer && c->s->layer_p && c->layer < MM_MAX_LAYERS)
-        c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
-            sim_add(c->s, c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
+    if (!c->per_layer)
+        return;
+    sim *s = c->s;
+    uint64_t *tp = sim_layer_slot(s, s->layer_tp, c->mi, c->layer);
+    uint64_t *g = sim_layer_slot(s, s->layer_gb, c->mi, c->layer);
+    uint64_t *p = sim_layer_slot(s, s->layer_p, c->mi, c->layer);
+    if (trainable && tp)
+        *tp = sim_add(s, *tp, n);
+    if (trainable && g)
+        *g = sim_add(s, *g, sim_mul(s, n, gb));
+    if (p)
+        *p = sim_add(s, *p, n);
 }
 
 uint64_t op_mul(lctx *c, uint64_t a, uint64_t b)

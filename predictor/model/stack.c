@@ -86,7 +86,7 @@ static uint64_t folded_wgrad(lctx *c, uint64_t from, uint64_t to)
         return 0;
     uint64_t n = 0;
     for (uint64_t l = from; l < to && l < MM_MAX_LAYERS; l++)
-        n = sim_add(c->s, n, c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + l]);
+        n = sim_add(c->s, n, sim_layer_get(c->s, c->s->layer_gb, c->mi, l));
     return n;
 }
 

@@ -112,9 +112,14 @@ uint64_t sim_live_fixed(const sim *s)
     return s->live_fixed;
 }
 
-uint64_t sim_live(const sim *s)
+static inline uint64_t live_now(const sim *s)
 {
     return s->live_fixed + (s->dp > 1 ? s->live_multi : 0) + mm_ceil_div(s->live_sharded, s->dp);
+}
+
+uint64_t sim_live(const sim *s)
+{
+    return live_now(s);
 }
 
 void sim_set_phase(sim *s, mm_phase p)
@@ -257,7 +262,7 @@ int sim_peak_snapshot(sim *s)
 static void event(sim *s)
 {
     s->nevents++;
-    uint64_t live = sim_live(s);
+    uint64_t live = live_now(s);
     if (live > s->phase_peak[s->phase]) {
         s->phase_peak[s->phase] = live;
         s->phase_peak_event[s->phase] = s->nevents;
@@ -623,6 +628,13 @@ void sim_transient_sharded(sim *s, uint32_t row, uint64_t bytes)
         sim_drop(s, id);
 }
 
+/* tensor x's gradient is g (-1 none), counted in ngrads */
+static void set_grad(sim *s, int32_t x, int32_t g)
+{
+    s->ngrads += (size_t)(g >= 0) - (size_t)(s->t[x].grad >= 0);
+    s->t[x].grad = g;
+}
+
 /* gradient of tensor `x` arrives: a new tensor, or accumulated into the
  * existing one (autograd's InputBuffer: old + new, a temporary of that size) */
 static void grad_arrives(sim *s, int32_t x, uint32_t row)
@@ -630,7 +642,7 @@ static void grad_arrives(sim *s, int32_t x, uint32_t row)
     sim_tensor *t = &s->t[x];
     if (t->grad < 0) {
         int32_t g = sim_alloc(s, row, sim_grad_bytes(s, x), F_TEMP, 0);
-        s->t[x].grad = g;
+        set_grad(s, x, g);
     } else {
         sim_transient(s, row, sim_grad_bytes(s, x));
     }
@@ -641,7 +653,7 @@ static void grad_alias(sim *s, int32_t x, int32_t g, uint32_t row)
 {
     if (s->t[x].grad < 0) {
         sim_hold(s, g);
-        s->t[x].grad = g;
+        set_grad(s, x, g);
     } else {
         sim_transient(s, row, sim_grad_bytes(s, x));
     }
@@ -651,7 +663,7 @@ static void drop_grad(sim *s, int32_t x)
 {
     if (x >= 0 && s->t[x].grad >= 0) {
         int32_t g = s->t[x].grad;
-        s->t[x].grad = -1;
+        set_grad(s, x, -1);
         sim_drop(s, g);
     }
 }
@@ -664,8 +676,8 @@ static void ckpt_backward(sim *s, const sim_node *n, sim_recompute_fn fn, void *
     size_t start = s->ntape;
     int32_t o2 = fn(s, n, ctx);
     if (o2 >= 0 && n->out >= 0) {
-        s->t[o2].grad = s->t[n->out].grad;
-        s->t[n->out].grad = -1;
+        set_grad(s, o2, s->t[n->out].grad);
+        set_grad(s, n->out, -1);
     }
     int32_t extra = s->ckpt_extra;
     s->ckpt_extra = -1;
@@ -741,7 +753,7 @@ uint64_t sim_alive_temp(const sim *s, const char *except_kind)
  * with its tensor */
 void sim_release_grads(sim *s)
 {
-    for (size_t i = 0; i < s->nt; i++)
+    for (size_t i = 0; i < s->nt && s->ngrads; i++) /* none left: none to look for */
         drop_grad(s, (int32_t)i);
 }
 

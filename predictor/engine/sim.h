@@ -105,6 +105,7 @@ typedef struct sim {
     /* tensors and tape */
     sim_tensor *t;
     size_t nt, capt;
+    size_t ngrads;             /* tensors whose gradient (grad) is set */
     sim_node *tape;
     size_t ntape, captape;
     /* live bytes: fixed, sharded and N > 1 only, per factor */

@@ -118,18 +118,22 @@ sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, in
 {
     if (c->counting || !c->grad)
         return NULL;
-    int32_t ins[3] = {in0, in1, in2};
-    int rg[3], any = trainable_w;
-    for (int i = 0; i < 3; i++)
-        any |= rg[i] = op_rg(c, ins[i]);
-    if (!any)
+    /* no arrays here: this runs for every op, and an array costs a stack guard */
+    int rg0 = op_rg(c, in0), rg1 = op_rg(c, in1), rg2 = op_rg(c, in2);
+    if (!(trainable_w | rg0 | rg1 | rg2))
         return NULL;
     sim_node *n = sim_node_new(c->s, r, out);
     if (!n)
         return NULL;
-    for (int i = 0; i < 3; i++) /* the node made its output require grad */
-        if ((rg[i] || (out >= 0 && ins[i] == out)) && n->nin < SIM_MAX_IN)
-            n->in[n->nin++] = ins[i];
+    _Static_assert(SIM_MAX_IN >= 3, "op_node records up to 3 inputs");
+    /* every input fits.  An input that is the output (in
+     * place) needs the gradient the node gave it. */
+    if (rg0 || (out >= 0 && in0 == out))
+        n->in[n->nin++] = in0;
+    if (rg1 || (out >= 0 && in1 == out))
+        n->in[n->nin++] = in1;
+    if (rg2 || (out >= 0 && in2 == out))
+        n->in[n->nin++] = in2;
     return n;
 }
 

@@ -705,7 +705,9 @@ static void unpack(sim *s, const sim_node *n, int32_t *dev)
 static void node_backward(sim *s, const sim_node *n)
 {
     int32_t dev[SIM_MAX_SAVED];
-    unpack(s, n, dev);
+    int host = n->host_saved && !n->free_first; /* copies come back (unpack) */
+    if (host)
+        unpack(s, n, dev);
     if (n->free_first)
         for (int i = 0; i < n->nsaved; i++)
             unsave_slot(s, n, i);
@@ -727,7 +729,7 @@ static void node_backward(sim *s, const sim_node *n)
         /* else stays alive: held until the optimizer's zero_grad */
     }
     sim_transient(s, n->row, n->bwd_tmp);
-    for (int i = 0; i < n->nsaved; i++)
+    for (int i = 0; host && i < n->nsaved; i++)
         sim_drop(s, dev[i]);
     for (int i = 0; !n->free_first && i < n->nsaved; i++)
         unsave_slot(s, n, i);

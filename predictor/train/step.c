@@ -75,11 +75,11 @@ static uint64_t layer_stride(const mm_spec *sp)
 }
 
 /* room for the step's tensors (and their events) before the first: a layer
- * makes about 40 in forward (LLaVA-1.5-7B's and Qwen2.5-VL-72B's decoder
- * layers; 19 a CLIP layer) and the backward up to 3 times as many again
- * (step_once).  Without it the arrays are copied as they grow: at each module's
- * first layer (stack.c), the tensors before it.  Only a capacity: memory not
- * used is never touched. */
+ * makes up to about 48 in forward (39 a decoder layer of LLaVA-1.5-7B or
+ * Qwen2.5-VL-72B, 45 a Qwen2.5-VL vision block, 19 a CLIP one) and the step up
+ * to 5 times the forward's (what stack.c reserves at a module's first layer).
+ * Without it the arrays are copied as they grow: at each module's first layer,
+ * the tensors before it.  Only a capacity: memory not used is never touched. */
 static void reserve_step(sim *s, const mm_spec *sp)
 {
     uint64_t layers = 0;
@@ -87,7 +87,7 @@ static void reserve_step(sim *s, const mm_spec *sp)
         layers += sp->modules[i].num_hidden_layers + sp->modules[i].num_global_layers;
     if (layers > MM_MAX_MODULES * (uint64_t)MM_MAX_LAYERS)
         layers = MM_MAX_MODULES * (uint64_t)MM_MAX_LAYERS;
-    sim_reserve(s, 1024 + 4 * 40 * (size_t)layers);
+    sim_reserve(s, 1024 + 5 * 48 * (size_t)layers);
 }
 
 /* one per-(module, layer) table (layer_tp, layer_p, layer_gb), zeroed */

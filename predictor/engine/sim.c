@@ -610,22 +610,31 @@ static void unsave(sim *s, int32_t id)
     maybe_free(s, id);
 }
 
+/* allocated and freed at once: sim_drop's work on a tensor it knows to be
+ * fresh (one hold, no saved references, storage of its own) */
+static void transient(sim *s, uint32_t row, uint64_t bytes, int sharded)
+{
+    int32_t id = sim_alloc(s, row, bytes, F_TEMP, sharded);
+    if (id < 0)
+        return;
+    sim_tensor *t = &s->t[id];
+    t->holds = 0;
+    t->alive = 0;
+    account(s, t, -1);
+    if (s->log)
+        log_event(s, id, 1);
+}
+
 void sim_transient(sim *s, uint32_t row, uint64_t bytes)
 {
-    if (!bytes)
-        return;
-    int32_t id = sim_alloc(s, row, bytes, F_TEMP, 0);
-    if (id >= 0)
-        sim_drop(s, id);
+    if (bytes)
+        transient(s, row, bytes, SIM_FIXED);
 }
 
 void sim_transient_sharded(sim *s, uint32_t row, uint64_t bytes)
 {
-    if (!bytes)
-        return;
-    int32_t id = sim_alloc(s, row, bytes, F_TEMP, SIM_SHARDED);
-    if (id >= 0)
-        sim_drop(s, id);
+    if (bytes)
+        transient(s, row, bytes, SIM_SHARDED);
 }
 
 /* tensor x's gradient is g (-1 none), counted in ngrads */

@@ -99,18 +99,6 @@ static uint64_t esz(const lctx *c, int32_t id)
     return id >= 0 && c->s->t[id].esz ? c->s->t[id].esz : c->dt;
 }
 
-void op_drop(lctx *c, int32_t id)
-{
-    if (!c->counting)
-        sim_drop(c->s, id);
-}
-
-void op_hold(lctx *c, int32_t id)
-{
-    if (!c->counting)
-        sim_hold(c->s, id);
-}
-
 /* Record a backward node when autograd would: grad mode and some input needs
  * a gradient (or the op owns trainable weights). */
 sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, int32_t in2,

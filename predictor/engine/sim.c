@@ -747,15 +747,13 @@ static void node_backward(sim *s, const sim_node *n)
         drop_grad(s, n->outs[i]);
 }
 
-uint64_t sim_alive_temp(const sim *s, const char *except_kind)
+uint64_t sim_alive_temp(const sim *s)
 {
+    /* account() keeps every alive tensor's bytes in its factor: a temporary's
+     * in F_TEMP, or F_ACT while saved (fact_of) */
     uint64_t n = 0;
-    for (size_t i = 0; i < s->nt; i++) {
-        const sim_tensor *t = &s->t[i];
-        if (t->alive && t->bytes && (t->cls == F_ACT || t->cls == F_TEMP) &&
-            (!s->rows || strcmp(s->rows[t->row].kind, except_kind)))
-            n += t->bytes;
-    }
+    for (int f = F_ACT; f <= F_TEMP; f++)
+        n += s->fact_fixed[f] + s->fact_sharded[f] + s->fact_multi[f];
     return n;
 }
 

@@ -242,8 +242,9 @@ int sim_peak_snapshot(sim *s);
 /* Backward over tape[from, to) in reverse.  `recompute` re-runs a checkpointed
  * layer (implemented by layers.c) and returns its recomputed output. */
 typedef int32_t (*sim_recompute_fn)(sim *s, const sim_node *ckpt, void *ctx);
-/* bytes of live activations / temporaries whose row kind is not `except_kind` */
-uint64_t sim_alive_temp(const sim *s, const char *except_kind);
+/* bytes of the alive temporaries and activations (unsharded), from the live
+ * bytes per factor: no tensor looked at */
+uint64_t sim_alive_temp(const sim *s);
 /* after backward: drop the gradients nothing consumed */
 void sim_release_grads(sim *s);
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx);

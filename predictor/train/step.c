@@ -166,6 +166,12 @@ static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
     return in;
 }
 
+/* a tensor's bytes while it is alive (the batch's, which stays to the end) */
+static uint64_t alive_bytes(const sim *s, int32_t id)
+{
+    return id >= 0 && s->t[id].alive ? s->t[id].bytes : 0;
+}
+
 static int finish(sim *s, const mm_spec *sp, int32_t *scratch, lctx *c, mm_error *err)
 {
     free(scratch);
@@ -239,7 +245,7 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
     if (s->oom || s->overflow)
         return finish(s, sp, scratch, &c, err);
     sim_set_phase(s, MM_PHASE_OPTIMIZER);
-    s->leftover = sim_alive_temp(s, "inputs");
+    s->leftover = sim_alive_temp(s) - alive_bytes(s, in) - alive_bytes(s, c.pixels);
     par_optimizer(&ps, &c);
     sim_drop(s, in);
     sim_drop(s, c.pixels);

@@ -135,6 +135,7 @@ static int first_run(const mm_spec *sp, mm_prediction *out, run1 *r, int nofold,
     r->rows.layer_tp = s.layer_tp;
     r->rows.layer_p = s.layer_p;
     r->rows.layer_gb = s.layer_gb;
+    r->rows.layer_stride = s.layer_stride;
     memcpy(r->rows.rcache, s.rcache, sizeof r->rows.rcache);
     s.rows = NULL;
     s.layer_tp = s.layer_p = s.layer_gb = NULL;

@@ -112,9 +112,14 @@ uint64_t sim_live_fixed(const sim *s)
     return s->live_fixed;
 }
 
-uint64_t sim_live(const sim *s)
+static inline uint64_t live_now(const sim *s)
 {
     return s->live_fixed + (s->dp > 1 ? s->live_multi : 0) + mm_ceil_div(s->live_sharded, s->dp);
+}
+
+uint64_t sim_live(const sim *s)
+{
+    return live_now(s);
 }
 
 void sim_set_phase(sim *s, mm_phase p)
@@ -257,7 +262,7 @@ int sim_peak_snapshot(sim *s)
 static void event(sim *s)
 {
     s->nevents++;
-    uint64_t live = sim_live(s);
+    uint64_t live = live_now(s);
     if (live > s->phase_peak[s->phase]) {
         s->phase_peak[s->phase] = live;
         s->phase_peak_event[s->phase] = s->nevents;
@@ -605,22 +610,38 @@ static void unsave(sim *s, int32_t id)
     maybe_free(s, id);
 }
 
+/* allocated and freed at once: sim_drop's work on a tensor it knows to be
+ * fresh (one hold, no saved references, storage of its own) */
+static void transient(sim *s, uint32_t row, uint64_t bytes, int sharded)
+{
+    int32_t id = sim_alloc(s, row, bytes, F_TEMP, sharded);
+    if (id < 0)
+        return;
+    sim_tensor *t = &s->t[id];
+    t->holds = 0;
+    t->alive = 0;
+    account(s, t, -1);
+    if (s->log)
+        log_event(s, id, 1);
+}
+
 void sim_transient(sim *s, uint32_t row, uint64_t bytes)
 {
-    if (!bytes)
-        return;
-    int32_t id = sim_alloc(s, row, bytes, F_TEMP, 0);
-    if (id >= 0)
-        sim_drop(s, id);
+    if (bytes)
+        transient(s, row, bytes, SIM_FIXED);
 }
 
 void sim_transient_sharded(sim *s, uint32_t row, uint64_t bytes)
 {
-    if (!bytes)
-        return;
-    int32_t id = sim_alloc(s, row, bytes, F_TEMP, SIM_SHARDED);
-    if (id >= 0)
-        sim_drop(s, id);
+    if (bytes)
+        transient(s, row, bytes, SIM_SHARDED);
+}
+
+/* tensor x's gradient is g (-1 none), counted in ngrads */
+static void set_grad(sim *s, int32_t x, int32_t g)
+{
+    s->ngrads += (size_t)(g >= 0) - (size_t)(s->t[x].grad >= 0);
+    s->t[x].grad = g;
 }
 
 /* gradient of tensor `x` arrives: a new tensor, or accumulated into the
@@ -630,7 +651,7 @@ static void grad_arrives(sim *s, int32_t x, uint32_t row)
     sim_tensor *t = &s->t[x];
     if (t->grad < 0) {
         int32_t g = sim_alloc(s, row, sim_grad_bytes(s, x), F_TEMP, 0);
-        s->t[x].grad = g;
+        set_grad(s, x, g);
     } else {
         sim_transient(s, row, sim_grad_bytes(s, x));
     }
@@ -641,7 +662,7 @@ static void grad_alias(sim *s, int32_t x, int32_t g, uint32_t row)
 {
     if (s->t[x].grad < 0) {
         sim_hold(s, g);
-        s->t[x].grad = g;
+        set_grad(s, x, g);
     } else {
         sim_transient(s, row, sim_grad_bytes(s, x));
     }
@@ -651,7 +672,7 @@ static void drop_grad(sim *s, int32_t x)
 {
     if (x >= 0 && s->t[x].grad >= 0) {
         int32_t g = s->t[x].grad;
-        s->t[x].grad = -1;
+        set_grad(s, x, -1);
         sim_drop(s, g);
     }
 }
@@ -664,8 +685,8 @@ static void ckpt_backward(sim *s, const sim_node *n, sim_recompute_fn fn, void *
     size_t start = s->ntape;
     int32_t o2 = fn(s, n, ctx);
     if (o2 >= 0 && n->out >= 0) {
-        s->t[o2].grad = s->t[n->out].grad;
-        s->t[n->out].grad = -1;
+        set_grad(s, o2, s->t[n->out].grad);
+        set_grad(s, n->out, -1);
     }
     int32_t extra = s->ckpt_extra;
     s->ckpt_extra = -1;
@@ -693,7 +714,9 @@ static void unpack(sim *s, const sim_node *n, int32_t *dev)
 static void node_backward(sim *s, const sim_node *n)
 {
     int32_t dev[SIM_MAX_SAVED];
-    unpack(s, n, dev);
+    int host = n->host_saved && !n->free_first; /* copies come back (unpack) */
+    if (host)
+        unpack(s, n, dev);
     if (n->free_first)
         for (int i = 0; i < n->nsaved; i++)
             unsave_slot(s, n, i);
@@ -715,7 +738,7 @@ static void node_backward(sim *s, const sim_node *n)
         /* else stays alive: held until the optimizer's zero_grad */
     }
     sim_transient(s, n->row, n->bwd_tmp);
-    for (int i = 0; i < n->nsaved; i++)
+    for (int i = 0; host && i < n->nsaved; i++)
         sim_drop(s, dev[i]);
     for (int i = 0; !n->free_first && i < n->nsaved; i++)
         unsave_slot(s, n, i);
@@ -724,15 +747,13 @@ static void node_backward(sim *s, const sim_node *n)
         drop_grad(s, n->outs[i]);
 }
 
-uint64_t sim_alive_temp(const sim *s, const char *except_kind)
+uint64_t sim_alive_temp(const sim *s)
 {
+    /* account() keeps every alive tensor's bytes in its factor: a temporary's
+     * in F_TEMP, or F_ACT while saved (fact_of) */
     uint64_t n = 0;
-    for (size_t i = 0; i < s->nt; i++) {
-        const sim_tensor *t = &s->t[i];
-        if (t->alive && t->bytes && (t->cls == F_ACT || t->cls == F_TEMP) &&
-            (!s->rows || strcmp(s->rows[t->row].kind, except_kind)))
-            n += t->bytes;
-    }
+    for (int f = F_ACT; f <= F_TEMP; f++)
+        n += s->fact_fixed[f] + s->fact_sharded[f] + s->fact_multi[f];
     return n;
 }
 
@@ -741,7 +762,7 @@ uint64_t sim_alive_temp(const sim *s, const char *except_kind)
  * with its tensor */
 void sim_release_grads(sim *s)
 {
-    for (size_t i = 0; i < s->nt; i++)
+    for (size_t i = 0; i < s->nt && s->ngrads; i++) /* none left: none to look for */
         drop_grad(s, (int32_t)i);
 }
 

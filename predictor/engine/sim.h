@@ -105,6 +105,7 @@ typedef struct sim {
     /* tensors and tape */
     sim_tensor *t;
     size_t nt, capt;
+    size_t ngrads;             /* tensors whose gradient (grad) is set */
     sim_node *tape;
     size_t ntape, captape;
     /* live bytes: fixed, sharded and N > 1 only, per factor */
@@ -150,7 +151,7 @@ typedef struct sim {
     size_t nrows, caprows;
     uint64_t largest_param;    /* largest single parameter tensor (optimizer temporaries) */
     uint64_t *layer_tp;        /* trainable parameters per (module, layer): MM_MAX_MODULES x
-                                  MM_MAX_LAYERS, filled by the counting pass */
+                                  layer_stride, filled by the counting pass */
     uint64_t *layer_gb;        /* their gradient bytes (fp32 LoRA adapters beside bf16 grads) */
     /* event log for the allocator model (log = 1) */
     int log;
@@ -173,11 +174,28 @@ typedef struct sim {
     void *on_wgrad_ctx;
     void (*on_layer)(struct sim *s, const sim_layer_ev *e, void *ctx);
     void *on_layer_ctx;
-    uint64_t *layer_p;         /* parameters per (module, layer): MM_MAX_MODULES x MM_MAX_LAYERS,
+    uint64_t *layer_p;         /* parameters per (module, layer): MM_MAX_MODULES x layer_stride,
                                   filled by the counting pass (wrapped units' sizes) */
+    uint64_t layer_stride;     /* layers per module in those tables: the spec's most (step.c),
+                                  not MM_MAX_LAYERS, so a run does not clear 288 KiB of them */
     int tables_borrowed;       /* layer_tp, layer_gb, layer_p are an earlier run's (rows_from,
                                   read only after its counting pass): not freed here */
 } sim;
+
+/* entry (module, layer) of a per-layer table (layer_tp, layer_gb, layer_p), or NULL
+ * past its end (a layer no run registers parameters for: 0) */
+static inline uint64_t *sim_layer_slot(const sim *s, uint64_t *tab, uint64_t module,
+                                       uint64_t layer)
+{
+    return tab && module < MM_MAX_MODULES && layer < s->layer_stride
+               ? &tab[module * s->layer_stride + layer] : NULL;
+}
+
+static inline uint64_t sim_layer_get(const sim *s, uint64_t *tab, uint64_t module, uint64_t layer)
+{
+    const uint64_t *p = sim_layer_slot(s, tab, module, layer);
+    return p ? *p : 0;
+}
 
 void sim_init(sim *s, uint64_t dp, int symbolic);
 void sim_free(sim *s);
@@ -224,8 +242,9 @@ int sim_peak_snapshot(sim *s);
 /* Backward over tape[from, to) in reverse.  `recompute` re-runs a checkpointed
  * layer (implemented by layers.c) and returns its recomputed output. */
 typedef int32_t (*sim_recompute_fn)(sim *s, const sim_node *ckpt, void *ctx);
-/* bytes of live activations / temporaries whose row kind is not `except_kind` */
-uint64_t sim_alive_temp(const sim *s, const char *except_kind);
+/* bytes of the alive temporaries and activations (unsharded), from the live
+ * bytes per factor: no tensor looked at */
+uint64_t sim_alive_temp(const sim *s);
 /* after backward: drop the gradients nothing consumed */
 void sim_release_grads(sim *s);
 void sim_backward(sim *s, size_t from, size_t to, sim_recompute_fn fn, void *ctx);

@@ -18,8 +18,18 @@ static inline int op_rg(const lctx *c, int32_t id)
 {
     return id >= 0 && c->s->t[id].rg;
 }
-void op_drop(lctx *c, int32_t id);
-void op_hold(lctx *c, int32_t id);
+/* release / take a reference (no tensors while counting); inline: every op does */
+static inline void op_drop(lctx *c, int32_t id)
+{
+    if (!c->counting)
+        sim_drop(c->s, id);
+}
+
+static inline void op_hold(lctx *c, int32_t id)
+{
+    if (!c->counting)
+        sim_hold(c->s, id);
+}
 sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, int32_t in2,
                   int trainable_w);
 void op_save(lctx *c, sim_node *n, int32_t id);

@@ -53,16 +53,18 @@ void op_param(lctx *c, uint32_t r, uint64_t n, int trainable)
     if (n > c->largest_param)
         c->largest_param = n;
     uint64_t gb = R->pesz && !c->amp ? R->pesz : c->gdt; /* the .grad's dtype */
-    if (trainable && c->per_layer && c->s->layer_tp && c->layer < MM_MAX_LAYERS)
-        c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
-            sim_add(c->s, c->s->layer_tp[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
-    if (trainable && c->per_layer && c->s->layer_gb && c->layer < MM_MAX_LAYERS)
-        c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
-            sim_add(c->s, c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + c->layer],
-                    sim_mul(c->s, n, gb));
-    if (c->per_layer && c->s->layer_p && c->layer < MM_MAX_LAYERS)
-        c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer] =
-            sim_add(c->s, c->s->layer_p[(size_t)c->mi * MM_MAX_LAYERS + c->layer], n);
+    if (!c->per_layer)
+        return;
+    sim *s = c->s;
+    uint64_t *tp = sim_layer_slot(s, s->layer_tp, c->mi, c->layer);
+    uint64_t *g = sim_layer_slot(s, s->layer_gb, c->mi, c->layer);
+    uint64_t *p = sim_layer_slot(s, s->layer_p, c->mi, c->layer);
+    if (trainable && tp)
+        *tp = sim_add(s, *tp, n);
+    if (trainable && g)
+        *g = sim_add(s, *g, sim_mul(s, n, gb));
+    if (p)
+        *p = sim_add(s, *p, n);
 }
 
 uint64_t op_mul(lctx *c, uint64_t a, uint64_t b)
@@ -97,18 +99,6 @@ static uint64_t esz(const lctx *c, int32_t id)
     return id >= 0 && c->s->t[id].esz ? c->s->t[id].esz : c->dt;
 }
 
-void op_drop(lctx *c, int32_t id)
-{
-    if (!c->counting)
-        sim_drop(c->s, id);
-}
-
-void op_hold(lctx *c, int32_t id)
-{
-    if (!c->counting)
-        sim_hold(c->s, id);
-}
-
 /* Record a backward node when autograd would: grad mode and some input needs
  * a gradient (or the op owns trainable weights). */
 sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, int32_t in2,
@@ -116,18 +106,22 @@ sim_node *op_node(lctx *c, uint32_t r, int32_t out, int32_t in0, int32_t in1, in
 {
     if (c->counting || !c->grad)
         return NULL;
-    int32_t ins[3] = {in0, in1, in2};
-    int rg[3], any = trainable_w;
-    for (int i = 0; i < 3; i++)
-        any |= rg[i] = op_rg(c, ins[i]);
-    if (!any)
+    /* no arrays here: this runs for every op, and an array costs a stack guard */
+    int rg0 = op_rg(c, in0), rg1 = op_rg(c, in1), rg2 = op_rg(c, in2);
+    if (!(trainable_w | rg0 | rg1 | rg2))
         return NULL;
     sim_node *n = sim_node_new(c->s, r, out);
     if (!n)
         return NULL;
-    for (int i = 0; i < 3; i++) /* the node made its output require grad */
-        if ((rg[i] || (out >= 0 && ins[i] == out)) && n->nin < SIM_MAX_IN)
-            n->in[n->nin++] = ins[i];
+    _Static_assert(SIM_MAX_IN >= 3, "op_node records up to 3 inputs");
+    /* every input fits.  An input that is the output (in
+     * place) needs the gradient the node gave it. */
+    if (rg0 || (out >= 0 && in0 == out))
+        n->in[n->nin++] = in0;
+    if (rg1 || (out >= 0 && in1 == out))
+        n->in[n->nin++] = in1;
+    if (rg2 || (out >= 0 && in2 == out))
+        n->in[n->nin++] = in2;
     return n;
 }
 

@@ -10,10 +10,15 @@
  * groups 0, 1 and the last in full, and standing in for the M groups between
  * with a ballast (what each group leaves alive in forward; in backward swapped
  * for the groups' weight gradients), gives the same peak exactly.  A unit test
- * compares folded and unfolded runs. */
+ * compares folded and unfolded runs.
+ *
+ * The counting pass folds the same groups: a folded group registers what group
+ * 1 registered (its rows' parameters and instances, its per-layer table
+ * entries), which is what running it would register. */
 #include "ops.h"
 #include "util.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_PERIOD 8
@@ -51,6 +56,16 @@ static uint32_t layer_class(const lctx *c, uint64_t l)
     return k;
 }
 
+/* the loop does more than run the layers of period p from `start` (DeepStack
+ * taps and merges, stack_run): the counting pass runs every layer */
+static int counting_side_effects(const lctx *c, uint64_t start, uint64_t p)
+{
+    for (uint64_t l = start; l < start + p; l++)
+        if (layer_class(c, l) & (1u << 4 | 1u << 5 | 1u << 7))
+            return 1;
+    return 0;
+}
+
 typedef struct fold_plan {
     uint64_t start, period, groups; /* groups of `period` layers from `start` */
     int on;
@@ -61,7 +76,7 @@ typedef struct fold_plan {
 static void plan_fold(const lctx *c, uint64_t first, uint64_t count, fold_plan *f)
 {
     memset(f, 0, sizeof *f);
-    if (c->nofold || c->counting || count < 5)
+    if (c->nofold || count < 5)
         return;
     uint64_t end = first + count;
     for (uint64_t p = 1; p <= MAX_PERIOD && p * 5 <= count; p++) {
@@ -73,10 +88,69 @@ static void plan_fold(const lctx *c, uint64_t first, uint64_t count, fold_plan *
             f->start = end - g * p;
             f->period = p;
             f->groups = g;
-            f->on = 1;
+            f->on = !c->counting || !counting_side_effects(c, f->start, p);
             return;
         }
     }
+}
+
+/* ---- the counting pass's fold ---------------------------------------------------------- */
+
+enum { CF_N = 5 }; /* what a row adds per instance: params, trainable, trainable_count,
+                      count, qbytes (op_param, op_linear) */
+
+static void row_vals(const sim_row *R, uint64_t *v)
+{
+    v[0] = R->params;
+    v[1] = R->trainable;
+    v[2] = R->trainable_count;
+    v[3] = R->count;
+    v[4] = R->qbytes;
+}
+
+/* the rows before group 1 (per row CF_N values), NULL with oom set */
+static uint64_t *count_mark(lctx *c)
+{
+    sim *s = c->s;
+    uint64_t *v = malloc((s->nrows ? s->nrows : 1) * CF_N * sizeof *v);
+    if (!v) {
+        s->oom = 1;
+        return NULL;
+    }
+    for (size_t r = 0; r < s->nrows; r++)
+        row_vals(&s->rows[r], &v[r * CF_N]);
+    return v;
+}
+
+/* layers [from, to), groups of `period`, registered as group 1 (from g1) was:
+ * each row gets group 1's additions once per folded group, each folded layer
+ * the table entries of its layer in group 1 (0 until now: no other layer
+ * writes them).  mark (count_mark's, `nmark` rows) is freed. */
+static void count_fold(lctx *c, uint64_t *mark, size_t nmark, uint64_t g1, uint64_t from,
+                       uint64_t to, uint64_t period)
+{
+    sim *s = c->s;
+    uint64_t M = (to - from) / period;
+    for (size_t r = 0; mark && r < s->nrows; r++) {
+        sim_row *R = &s->rows[r];
+        uint64_t now[CF_N], d[CF_N];
+        row_vals(R, now);
+        for (int k = 0; k < CF_N; k++) /* a row group 1 made: all it holds */
+            d[k] = now[k] - (r < nmark ? mark[r * CF_N + k] : 0);
+        R->params = sim_add(s, R->params, sim_mul(s, d[0], M));
+        R->trainable = sim_add(s, R->trainable, sim_mul(s, d[1], M));
+        R->trainable_count += (uint32_t)(d[2] * M); /* ++ once per instance: mod 2^32 alike */
+        R->count += (uint32_t)(d[3] * M);
+        R->qbytes = sim_add(s, R->qbytes, sim_mul(s, d[4], M));
+    }
+    free(mark);
+    uint64_t *tabs[3] = {s->layer_tp, s->layer_gb, s->layer_p};
+    for (uint64_t l = from; l < to; l++)
+        for (int k = 0; k < 3; k++) {
+            uint64_t *dst = sim_layer_slot(s, tabs[k], c->mi, l);
+            if (dst)
+                *dst = sim_layer_get(s, tabs[k], c->mi, g1 + (l - from) % period);
+        }
 }
 
 /* weight gradients the folded layers would leave (persistent .grad only) */
@@ -86,7 +160,7 @@ static uint64_t folded_wgrad(lctx *c, uint64_t from, uint64_t to)
         return 0;
     uint64_t n = 0;
     for (uint64_t l = from; l < to && l < MM_MAX_LAYERS; l++)
-        n = sim_add(c->s, n, c->s->layer_gb[(size_t)c->mi * MM_MAX_LAYERS + l]);
+        n = sim_add(c->s, n, sim_layer_get(c->s, c->s->layer_gb, c->mi, l));
     return n;
 }
 
@@ -170,16 +244,24 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
     plan_fold(c, first, count, &f);
     uint64_t g1 = f.start + f.period, g2 = f.start + 2 * f.period;
     uint64_t last = f.start + (f.groups - 1) * f.period, before = 0, hbefore = 0;
-    size_t tape0 = 0;
+    size_t tape0 = 0, nmark = 0;
     size_t nk = 0, nds = 0;
+    uint64_t *mark = NULL;
     c->fold_from = c->fold_to = 0;
     for (uint64_t l = first; l < first + count; l++) {
         if (f.on && l == g1) {
             before = sim_live_fixed(c->s);
             hbefore = c->s->host_act;
             tape0 = c->s->ntape;
+            nmark = c->s->nrows;
+            mark = c->counting ? count_mark(c) : NULL;
         }
-        if (f.on && l == g2) {
+        if (f.on && l == g2 && c->counting) {
+            count_fold(c, mark, nmark, g1, g2, last, f.period);
+            for (; keep && l < last; l++) /* what the layers return while counting */
+                keep[nk++] = -1;
+            l = last;
+        } else if (f.on && l == g2) {
             uint64_t delta = sim_live_fixed(c->s) - before, M = f.groups - 3;
             /* whether a group recorded anything for backward, before the folded
              * layers' own marker (FSDP's, parallel_fsdp.c) lands on the tape */

@@ -591,7 +591,7 @@ static void post_backward(par_state *ps, const sim_node *n)
         return;
     }
     int part = ps->sp->fsdp.wrap_size && l < MM_MAX_LAYERS &&
-               par_unit_params(ps, mi, l) < ps->c->s->layer_p[(size_t)mi * MM_MAX_LAYERS + l];
+               par_unit_params(ps, mi, l) < sim_layer_get(ps->c->s, ps->c->s->layer_p, mi, l);
     ps->keep_layer = part ? l : UINT64_MAX; /* units inside the layer, not all of it */
     reduce_unit(ps, par_unit_params(ps, mi, l), par_unit_trainable(ps, mi, l),
                 unit_wide(ps, mi, l), ps->cur_mark, &ps->cur_p);

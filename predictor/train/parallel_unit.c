@@ -70,7 +70,7 @@ uint64_t par_unit_params(const par_state *ps, uint32_t module, uint64_t layer)
         return 0;
     if (par_attention_only(ps, module))
         return attention_params(ps, module, 0);
-    return s->layer_p[(size_t)module * MM_MAX_LAYERS + layer];
+    return sim_layer_get(s, s->layer_p, module, layer);
 }
 
 uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer)
@@ -83,7 +83,7 @@ uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer
         return 0;
     if (par_attention_only(ps, module))
         return attention_params(ps, module, 1);
-    return s->layer_tp[(size_t)module * MM_MAX_LAYERS + layer];
+    return sim_layer_get(s, s->layer_tp, module, layer);
 }
 
 /* Parameters that require grad: the trainable ones, and in a trainable

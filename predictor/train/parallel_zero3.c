@@ -346,6 +346,14 @@ void zero3_backward_end(par_state *ps)
     ps->zpf = -1;
     sim_drop(s, ps->gathered);
     ps->gathered = -1;
+    if (!ps->zg_over) { /* every gathered tensor is a fetch()'s in zg, in id order:
+                           the same drops as the look at every tensor below */
+        for (uint32_t i = 0; i < ps->nzg; i++)
+            if (alive(s, ps->zg[i]) && s->t[ps->zg[i]].row == ps->r_gather &&
+                s->t[ps->zg[i]].base < 0)
+                sim_drop(s, ps->zg[i]);
+        return;
+    }
     for (size_t i = 0; i < s->nt; i++)
         if (s->t[i].alive && s->t[i].row == ps->r_gather && s->t[i].base < 0)
             sim_drop(s, (int32_t)i);

@@ -59,10 +59,41 @@ static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const
                 c->ntaps++;
 }
 
-/* one per-(module, layer) table (layer_tp, layer_p, layer_gb), zeroed */
-static uint64_t *layer_table(void)
+/* layers per module in the per-layer tables: the most any module's layer loop
+ * runs (stack_run: the hidden layers, then Mllama's global ones), the index a
+ * counting pass registers parameters at (c->layer) stays below it */
+static uint64_t layer_stride(const mm_spec *sp)
 {
-    return calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof(uint64_t));
+    uint64_t n = 1;
+    for (size_t i = 0; i < sp->n_modules; i++) {
+        const module_spec *m = &sp->modules[i];
+        uint64_t l = m->num_hidden_layers + m->num_global_layers;
+        if (l > n)
+            n = l;
+    }
+    return n < MM_MAX_LAYERS ? n : MM_MAX_LAYERS;
+}
+
+/* room for the step's tensors (and their events) before the first: a layer
+ * makes up to about 48 in forward (39 a decoder layer of LLaVA-1.5-7B or
+ * Qwen2.5-VL-72B, 45 a Qwen2.5-VL vision block, 19 a CLIP one) and the step up
+ * to 5 times the forward's (what stack.c reserves at a module's first layer).
+ * Without it the arrays are copied as they grow: at each module's first layer,
+ * the tensors before it.  Only a capacity: memory not used is never touched. */
+static void reserve_step(sim *s, const mm_spec *sp)
+{
+    uint64_t layers = 0;
+    for (size_t i = 0; i < sp->n_modules; i++)
+        layers += sp->modules[i].num_hidden_layers + sp->modules[i].num_global_layers;
+    if (layers > MM_MAX_MODULES * (uint64_t)MM_MAX_LAYERS)
+        layers = MM_MAX_MODULES * (uint64_t)MM_MAX_LAYERS;
+    sim_reserve(s, 1024 + 5 * 48 * (size_t)layers);
+}
+
+/* one per-(module, layer) table (layer_tp, layer_p, layer_gb), zeroed */
+static uint64_t *layer_table(const sim *s)
+{
+    return calloc((size_t)MM_MAX_MODULES * s->layer_stride, sizeof(uint64_t));
 }
 
 /* pass 1: rows and parameter counts (or an earlier run's: its rows copied,
@@ -74,11 +105,13 @@ static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
         s->layer_tp = f->layer_tp;
         s->layer_p = f->layer_p;
         s->layer_gb = f->layer_gb;
+        s->layer_stride = f->layer_stride;
         s->tables_borrowed = 1;
     } else {
-        s->layer_tp = layer_table();
-        s->layer_p = layer_table();
-        s->layer_gb = layer_table();
+        s->layer_stride = layer_stride(c->spec);
+        s->layer_tp = layer_table(s);
+        s->layer_p = layer_table(s);
+        s->layer_gb = layer_table(s);
     }
     if (!s->layer_tp || !s->layer_p || !s->layer_gb)
         return -1;
@@ -133,6 +166,12 @@ static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
     return in;
 }
 
+/* a tensor's bytes while it is alive (the batch's, which stays to the end) */
+static uint64_t alive_bytes(const sim *s, int32_t id)
+{
+    return id >= 0 && s->t[id].alive ? s->t[id].bytes : 0;
+}
+
 static int finish(sim *s, const mm_spec *sp, int32_t *scratch, lctx *c, mm_error *err)
 {
     free(scratch);
@@ -177,6 +216,7 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
     }
     if (s->oom || s->overflow)
         return finish(s, sp, scratch, &c, err);
+    reserve_step(s, sp);
     par_state ps;
     uint32_t llm = (uint32_t)(mm_spec_module(sp, MOD_DECODER) - sp->modules);
     par_model_states(&ps, &c, sp, llm);
@@ -205,7 +245,7 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
     if (s->oom || s->overflow)
         return finish(s, sp, scratch, &c, err);
     sim_set_phase(s, MM_PHASE_OPTIMIZER);
-    s->leftover = sim_alive_temp(s, "inputs");
+    s->leftover = sim_alive_temp(s) - alive_bytes(s, in) - alive_bytes(s, c.pixels);
     par_optimizer(&ps, &c);
     sim_drop(s, in);
     sim_drop(s, c.pixels);

@@ -5,7 +5,8 @@
  * tensor, or a gradient no node consumes), with layer folding and without; and
  * the breakdown at the peak that a run keeps while it goes (sim_peak_snapshot:
  * the end state with every change since the peak undone) is the one a second
- * run stopped at the peak event takes. */
+ * run stopped at the peak event takes; and the counting pass that folds layers
+ * (stack.c) registers what the one that runs every layer does. */
 #include "step.h"
 #include "unit.h"
 #include "mmguard.h"
@@ -125,6 +126,72 @@ START_TEST(nothing_leaks_into_the_optimizer)
 }
 END_TEST
 
+/* the row of (module, name) in s, or NULL */
+static const sim_row *row_named(const sim *s, uint32_t module, const char *name)
+{
+    for (size_t r = 0; r < s->nrows; r++)
+        if (s->rows[r].module == module && !strcmp(s->rows[r].name, name))
+            return &s->rows[r];
+    return NULL;
+}
+
+/* folded (a) and every layer run (b): the same rows with the same parameters
+ * and instances, the same per-layer tables; the folded run's ballast row aside */
+static void check_counts(const char *path, size_t v)
+{
+    mm_error e;
+    mm_spec *s = load_variant(path, v);
+    if (!s)
+        return;
+    sim a, b;
+    step_cfg ca = {.dp = s->training.data_parallel}, cb = {.dp = s->training.data_parallel,
+                                                           .nofold = 1};
+    ck_assert_msg(step_run(s, &a, &ca, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
+    ck_assert_msg(step_run(s, &b, &cb, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
+    size_t matched = 0;
+    for (size_t r = 0; r < a.nrows; r++) {
+        const sim_row *A = &a.rows[r], *B = row_named(&b, A->module, A->name);
+        if (!strcmp(A->name, "layers.folded"))
+            continue;
+        ck_assert_msg(B != NULL, "%s variant %zu: row %s only when folded", path, v, A->name);
+        matched++;
+        ck_assert_msg(A->params == B->params && A->trainable == B->trainable &&
+                          A->count == B->count && A->trainable_count == B->trainable_count &&
+                          A->qbytes == B->qbytes && A->mat_rows == B->mat_rows &&
+                          A->mat_cols == B->mat_cols && A->pesz == B->pesz,
+                      "%s variant %zu row %s: %llu params in %u instances folded, %llu in %u "
+                      "run", path, v, A->name, (unsigned long long)A->params, A->count,
+                      (unsigned long long)B->params, B->count);
+    }
+    ck_assert_uint_eq(matched, b.nrows);
+    ck_assert_uint_eq(a.layer_stride, b.layer_stride);
+    for (uint64_t m = 0; m < MM_MAX_MODULES; m++)
+        for (uint64_t l = 0; l < a.layer_stride; l++) {
+            int same = sim_layer_get(&a, a.layer_tp, m, l) == sim_layer_get(&b, b.layer_tp, m, l) &&
+                       sim_layer_get(&a, a.layer_gb, m, l) == sim_layer_get(&b, b.layer_gb, m, l) &&
+                       sim_layer_get(&a, a.layer_p, m, l) == sim_layer_get(&b, b.layer_p, m, l);
+            ck_assert_msg(same, "%s variant %zu: layer %llu of module %llu counted apart", path,
+                          v, (unsigned long long)l, (unsigned long long)m);
+        }
+    sim_free(&a);
+    sim_free(&b);
+    mm_spec_free(s);
+}
+
+static void check_counts_one(const char *path, void *ctx)
+{
+    (void)ctx;
+    check_counts(path, 0);
+    check_counts(path, 7); /* ZeRO-3 on 8 ranks */
+}
+
+START_TEST(the_folded_counting_pass_counts_every_layer)
+{
+    ck_assert_uint_gt(unit_each_yaml("contrib/models", check_counts_one, NULL), 0);
+    unit_each_yaml("tests/import/specs", check_counts_one, NULL);
+}
+END_TEST
+
 /* A tiny checkpointed eager Llama: the order of its first layer's forward.
  * H = 256, 4 heads of 64 (no GQA), S = 128: a (T, H) bf16 tensor is 2*S*H*2 B
  * with B = 2, a (B, heads, S, S) bf16 score 4x that. */
@@ -205,6 +272,7 @@ Suite *engine_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, nothing_leaks_into_the_optimizer);
     tcase_add_test(tc, the_kept_peak_breakdown_is_the_stopped_runs);
+    tcase_add_test(tc, the_folded_counting_pass_counts_every_layer);
     tcase_add_test(tc, eager_attention_copies_its_operands_and_holds_the_probabilities);
     suite_add_tcase(s, tc);
     return s;

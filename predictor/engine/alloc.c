@@ -73,7 +73,7 @@ static inline int key_less(const blk *x, const blk *y)
 
 /* block i into its place in pool p: after the blocks of smaller keys, before
  * an equal one (as lower_bound) */
-void alloc_pool_link(mm_allocator *a, pool *p, int32_t i)
+static inline void pool_link(mm_allocator *a, pool *p, int32_t i)
 {
     blk *b = &a->b[i];
     unsigned c = pool_class(b->size);
@@ -112,11 +112,16 @@ void alloc_pool_link(mm_allocator *a, pool *p, int32_t i)
     p->nfree++;
 }
 
+void alloc_pool_link(mm_allocator *a, pool *p, int32_t i)
+{
+    pool_link(a, p, i);
+}
+
 /* BlockPool::insert_into_blocks */
-static void pool_insert(mm_allocator *a, pool *p, int32_t i)
+static inline void pool_insert(mm_allocator *a, pool *p, int32_t i)
 {
     a->b[i].gc_base = p->gc_calls;
-    alloc_pool_link(a, p, i);
+    pool_link(a, p, i);
 }
 
 void alloc_pool_clear(pool *p)
@@ -128,7 +133,7 @@ void alloc_pool_clear(pool *p)
 }
 
 /* block i out of pool p (nothing when it is not in it) */
-static void pool_erase(mm_allocator *a, pool *p, int32_t i)
+static inline void pool_erase(mm_allocator *a, pool *p, int32_t i)
 {
     blk *b = &a->b[i];
     if (!b->pooled)
@@ -169,28 +174,39 @@ static void unmapped_erase(mm_allocator *a, pool *p, int32_t i)
         ivec_erase_at(&p->unmapped, at);
 }
 
-int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
+static int32_t blk_grow(mm_allocator *a);
+
+/* alloc_blk_new, inlined where blocks are split */
+static inline int32_t blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
 {
-    int32_t i;
-    if (a->freeslots.n) {
-        i = a->freeslots.v[--a->freeslots.n];
-    } else {
-        if (a->nb == a->capb) {
-            size_t cap = a->capb ? a->capb * 2 : 256;
-            blk *p = realloc(a->b, cap * sizeof *p);
-            if (!p) {
-                a->nomem = 1;
-                return -1;
-            }
-            a->b = p;
-            a->capb = cap;
-        }
-        i = (int32_t)a->nb++;
-    }
-    a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg, .fprev = -1, .fnext = -1,
-                    .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1,
+    int32_t i = a->freeslots.n ? a->freeslots.v[--a->freeslots.n] : blk_grow(a);
+    if (i < 0)
+        return -1;
+    a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg, .fprev = -1,
+                    .fnext = -1, .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1,
                     .stamp = a->rec ? ++a->clock : a->clock};
     return i;
+}
+
+int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
+{
+    return blk_new(a, ptr, size, small, seg);
+}
+
+/* a slot after the last one (no free one to reuse), -1 out of memory */
+static int32_t blk_grow(mm_allocator *a)
+{
+    if (a->nb == a->capb) {
+        size_t cap = a->capb ? a->capb * 2 : 256;
+        blk *p = realloc(a->b, cap * sizeof *p);
+        if (!p) {
+            a->nomem = 1;
+            return -1;
+        }
+        a->b = p;
+        a->capb = cap;
+    }
+    return (int32_t)a->nb++;
 }
 
 /* block i's content changed (blk.stamp; counted only while a fold's mark is
@@ -735,7 +751,7 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
     int was_split = is_split(&a->b[i]);
     pool_erase(a, p, i);
     if (should_split(a, &a->b[i], size)) {
-        int32_t n = alloc_blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
+        int32_t n = blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
         if (n < 0)
             return -1;
         blk *rem = &a->b[i];
@@ -796,6 +812,15 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
     return a->nomem || i < 0 ? MM_ALLOC_NOMEM : i;
 }
 
+/* try_merge for a freed block: its first answer (no neighbour, or one in
+ * use: most of them) without the call */
+static inline uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p)
+{
+    if (src < 0 || a->b[src].allocated)
+        return 0;
+    return try_merge(a, dst, src, p);
+}
+
 /* free + free_block: back to the pool, merged with free neighbours */
 void mm_allocator_release(mm_allocator *a, int64_t h)
 {
@@ -808,8 +833,8 @@ void mm_allocator_release(mm_allocator *a, int64_t h)
     stat_sub(&a->st.allocated, a->b[i].size);
     stat_sub(&a->st.requested, a->b[i].req);
     int xs = a->b[i].seg >= 0;
-    uint64_t merged = try_merge(a, i, a->b[i].prev, p);
-    merged += try_merge(a, i, a->b[i].next, p);
+    uint64_t merged = merge_freed(a, i, a->b[i].prev, p);
+    merged += merge_freed(a, i, a->b[i].next, p);
     pool_insert(a, p, i);
     if (!xs) {
         stat_sub(&a->st.inactive_split, merged);

@@ -508,7 +508,7 @@ static uint64_t expandable_size(const mm_allocator *a, int32_t i)
 static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size)
 {
     const mm_alloc_conf *c = &a->conf;
-    if (a->conf.memory_fraction > 0 && c->gc_threshold > 0)
+    if (a->gc)
         p->gc_calls++;
     int32_t i = pool_first_fit(a->b, p, size);
     if (i < 0)
@@ -783,25 +783,33 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
     return i;
 }
 
+/* DeviceCachingAllocator::malloc when the cache has no block: garbage
+ * collection, a new block from the driver, then again after freeing oversize
+ * blocks, then after emptying the cache; the block, -1 none */
+static int32_t from_driver(mm_allocator *a, pool *p, uint64_t size)
+{
+    uint64_t alloc_size = get_allocation_size(size);
+    if (a->gc)
+        garbage_collect(a);
+    int32_t i = alloc_block(a, p, size, alloc_size, 0);
+    if (i < 0 && !a->nomem && release_available(a, p, size))
+        i = alloc_block(a, p, size, alloc_size, 0);
+    if (i < 0 && !a->nomem) {
+        mm_allocator_empty_cache(a);
+        i = alloc_block(a, p, size, alloc_size, 1);
+    }
+    return i;
+}
+
 int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
 {
     uint64_t size = a->round_plain ? round_plain(req) : mm_alloc_round_size(&a->conf, req);
     pool *p = &a->pools[size <= kSmallSize ? 0 : 1];
-    uint64_t alloc_size = get_allocation_size(size);
     int32_t i = get_free_block(a, p, size);
     if (a->rec)
         alloc_rec_search(a, p, size, i);
-    if (i < 0) {
-        if (a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0)
-            garbage_collect(a);
-        i = alloc_block(a, p, size, alloc_size, 0);
-        if (i < 0 && !a->nomem && release_available(a, p, size))
-            i = alloc_block(a, p, size, alloc_size, 0);
-        if (i < 0 && !a->nomem) {
-            mm_allocator_empty_cache(a);
-            i = alloc_block(a, p, size, alloc_size, 1);
-        }
-    }
+    if (i < 0)
+        i = from_driver(a, p, size);
     if (a->nomem)
         return MM_ALLOC_NOMEM;
     if (i < 0) {
@@ -858,6 +866,7 @@ mm_allocator *mm_allocator_new(const mm_alloc_conf *conf, uint64_t capacity, uin
     a->device_total = device_total ? device_total : 80ull * 1024 * MiB;
     if (a->conf.memory_fraction > 0)
         a->allowed_max = (uint64_t)(a->conf.memory_fraction * (double)a->device_total);
+    a->gc = a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0;
     a->round_plain = 1;
     for (int k = 0; k < MM_ROUNDUP_INTERVALS; k++)
         a->round_plain &= a->conf.roundup_divisions[k] <= 1;

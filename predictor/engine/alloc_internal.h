@@ -123,6 +123,7 @@ struct mm_allocator {
     void *seg_ctx;
     uint64_t hint;        /* address of the next cudaMalloc, 0 = invent one */
     int round_plain;      /* no roundup_power2_divisions: sizes round to 512 bytes */
+    int gc;               /* garbage collection: a memory fraction and a threshold */
     uint64_t clock;       /* counts content changes of blocks (blk.stamp) */
     /* while a fold's mark is open: each best-fit search of the cache, the
      * rounded request, the size of the block found (UINT64_MAX none) and its address,

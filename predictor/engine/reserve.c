@@ -510,6 +510,26 @@ static size_t fold_at(replay *r, size_t i)
     return end;
 }
 
+/* events [i, end) of the log, until one fails; the event reached.  What
+ * event() does, with the allocator, the handles and the log in locals (the
+ * calls could change *r, as far as the compiler knows: only r->failed does) */
+static size_t run_events(replay *r, size_t i, size_t end)
+{
+    mm_allocator *a = r->a;
+    int64_t *h = r->h;
+    const sim_ev *ev = r->ev;
+    for (; i < end && !r->failed; i++) {
+        const sim_ev *e = &ev[i];
+        if (e->is_free) {
+            mm_allocator_release(a, h[e->id]);
+            h[e->id] = -1;
+        } else {
+            h[e->id] = alloc_at(r, e->row, e->phase, e->bytes);
+        }
+    }
+    return i;
+}
+
 /* a step's events one by one (no fold, no check): the optimizer states made
  * (when `states` is 0) before the first event of the optimizer phase, as
  * step() does, without its tests on every event.  Whether they were made. */
@@ -521,15 +541,13 @@ static int step_plain(replay *r, int states, int per_param)
             opt = k;
             break;
         }
-    for (; i < opt && !r->failed; i++)
-        event(r, &r->ev[i]);
+    i = run_events(r, i, opt);
     if (i == opt && opt < r->nev && !r->failed) { /* its event runs even when they failed */
         model_states(r, F_OPT, per_param);
         states = 1;
         event(r, &r->ev[i++]);
     }
-    for (; i < r->nev && !r->failed; i++)
-        event(r, &r->ev[i]);
+    run_events(r, i, r->nev);
     return states;
 }
 

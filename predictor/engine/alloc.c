@@ -3,7 +3,8 @@
  * Followed: c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator (PyTorch
  * main, 2025; the torch 2.11 traces in tests/gpu_data/traces replay exactly).
  * Blocks live in one array and are named by index; a pool's free blocks are a
- * vector sorted like BlockComparatorSize (size, then address) and its unmapped
+ * list in BlockComparatorSize's order (size, then address), cut into size
+ * classes for the best-fit search (alloc_internal.h), and its unmapped
  * expandable ranges a vector sorted by address (BlockComparatorAddress).  The
  * one stream means the comparators' stream key is constant and left out.
  * Addresses are invented (unless a replay passes the real ones): segments
@@ -51,47 +52,6 @@ static void ivec_erase_at(ivec *v, size_t at)
     v->n--;
 }
 
-/* a pool's list: block i at `at`, its key read from the block */
-static int kvec_insert_at(mm_allocator *a, kvec *v, size_t at, int32_t i)
-{
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 64;
-        pkey *p = realloc(v->v, cap * sizeof *p);
-        if (!p) {
-            a->nomem = 1;
-            return -1;
-        }
-        v->v = p;
-        v->cap = cap;
-    }
-    if (at < v->n)
-        memmove(&v->v[at + 1], &v->v[at], (v->n - at) * sizeof *v->v);
-    v->v[at] = (pkey){a->b[i].size, a->b[i].ptr, i};
-    v->n++;
-    return 0;
-}
-
-static void kvec_erase_at(kvec *v, size_t at)
-{
-    memmove(&v->v[at], &v->v[at + 1], (v->n - at - 1) * sizeof *v->v);
-    v->n--;
-}
-
-/* first position whose block is not less than (size, ptr) */
-static size_t lower_bound_size(const kvec *v, uint64_t size, uint64_t ptr)
-{
-    size_t lo = 0, hi = v->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const pkey *m = &v->v[mid];
-        if (m->size < size || (m->size == size && m->ptr < ptr))
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 static size_t lower_bound_addr(const mm_allocator *a, const ivec *v, uint64_t ptr)
 {
     size_t lo = 0, hi = v->n;
@@ -105,18 +65,101 @@ static size_t lower_bound_addr(const mm_allocator *a, const ivec *v, uint64_t pt
     return lo;
 }
 
-/* BlockPool::insert_into_blocks */
-static void pool_insert(mm_allocator *a, pool *p, int32_t i)
+/* key order: block x before block y (size, then address) */
+static inline int key_less(const blk *x, const blk *y)
 {
-    a->b[i].gc_base = p->gc_calls;
-    kvec_insert_at(a, &p->blocks, lower_bound_size(&p->blocks, a->b[i].size, a->b[i].ptr), i);
+    return x->size < y->size || (x->size == y->size && x->ptr < y->ptr);
 }
 
-static void pool_erase(mm_allocator *a, pool *p, int32_t i)
+/* block i into its place in pool p: after the blocks of smaller keys, before
+ * an equal one (as lower_bound) */
+static inline void pool_link(mm_allocator *a, pool *p, int32_t i)
 {
-    size_t at = lower_bound_size(&p->blocks, a->b[i].size, a->b[i].ptr);
-    if (at < p->blocks.n && p->blocks.v[at].i == i)
-        kvec_erase_at(&p->blocks, at);
+    blk *b = &a->b[i];
+    unsigned c = pool_class(b->size);
+    int32_t before, after;
+    b->cls = (uint16_t)c;
+    if (!(p->sub[c >> POOL_SUB_BITS] >> (c & ((1u << POOL_SUB_BITS) - 1)) & 1)) {
+        int n = pool_class_from(p, c + 1);
+        after = n >= 0 ? p->first[n] : -1;
+        before = after >= 0 ? a->b[after].fprev : p->tail;
+        p->sub[c >> POOL_SUB_BITS] |= (uint16_t)(1u << (c & ((1u << POOL_SUB_BITS) - 1)));
+        p->top |= 1ull << (c >> POOL_SUB_BITS);
+        p->first[c] = p->last[c] = i;
+    } else if (key_less(&a->b[p->last[c]], b)) {
+        before = p->last[c];
+        after = a->b[before].fnext;
+        p->last[c] = i;
+    } else { /* the class's last stops the walk */
+        after = p->first[c];
+        while (key_less(&a->b[after], b))
+            after = a->b[after].fnext;
+        before = a->b[after].fprev;
+        if (after == p->first[c])
+            p->first[c] = i;
+    }
+    b->fprev = before;
+    b->fnext = after;
+    b->pooled = 1;
+    if (before >= 0)
+        a->b[before].fnext = i;
+    else
+        p->head = i;
+    if (after >= 0)
+        a->b[after].fprev = i;
+    else
+        p->tail = i;
+    p->nfree++;
+}
+
+void alloc_pool_link(mm_allocator *a, pool *p, int32_t i)
+{
+    pool_link(a, p, i);
+}
+
+/* BlockPool::insert_into_blocks */
+static inline void pool_insert(mm_allocator *a, pool *p, int32_t i)
+{
+    a->b[i].gc_base = p->gc_calls;
+    pool_link(a, p, i);
+}
+
+void alloc_pool_clear(pool *p)
+{
+    p->head = p->tail = -1;
+    p->nfree = 0;
+    p->top = 0;
+    memset(p->sub, 0, sizeof p->sub);
+}
+
+/* block i out of pool p (nothing when it is not in it) */
+static inline void pool_erase(mm_allocator *a, pool *p, int32_t i)
+{
+    blk *b = &a->b[i];
+    if (!b->pooled)
+        return;
+    int32_t before = b->fprev, after = b->fnext;
+    if (before >= 0)
+        a->b[before].fnext = after;
+    else
+        p->head = after;
+    if (after >= 0)
+        a->b[after].fprev = before;
+    else
+        p->tail = before;
+    b->pooled = 0;
+    p->nfree--;
+    unsigned c = b->cls;
+    if (p->first[c] == i && p->last[c] == i) {
+        uint16_t *m = &p->sub[c >> POOL_SUB_BITS];
+        *m &= (uint16_t)~(1u << (c & ((1u << POOL_SUB_BITS) - 1)));
+        if (!*m)
+            p->top &= ~(1ull << (c >> POOL_SUB_BITS));
+    } else if (p->first[c] == i) {
+        p->first[c] = after;
+    } else if (p->last[c] == i) {
+        p->last[c] = before;
+    }
 }
 
 static void unmapped_insert(mm_allocator *a, pool *p, int32_t i)
@@ -131,28 +174,39 @@ static void unmapped_erase(mm_allocator *a, pool *p, int32_t i)
         ivec_erase_at(&p->unmapped, at);
 }
 
-int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
+static int32_t blk_grow(mm_allocator *a);
+
+/* alloc_blk_new, inlined where blocks are split */
+static inline int32_t blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
 {
-    int32_t i;
-    if (a->freeslots.n) {
-        i = a->freeslots.v[--a->freeslots.n];
-    } else {
-        if (a->nb == a->capb) {
-            size_t cap = a->capb ? a->capb * 2 : 256;
-            blk *p = realloc(a->b, cap * sizeof *p);
-            if (!p) {
-                a->nomem = 1;
-                return -1;
-            }
-            a->b = p;
-            a->capb = cap;
-        }
-        i = (int32_t)a->nb++;
-    }
-    a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg,
-                    .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1,
+    int32_t i = a->freeslots.n ? a->freeslots.v[--a->freeslots.n] : blk_grow(a);
+    if (i < 0)
+        return -1;
+    a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg, .fprev = -1,
+                    .fnext = -1, .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1,
                     .stamp = a->rec ? ++a->clock : a->clock};
     return i;
+}
+
+int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
+{
+    return blk_new(a, ptr, size, small, seg);
+}
+
+/* a slot after the last one (no free one to reuse), -1 out of memory */
+static int32_t blk_grow(mm_allocator *a)
+{
+    if (a->nb == a->capb) {
+        size_t cap = a->capb ? a->capb * 2 : 256;
+        blk *p = realloc(a->b, cap * sizeof *p);
+        if (!p) {
+            a->nomem = 1;
+            return -1;
+        }
+        a->b = p;
+        a->capb = cap;
+    }
+    return (int32_t)a->nb++;
 }
 
 /* block i's content changed (blk.stamp; counted only while a fold's mark is
@@ -172,7 +226,7 @@ void alloc_blk_delete(mm_allocator *a, int32_t i)
         ivec_insert_at(a, &a->freeslots, a->freeslots.n, i);
 }
 
-void alloc_rec_search(mm_allocator *a, const pool *p, uint64_t req, int32_t got, size_t at)
+void alloc_rec_search(mm_allocator *a, const pool *p, uint64_t req, int32_t got)
 {
     if (a->nrecs == a->caprecs) {
         size_t cap = a->caprecs ? 2 * a->caprecs : 256;
@@ -186,20 +240,17 @@ void alloc_rec_search(mm_allocator *a, const pool *p, uint64_t req, int32_t got,
     }
     struct rec_search r = {.req = req, .got = UINT64_MAX, .small = p->small};
     if (got >= 0) {
-        const kvec *v = &p->blocks;
         r.got = a->b[got].size;
         r.ptr = a->b[got].ptr;
         /* the blocks of its size after it in the pool (none before: best fit) */
-        size_t e = at + 1;
         r.whole = a->b[got].prev < 0 && a->b[got].next < 0;
-        while (e < v->n && v->v[e].size == r.got) {
-            r.whole &= a->b[v->v[e].i].prev < 0 && a->b[v->v[e].i].next < 0;
-            e++;
-        }
-        r.others = e > at + 1;
+        int32_t e = a->b[got].fnext, last = got;
+        for (; e >= 0 && a->b[e].size == r.got; last = e, e = a->b[e].fnext)
+            r.whole &= a->b[e].prev < 0 && a->b[e].next < 0;
+        r.others = last != got;
         if (r.others) {
-            r.cmin = v->v[at + 1].ptr;
-            r.cmax = v->v[e - 1].ptr;
+            r.cmin = a->b[a->b[got].fnext].ptr;
+            r.cmax = a->b[last].ptr;
         }
     }
     a->recs[a->nrecs++] = r;
@@ -422,16 +473,13 @@ static void maybe_drop_xseg(mm_allocator *a, int32_t i)
 static void release_pool(mm_allocator *a, pool *p)
 {
     ivec todo = {0};
-    for (size_t k = 0; k < p->blocks.n;) {
-        int32_t i = p->blocks.v[k].i;
-        if (a->b[i].seg >= 0) {
+    for (int32_t k = pool_first(p); k >= 0;) {
+        int32_t i = k;
+        k = a->b[i].fnext; /* before i leaves the pool */
+        if (a->b[i].seg >= 0)
             ivec_insert_at(a, &todo, todo.n, i);
-            k++;
-        } else if (!is_split(&a->b[i])) {
-            release_block(a, i); /* erases position k */
-        } else {
-            k++;
-        }
+        else if (!is_split(&a->b[i]))
+            release_block(a, i);
     }
     for (size_t k = 0; k < todo.n; k++) {
         unmap_block(a, todo.v[k]);
@@ -456,33 +504,30 @@ static uint64_t expandable_size(const mm_allocator *a, int32_t i)
 }
 
 /* get_free_block: best fit (smallest size, then lowest address); left in the
- * pool at *pos (take_block takes it out, or moves it when it splits) */
-static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size, size_t *pos)
+ * pool (take_block takes it out, or moves it when it splits) */
+static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size)
 {
     const mm_alloc_conf *c = &a->conf;
-    if (a->conf.memory_fraction > 0 && c->gc_threshold > 0)
+    if (a->gc)
         p->gc_calls++;
-    size_t at = lower_bound_size(&p->blocks, size, 0);
-    if (at == p->blocks.n)
+    int32_t i = pool_first_fit(a->b, p, size);
+    if (i < 0)
         return -1;
-    const pkey *v = p->blocks.v;
-    if (a->b[v[at].i].seg >= 0 && c->expandable_segments) {
+    if (a->b[i].seg >= 0 && c->expandable_segments) {
         /* a block that can still grow counts as that large for "best fit" */
-        while (a->b[v[at].i].seg >= 0 && at + 1 < p->blocks.n &&
-               expandable_size(a, v[at + 1].i) < expandable_size(a, v[at].i))
-            at++;
-    } else if (a->b[v[at].i].seg >= 0) {
-        while (at < p->blocks.n && a->b[v[at].i].seg >= 0)
-            at++;
-        if (at == p->blocks.n)
+        while (a->b[i].seg >= 0 && a->b[i].fnext >= 0 &&
+               expandable_size(a, a->b[i].fnext) < expandable_size(a, i))
+            i = a->b[i].fnext;
+    } else if (a->b[i].seg >= 0) {
+        while (i >= 0 && a->b[i].seg >= 0)
+            i = a->b[i].fnext;
+        if (i < 0)
             return -1;
     }
-    int32_t i = v[at].i;
     if (size < c->max_split_size && a->b[i].size >= c->max_split_size)
         return -1; /* no oversized block for a small request */
     if (size >= c->max_split_size && a->b[i].size >= mm_sat_add(size, c->max_non_split_rounding))
         return -1; /* an oversized block only within the rounding limit */
-    *pos = at;
     return i;
 }
 
@@ -636,17 +681,18 @@ static int release_available(mm_allocator *a, pool *p, uint64_t size)
     if (ms == UINT64_MAX)
         return 0;
     uint64_t key = size < ms ? ms : size;
-    size_t at = lower_bound_size(&p->blocks, key, 0);
-    if (at < p->blocks.n && a->b[p->blocks.v[at].i].seg < 0) {
-        release_block(a, p->blocks.v[at].i);
+    int32_t at = pool_first_fit(a->b, p, key);
+    if (at >= 0 && a->b[at].seg < 0) {
+        release_block(a, at);
         return 1;
     }
     uint64_t freed = 0;
-    while (at > 0 && freed < key) {
-        int32_t i = p->blocks.v[at - 1].i;
+    int32_t below = at >= 0 ? a->b[at].fprev : pool_last(p);
+    while (below >= 0 && freed < key) {
+        int32_t i = below;
         if (a->b[i].size < ms)
             break;
-        at--;
+        below = a->b[i].fprev; /* before i leaves the pool */
         if (a->b[i].seg < 0) {
             freed += a->b[i].size;
             release_block(a, i);
@@ -665,17 +711,18 @@ static void garbage_collect(mm_allocator *a)
     uint64_t target = a->st.reserved - thr, got = 0;
     double total_age = 0;
     int64_t n = 0;
-    for (size_t k = 0; k < p->blocks.n; k++)
-        if (!is_split(&a->b[p->blocks.v[k].i])) {
-            total_age += (double)(p->gc_calls - a->b[p->blocks.v[k].i].gc_base);
+    for (int32_t k = pool_first(p); k >= 0; k = a->b[k].fnext)
+        if (!is_split(&a->b[k])) {
+            total_age += (double)(p->gc_calls - a->b[k].gc_base);
             n++;
         }
     int freed = 1;
     while (got < target && freed && n > 0) {
         double thr_age = total_age / (double)n;
         freed = 0;
-        for (size_t k = 0; k < p->blocks.n;) {
-            int32_t i = p->blocks.v[k].i;
+        for (int32_t k = pool_first(p); k >= 0;) {
+            int32_t i = k;
+            k = a->b[i].fnext; /* before i leaves the pool */
             double age = (double)(p->gc_calls - a->b[i].gc_base);
             if (!is_split(&a->b[i]) && age >= thr_age) {
                 freed = 1;
@@ -683,8 +730,6 @@ static void garbage_collect(mm_allocator *a)
                 total_age -= age;
                 n--;
                 release_block(a, i);
-            } else {
-                k++;
             }
         }
     }
@@ -700,33 +745,15 @@ static int should_split(const mm_allocator *a, const blk *b, uint64_t size)
     return size < a->conf.max_split_size && rem > kSmallSize;
 }
 
-/* a cached block at `at` that keeps its place in the pool's order as the
- * remainder of a split (its key only decreases: the new place is at or
- * before `at`); the same as erasing it and inserting it again */
-static void pool_reinsert_smaller(mm_allocator *a, pool *p, size_t at)
-{
-    int32_t i = p->blocks.v[at].i;
-    kvec head = {.v = p->blocks.v, .n = at};
-    size_t q = lower_bound_size(&head, a->b[i].size, a->b[i].ptr);
-    if (q < at)
-        memmove(&p->blocks.v[q + 1], &p->blocks.v[q], (at - q) * sizeof *p->blocks.v);
-    p->blocks.v[q] = (pkey){a->b[i].size, a->b[i].ptr, i};
-    a->b[i].gc_base = p->gc_calls;
-}
-
-/* alloc_found_block; i in the pool at `at` (NO_POS: not in it) */
-#define NO_POS ((size_t)-1)
-static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, uint64_t req,
-                          size_t at)
+/* alloc_found_block (i still in its pool when the cache had it) */
+static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, uint64_t req)
 {
     int was_split = is_split(&a->b[i]);
+    pool_erase(a, p, i);
     if (should_split(a, &a->b[i], size)) {
-        int32_t n = alloc_blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
-        if (n < 0) {
-            if (at != NO_POS)
-                kvec_erase_at(&p->blocks, at);
+        int32_t n = blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
+        if (n < 0)
             return -1;
-        }
         blk *rem = &a->b[i];
         a->b[n].prev = rem->prev;
         if (rem->prev >= 0)
@@ -736,10 +763,7 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
         rem->ptr += size;
         rem->size -= size;
         touch(a, i);
-        if (at != NO_POS)
-            pool_reinsert_smaller(a, p, at);
-        else
-            pool_insert(a, p, i);
+        pool_insert(a, p, i);
         if (rem->seg < 0) {
             if (was_split)
                 stat_sub(&a->st.inactive_split, size);
@@ -747,11 +771,8 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
                 stat_add(&a->st.inactive_split, NULL, rem->size);
         }
         i = n;
-    } else {
-        if (at != NO_POS)
-            kvec_erase_at(&p->blocks, at);
-        if (was_split && a->b[i].seg < 0)
-            stat_sub(&a->st.inactive_split, a->b[i].size);
+    } else if (was_split && a->b[i].seg < 0) {
+        stat_sub(&a->st.inactive_split, a->b[i].size);
     }
     a->b[i].allocated = 1;
     a->b[i].req = req;
@@ -762,67 +783,50 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
     return i;
 }
 
+/* DeviceCachingAllocator::malloc when the cache has no block: garbage
+ * collection, a new block from the driver, then again after freeing oversize
+ * blocks, then after emptying the cache; the block, -1 none */
+static int32_t from_driver(mm_allocator *a, pool *p, uint64_t size)
+{
+    uint64_t alloc_size = get_allocation_size(size);
+    if (a->gc)
+        garbage_collect(a);
+    int32_t i = alloc_block(a, p, size, alloc_size, 0);
+    if (i < 0 && !a->nomem && release_available(a, p, size))
+        i = alloc_block(a, p, size, alloc_size, 0);
+    if (i < 0 && !a->nomem) {
+        mm_allocator_empty_cache(a);
+        i = alloc_block(a, p, size, alloc_size, 1);
+    }
+    return i;
+}
+
 int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
 {
     uint64_t size = a->round_plain ? round_plain(req) : mm_alloc_round_size(&a->conf, req);
     pool *p = &a->pools[size <= kSmallSize ? 0 : 1];
-    uint64_t alloc_size = get_allocation_size(size);
-    size_t at = NO_POS;
-    int32_t i = get_free_block(a, p, size, &at);
+    int32_t i = get_free_block(a, p, size);
     if (a->rec)
-        alloc_rec_search(a, p, size, i, at);
-    if (i < 0) {
-        at = NO_POS;
-        if (a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0)
-            garbage_collect(a);
-        i = alloc_block(a, p, size, alloc_size, 0);
-        if (i < 0 && !a->nomem && release_available(a, p, size))
-            i = alloc_block(a, p, size, alloc_size, 0);
-        if (i < 0 && !a->nomem) {
-            mm_allocator_empty_cache(a);
-            i = alloc_block(a, p, size, alloc_size, 1);
-        }
-    }
+        alloc_rec_search(a, p, size, i);
+    if (i < 0)
+        i = from_driver(a, p, size);
     if (a->nomem)
         return MM_ALLOC_NOMEM;
     if (i < 0) {
         a->st.num_ooms++;
         return MM_ALLOC_OOM;
     }
-    i = take_block(a, p, i, size, req, at);
+    i = take_block(a, p, i, size, req);
     return a->nomem || i < 0 ? MM_ALLOC_NOMEM : i;
 }
 
-/* try_merge for a freed block: a mapped neighbour's entry in the pool is not
- * erased but left as *hole (its key stays sorted: a deleted block keeps its
- * size and address) for the merged block to fill; an earlier hole is erased
- * first.  The same pool as try_merge's erase and a later pool_insert. */
-static uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p, size_t *hole)
+/* try_merge for a freed block: its first answer (no neighbour, or one in
+ * use: most of them) without the call */
+static inline uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p)
 {
     if (src < 0 || a->b[src].allocated)
-        return 0; /* try_merge's first answer, without the call */
-    if (a->b[dst].mapped != a->b[src].mapped || !a->b[src].mapped)
-        return try_merge(a, dst, src, p);
-    if (*hole != NO_POS) {
-        kvec_erase_at(&p->blocks, *hole);
-        *hole = NO_POS;
-    }
-    size_t at = lower_bound_size(&p->blocks, a->b[src].size, a->b[src].ptr);
-    if (at < p->blocks.n && p->blocks.v[at].i == src)
-        *hole = at;
-    return merge_into(a, dst, src);
-}
-
-/* pool_insert of i after erasing the hole (a key below i's): i's place lies
- * after the hole, and the entries between move down one */
-static void pool_fill_hole(mm_allocator *a, pool *p, int32_t i, size_t hole)
-{
-    kvec tail = {.v = p->blocks.v + hole + 1, .n = p->blocks.n - hole - 1};
-    size_t q = hole + lower_bound_size(&tail, a->b[i].size, a->b[i].ptr);
-    if (q > hole)
-        memmove(&p->blocks.v[hole], &p->blocks.v[hole + 1], (q - hole) * sizeof *p->blocks.v);
-    p->blocks.v[q] = (pkey){a->b[i].size, a->b[i].ptr, i};
-    a->b[i].gc_base = p->gc_calls;
+        return 0;
+    return try_merge(a, dst, src, p);
 }
 
 /* free + free_block: back to the pool, merged with free neighbours */
@@ -837,13 +841,9 @@ void mm_allocator_release(mm_allocator *a, int64_t h)
     stat_sub(&a->st.allocated, a->b[i].size);
     stat_sub(&a->st.requested, a->b[i].req);
     int xs = a->b[i].seg >= 0;
-    size_t hole = NO_POS;
-    uint64_t merged = merge_freed(a, i, a->b[i].prev, p, &hole);
-    merged += merge_freed(a, i, a->b[i].next, p, &hole);
-    if (hole != NO_POS)
-        pool_fill_hole(a, p, i, hole);
-    else
-        pool_insert(a, p, i);
+    uint64_t merged = merge_freed(a, i, a->b[i].prev, p);
+    merged += merge_freed(a, i, a->b[i].next, p);
+    pool_insert(a, p, i);
     if (!xs) {
         stat_sub(&a->st.inactive_split, merged);
         if (is_split(&a->b[i]))
@@ -866,11 +866,14 @@ mm_allocator *mm_allocator_new(const mm_alloc_conf *conf, uint64_t capacity, uin
     a->device_total = device_total ? device_total : 80ull * 1024 * MiB;
     if (a->conf.memory_fraction > 0)
         a->allowed_max = (uint64_t)(a->conf.memory_fraction * (double)a->device_total);
+    a->gc = a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0;
     a->round_plain = 1;
     for (int k = 0; k < MM_ROUNDUP_INTERVALS; k++)
         a->round_plain &= a->conf.roundup_divisions[k] <= 1;
     a->next_addr = a->xs_addr = ADDR_BASE;
     a->pools[0].small = 1;
+    alloc_pool_clear(&a->pools[0]);
+    alloc_pool_clear(&a->pools[1]);
     return a;
 }
 
@@ -879,7 +882,6 @@ void mm_allocator_free(mm_allocator *a)
     if (!a)
         return;
     for (int k = 0; k < 2; k++) {
-        free(a->pools[k].blocks.v);
         free(a->pools[k].unmapped.v);
     }
     free(a->freeslots.v);
@@ -916,9 +918,9 @@ uint64_t mm_allocator_largest_free(const mm_allocator *a)
 {
     uint64_t m = 0;
     for (int k = 0; k < 2; k++) {
-        const kvec *v = &a->pools[k].blocks; /* sorted by size: the last is the largest */
-        if (v->n && v->v[v->n - 1].size > m)
-            m = v->v[v->n - 1].size;
+        int32_t t = pool_last(&a->pools[k]); /* sorted by size: the last is the largest */
+        if (t >= 0 && a->b[t].size > m)
+            m = a->b[t].size;
     }
     return m;
 }

@@ -144,14 +144,14 @@ int mm_alloc_mark_light(const mm_allocator *a, mm_alloc_mark *m)
     m->st = a->st;
     m->clock = a->clock;
     m->next_addr = a->next_addr;
-    m->npool[0] = a->pools[0].blocks.n;
-    m->npool[1] = a->pools[1].blocks.n;
+    m->npool[0] = a->pools[0].nfree;
+    m->npool[1] = a->pools[1].nfree;
     if (reserve_n((void **)&m->psize, &m->cappsize, m->npool[0] + m->npool[1] + 1,
                   sizeof *m->psize))
         return -1;
     for (size_t k = 0, q = 0; k < 2; k++)
-        for (size_t j = 0; j < m->npool[k]; j++)
-            m->psize[q++] = a->pools[k].blocks.v[j].size;
+        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = a->b[j].fnext)
+            m->psize[q++] = a->b[j].size;
     return 0;
 }
 
@@ -204,15 +204,15 @@ int mm_alloc_fold_maybe(const mm_allocator *a, const mm_alloc_mark *m)
      * chain's or a ladder's ends come and go */
     size_t differ = 0;
     for (size_t k = 0, q = 0; k < 2; k++) {
-        const kvec *v = &a->pools[k].blocks;
-        size_t j = 0, x = 0;
-        while (x < m->npool[k] || j < v->n) {
-            if (x == m->npool[k] || (j < v->n && v->v[j].size < m->psize[q + x])) {
-                j++, differ++;
-            } else if (j == v->n || v->v[j].size > m->psize[q + x]) {
+        int32_t j = pool_first(&a->pools[k]); /* now's, in order */
+        size_t x = 0;
+        while (x < m->npool[k] || j >= 0) {
+            if (x == m->npool[k] || (j >= 0 && a->b[j].size < m->psize[q + x])) {
+                j = a->b[j].fnext, differ++;
+            } else if (j < 0 || a->b[j].size > m->psize[q + x]) {
                 x++, differ++;
             } else {
-                x++, j++;
+                x++, j = a->b[j].fnext;
             }
             if (differ > FOLD_DIFFER)
                 return 0;
@@ -263,9 +263,9 @@ uint64_t mm_alloc_state_hash(const mm_allocator *a)
     for (size_t k = 0; k < sizeof a->st / sizeof *st; k++)
         h = mm_alloc_hash_add(h, st[k]);
     for (int k = 0; k < 2; k++) {
-        h = mm_alloc_hash_add(h, a->pools[k].blocks.n);
-        for (size_t j = 0; j < a->pools[k].blocks.n; j++)
-            h = mm_alloc_hash_add(h, a->pools[k].blocks.v[j].ptr);
+        h = mm_alloc_hash_add(h, a->pools[k].nfree);
+        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = a->b[j].fnext)
+            h = mm_alloc_hash_add(h, a->b[j].ptr);
     }
     return mm_alloc_hash_add(h, (uint64_t)a->nomem);
 }
@@ -573,18 +573,11 @@ static int chain_to(const mm_allocator *a, mm_alloc_mark *m, size_t u, size_t k,
  * *lo; 0 when one is not whole. */
 static int whole_run(const pool *p, const blk *b, const blk *x, size_t *n, uint64_t *lo)
 {
-    size_t at = 0, hi = p->blocks.n;
-    while (at < hi) { /* the first of x's size */
-        size_t mid = at + (hi - at) / 2;
-        if (p->blocks.v[mid].size < x->size)
-            at = mid + 1;
-        else
-            hi = mid;
-    }
     *n = 0;
     *lo = UINT64_MAX;
-    for (; at < p->blocks.n && p->blocks.v[at].size == x->size; at++) {
-        const blk *w = &b[p->blocks.v[at].i];
+    for (int32_t at = pool_first_fit(b, p, x->size); at >= 0 && b[at].size == x->size;
+         at = b[at].fnext) {
+        const blk *w = &b[at];
         if (w->prev >= 0 || w->next >= 0)
             return 0;
         (*n)++;
@@ -943,6 +936,8 @@ static int by_size_ptr(const void *x, const void *y)
 /* the free lists again, sorted like BlockComparatorSize */
 static int rebuild_pools(mm_allocator *a)
 {
+    for (size_t k = 0; k < a->nb; k++)
+        a->b[k].pooled = 0;
     pool_key *keys = malloc((a->nb + 1) * sizeof *keys);
     if (!keys)
         return -1;
@@ -955,13 +950,9 @@ static int rebuild_pools(mm_allocator *a)
                 keys[n++] = (pool_key){b->size, b->ptr, (int32_t)k};
         }
         qsort(keys, n, sizeof *keys, by_size_ptr);
-        if (reserve_n((void **)&p->blocks.v, &p->blocks.cap, n, sizeof *p->blocks.v)) {
-            free(keys);
-            return -1;
-        }
-        for (size_t k = 0; k < n; k++)
-            p->blocks.v[k] = (pkey){keys[k].size, keys[k].ptr, keys[k].i};
-        p->blocks.n = n;
+        alloc_pool_clear(p);
+        for (size_t k = 0; k < n; k++) /* in order: each one goes last */
+            alloc_pool_link(a, p, keys[k].i);
     }
     free(keys);
     return 0;

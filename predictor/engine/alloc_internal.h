@@ -12,7 +12,10 @@ typedef struct blk {
     uint64_t ptr, size, req;
     int32_t prev, next;   /* neighbours in the segment, -1 none */
     int32_t seg;          /* expandable segment (0 small, 1 large), -1 cudaMalloc'ed */
-    uint8_t small, allocated, mapped, in_use_slot;
+    int32_t fprev, fnext; /* in its pool (pooled): the free blocks before and after it
+                             in BlockComparatorSize's order, -1 none */
+    uint8_t small, allocated, mapped, in_use_slot, pooled;
+    uint16_t cls;         /* in its pool: its size class (pool_class) */
     int64_t gc_base;
     uint64_t stamp;       /* a->clock when its content (ptr, size, req, allocated, mapped)
                              last changed while a fold's mark was open (a->rec), or
@@ -24,24 +27,80 @@ typedef struct ivec {
     size_t n, cap;
 } ivec;
 
-/* a free block in its pool, with the key it is sorted by (kept beside the
- * index: the best-fit searches read the keys alone) */
-typedef struct pkey {
-    uint64_t size, ptr;
-    int32_t i;
-} pkey;
-
-typedef struct kvec {
-    pkey *v;
-    size_t n, cap;
-} kvec;
-
+/* A pool's free mapped blocks in BlockComparatorSize's order (size, then
+ * address; the one stream's key left out): one list linked through
+ * blk.fprev / blk.fnext, cut into size classes - 16 per power of two, as a
+ * TLSF allocator's - each with its first and last block and a bit in two
+ * bitmaps when it has any.  Best fit starts at the first block of the first
+ * class not below the request's (a few bit operations) and steps past the
+ * smaller ones of that class; a block goes in at its class's end or after a
+ * walk of its class, and out in constant time.  Searching a vector of every
+ * free block sorted by (size, address), and moving it on every change, was
+ * most of a replay's cost. */
+#define POOL_SUB_BITS 4                     /* 16 classes per power of two */
+#define POOL_CLASSES (64 << POOL_SUB_BITS)
 typedef struct pool {
     int small;
-    kvec blocks;          /* free mapped blocks, by (size, ptr) */
+    int32_t head, tail;   /* the first and last free block, -1 none */
+    size_t nfree;         /* free mapped blocks (in the list) */
+    uint64_t top;         /* bit k: a class of power of two k has blocks */
+    uint16_t sub[64];     /* bit j of sub[k]: class k * 16 + j has blocks */
+    int32_t first[POOL_CLASSES], last[POOL_CLASSES]; /* each class's, when it has any */
     ivec unmapped;        /* expandable: unmapped ranges, by ptr */
     int64_t gc_calls;     /* get_free_blocks_call_count */
 } pool;
+
+/* the class of blocks of `size` bytes: its power of two and the next four
+ * bits below the highest (classes ascend with sizes) */
+static inline unsigned pool_class(uint64_t size)
+{
+    if (size < (1u << POOL_SUB_BITS))
+        size = 1u << POOL_SUB_BITS;
+    unsigned top = 63u - (unsigned)__builtin_clzll(size);
+    unsigned sub = (unsigned)(size >> (top - POOL_SUB_BITS)) & ((1u << POOL_SUB_BITS) - 1);
+    return top << POOL_SUB_BITS | sub;
+}
+
+/* the first class >= c with blocks, -1 none */
+static inline int pool_class_from(const pool *p, unsigned c)
+{
+    if (c >= POOL_CLASSES)
+        return -1;
+    unsigned top = c >> POOL_SUB_BITS;
+    unsigned m = p->sub[top] & (0xffffu << (c & ((1u << POOL_SUB_BITS) - 1)));
+    if (m)
+        return (int)(top << POOL_SUB_BITS | (unsigned)__builtin_ctz(m));
+    uint64_t t = top < 63 ? p->top & (~0ull << (top + 1)) : 0;
+    if (!t)
+        return -1;
+    top = (unsigned)__builtin_ctzll(t);
+    return (int)(top << POOL_SUB_BITS | (unsigned)__builtin_ctz(p->sub[top]));
+}
+
+/* the pool's first free block (smallest, lowest address), -1 none */
+static inline int32_t pool_first(const pool *p)
+{
+    return p->head;
+}
+
+/* its last (largest, highest address), -1 none */
+static inline int32_t pool_last(const pool *p)
+{
+    return p->tail;
+}
+
+/* the first free block not below (size, 0), -1 none: the first of the
+ * first class with blocks from size's on, past those below size */
+static inline int32_t pool_first_fit(const blk *b, const pool *p, uint64_t size)
+{
+    int c = pool_class_from(p, pool_class(size));
+    if (c < 0)
+        return -1;
+    int32_t i = p->first[c];
+    while (i >= 0 && b[i].size < size)
+        i = b[i].fnext;
+    return i;
+}
 
 typedef struct xseg {     /* one ExpandableSegment per pool (one stream) */
     int exists;
@@ -64,6 +123,7 @@ struct mm_allocator {
     void *seg_ctx;
     uint64_t hint;        /* address of the next cudaMalloc, 0 = invent one */
     int round_plain;      /* no roundup_power2_divisions: sizes round to 512 bytes */
+    int gc;               /* garbage collection: a memory fraction and a threshold */
     uint64_t clock;       /* counts content changes of blocks (blk.stamp) */
     /* while a fold's mark is open: each best-fit search of the cache, the
      * rounded request, the size of the block found (UINT64_MAX none) and its address,
@@ -82,7 +142,11 @@ struct mm_allocator {
  * memory (a->nomem); and the slot of a block that is gone */
 int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg);
 void alloc_blk_delete(mm_allocator *a, int32_t i);
-/* note a search of pool p (a->rec): block `got` found at `at`, -1 none */
-void alloc_rec_search(mm_allocator *a, const pool *p, uint64_t req, int32_t got, size_t at);
+/* note a search of pool p (a->rec): block `got` found, -1 none */
+void alloc_rec_search(mm_allocator *a, const pool *p, uint64_t req, int32_t got);
+/* an empty pool (its blocks' blk.pooled left to the caller); block i into its
+ * place in pool p, its gc age (blk.gc_base) untouched */
+void alloc_pool_clear(pool *p);
+void alloc_pool_link(mm_allocator *a, pool *p, int32_t i);
 
 #endif

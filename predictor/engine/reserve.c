@@ -87,13 +87,15 @@ static void note_oom(replay *r, uint32_t row, uint8_t phase, uint64_t bytes)
     o->oom_largest_free = mm_allocator_largest_free(r->a);
 }
 
-static int64_t alloc_at(replay *r, uint32_t row, uint8_t phase, uint64_t bytes)
+static inline int64_t alloc_at(replay *r, uint32_t row, uint8_t phase, uint64_t bytes)
 {
     int64_t h = mm_allocator_malloc(r->a, bytes);
-    if (h == MM_ALLOC_NOMEM)
-        r->failed = 1;
-    else if (h == MM_ALLOC_OOM)
-        note_oom(r, row, phase, bytes);
+    if (h < 0) { /* rare: not a block */
+        if (h == MM_ALLOC_NOMEM)
+            r->failed = 1;
+        else
+            note_oom(r, row, phase, bytes);
+    }
     return h;
 }
 
@@ -508,19 +510,54 @@ static size_t fold_at(replay *r, size_t i)
     return end;
 }
 
+/* events [i, end) of the log, until one fails; the event reached.  What
+ * event() does, with the allocator, the handles and the log in locals (the
+ * calls could change *r, as far as the compiler knows: only r->failed does) */
+static size_t run_events(replay *r, size_t i, size_t end)
+{
+    mm_allocator *a = r->a;
+    int64_t *h = r->h;
+    const sim_ev *ev = r->ev;
+    for (; i < end && !r->failed; i++) {
+        const sim_ev *e = &ev[i];
+        if (e->is_free) {
+            mm_allocator_release(a, h[e->id]);
+            h[e->id] = -1;
+        } else {
+            h[e->id] = alloc_at(r, e->row, e->phase, e->bytes);
+        }
+    }
+    return i;
+}
+
+/* a step's events one by one (no fold, no check): the optimizer states made
+ * (when `states` is 0) before the first event of the optimizer phase, as
+ * step() does, without its tests on every event.  Whether they were made. */
+static int step_plain(replay *r, int states, int per_param)
+{
+    size_t i = r->step_ev, opt = r->nev; /* the optimizer phase's first event */
+    for (size_t k = i; k < r->nev && !states; k++)
+        if (r->ev[k].phase == MM_PHASE_OPTIMIZER) {
+            opt = k;
+            break;
+        }
+    i = run_events(r, i, opt);
+    if (i == opt && opt < r->nev && !r->failed) { /* its event runs even when they failed */
+        model_states(r, F_OPT, per_param);
+        states = 1;
+        event(r, &r->ev[i++]);
+    }
+    run_events(r, i, r->nev);
+    return states;
+}
+
 static void step(replay *r, int first, int per_param)
 {
     int states = !first;
     r->stepno = first ? 1 : 2;
     size_t i = r->step_ev;
-    if (!r->fold && !r->check) { /* one by one */
-        for (; i < r->nev && !r->failed; i++) {
-            if (!states && r->ev[i].phase == MM_PHASE_OPTIMIZER) {
-                model_states(r, F_OPT, per_param);
-                states = 1;
-            }
-            event(r, &r->ev[i]);
-        }
+    if (!r->fold && !r->check) {
+        states = step_plain(r, states, per_param);
         i = r->nev;
     }
     if (r->fold)

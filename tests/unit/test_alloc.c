@@ -115,6 +115,37 @@ START_TEST(fragmentation_and_best_fit)
 }
 END_TEST
 
+START_TEST(best_fit_within_a_size_class)
+{
+    /* Free blocks of 24.5 and 24.75 MiB (one size class of the pool's list:
+     * alloc_internal.h): best fit (get_free_block's lower_bound by size) for
+     * 24.625 MiB passes the smaller one and takes the larger, unsplit (0.125
+     * MiB would remain, not > kSmallSize); then 24.25 MiB takes the 24.5 MiB
+     * one.  Each is made by a request whose 26 MiB segment (2 MiB rounding)
+     * splits, its remainder taken by a request of that size, so that freeing
+     * it cannot merge: no new segment is needed for either. */
+    mm_allocator *a = new_alloc(NULL, 0);
+    int64_t x1 = mm_allocator_malloc(a, 24 * MiB + MiB / 2);
+    ck_assert(mm_allocator_malloc(a, MiB + MiB / 2) >= 0);
+    int64_t x2 = mm_allocator_malloc(a, 24 * MiB + 3 * MiB / 4);
+    ck_assert(mm_allocator_malloc(a, MiB + MiB / 4) >= 0);
+    ck_assert_uint_eq(RESERVED(a), 52 * MiB);
+    uint64_t p1 = mm_allocator_block_ptr(a, x1), p2 = mm_allocator_block_ptr(a, x2);
+    mm_allocator_release(a, x1);
+    mm_allocator_release(a, x2);
+    ck_assert_uint_eq(mm_allocator_largest_free(a), 24 * MiB + 3 * MiB / 4);
+    int64_t h = mm_allocator_malloc(a, 24 * MiB + 5 * MiB / 8);
+    ck_assert(h >= 0);
+    ck_assert_uint_eq(mm_allocator_block_ptr(a, h), p2);
+    h = mm_allocator_malloc(a, 24 * MiB + MiB / 4);
+    ck_assert(h >= 0);
+    ck_assert_uint_eq(mm_allocator_block_ptr(a, h), p1);
+    ck_assert_uint_eq(RESERVED(a), 52 * MiB);
+    ck_assert_uint_eq(mm_allocator_largest_free(a), 0);
+    mm_allocator_free(a);
+}
+END_TEST
+
 START_TEST(max_split_size)
 {
     /* max_split_size_mb:128: a free 200 MiB block is not given to a 50 MiB
@@ -361,6 +392,7 @@ Suite *alloc_suite(void)
     tcase_add_test(tc, mid_requests_share_20mib_segments);
     tcase_add_test(tc, large_rounding_and_no_split_under_1mib);
     tcase_add_test(tc, fragmentation_and_best_fit);
+    tcase_add_test(tc, best_fit_within_a_size_class);
     tcase_add_test(tc, max_split_size);
     tcase_add_test(tc, capacity_retry_and_oom);
     tcase_add_test(tc, empty_cache_releases_unsplit);

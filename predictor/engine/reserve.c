@@ -428,7 +428,7 @@ static size_t verify_fold(replay *r, size_t i, size_t P, size_t end, size_t t, s
 {
     fold *f = r->fold;
     size_t b0 = i + t * P, Q = c * P;
-    uint64_t pmax[4];
+    uint64_t pmax[4] = {0};
     if (mm_alloc_mark_open(r->a, f->full)) {
         r->failed = 1;
         return b0;

@@ -18,11 +18,10 @@
  * in), guesses the answer from its allocator cache (as it is, and grown
  * with the activations) and one more sample of the live bytes, and judges
  * the guess and its neighbour: two verdicts when the guess is right (the
- * LLaVA-1.5-7B preset on 8 H100s: 21.2 M instructions, 23.6 M before the
- * search shared one counting pass, 58.9 M with the former secant search on
- * the live bytes and bisection of verdicts; every preset at the five cards
- * and two flush policies of tests/fit/fit_search.c: 8.2 G, was 10.9 G;
- * docs/plugin.md, "Cost").  The micro-batch changes no parameter: the
+ * LLaVA-1.5-7B preset on 8 H100s: 16.5 M instructions, 23.6 M before the
+ * search shared one counting pass and the replay and steps got cheaper,
+ * 58.9 M with the former secant search on the live bytes and bisection of
+ * verdicts; docs/plugin.md, "Cost").  The micro-batch changes no parameter: the
  * search's first step (its sample of the live bytes) counts the rows and
  * parameters for all its later ones (fitctx.rows, step.h rows_from), and
  * mm_fit takes the verdict at the answer from the search.  Under

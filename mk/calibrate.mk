@@ -3,9 +3,8 @@
 # sources exist) and skip, with a message, the checks that need it otherwise.
 # The GPU run itself: see docs/calibrate.md (calibrate-dry-run prints its plan).
 
-# Debian's python3 has torch (python3-torch, installed for the oracle by `make check`),
-# so the torch-side checks (built-in LoRA, the no-grad wrapper, parameter layouts) run
-# too; only the transformers model smoke test is skipped (no Debian package).
+# CALIB_PY runs the comparisons (no torch needed); check-calibrate's tests run in the
+# truth venv (below).
 CALIB_PY ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
 CALIB_MMGUARD_DEP := $(if $(wildcard predictor/cli/main.c),$(BUILD)/mmguard)
 
@@ -32,8 +31,17 @@ define gpu_accuracy
 	done; fi
 endef
 
+# The tests run in the truth harness's venv (torch and transformers pinned, built by
+# `make truth-venv`, which check-python and check-truth need anyway), so the model
+# smoke tests and the Qwen-VL checks against a real tiny model (spec_for's parameter
+# counts, the checkpointing hooks removed) run too; without it they skip, saying so.
 check-calibrate: $(CALIB_MMGUARD_DEP)
-	MMGUARD=$(abspath $(BUILD)/mmguard) $(CALIB_PY) tests/calibrate/run_tests.py
+	@py=$(CALIB_PY); mkdir -p $(BUILD); \
+	if $(MAKE) --no-print-directory truth-venv >$(BUILD)/calibrate-venv.log 2>&1; then \
+	    py=$(abspath $(TRUTH_VENV))/bin/python; \
+	else echo "check-calibrate: no truth venv (see $(BUILD)/calibrate-venv.log): its torch tests skip"; fi; \
+	echo "MMGUARD=$(abspath $(BUILD)/mmguard) $$py tests/calibrate/run_tests.py"; \
+	MMGUARD=$(abspath $(BUILD)/mmguard) $$py tests/calibrate/run_tests.py
 
 calibrate-dry-run:
 	$(CALIB_PY) contrib/calibrate/calibrate.py --dry-run --out tests/gpu_data/calib.jsonl

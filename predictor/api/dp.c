@@ -20,6 +20,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+int step_run_spec(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+{
+    resolved_model rm;
+    if (resolve_model(sp, &rm, err)) {
+        memset(s, 0, sizeof *s);
+        return -1;
+    }
+    int rc = step_run(&rm, s, cfg, err);
+    resolved_free(&rm);
+    return rc;
+}
+
 #define DP_CHECK_N 4096u /* degrees checked one by one in dp_envelope */
 
 static uint64_t term_at(const mm_dp_term *t, uint64_t n)
@@ -272,7 +284,7 @@ int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
     mm_alloc_conf_default(&L->conf);
     if (sp->device.alloc_conf[0] && mm_alloc_conf_parse(&L->conf, sp->device.alloc_conf, err) < 0)
         return -1;
-    if (step_run(sp, &L->s, &cfg, err)) {
+    if (step_run_spec(sp, &L->s, &cfg, err)) {
         steplog_free(L);
         return -1;
     }
@@ -287,7 +299,7 @@ int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
     L->n_dependent = L->per_degree;
     for (size_t i = 0; i < L->s.nev && !L->n_dependent; i++)
         L->n_dependent = L->s.t[L->s.ev[i].id].sharded == SIM_SHARDED;
-    if (L->s.outside_bytes && step_parallel(sp) != PAR_DDP)
+    if (L->s.outside_bytes && spec_parallel(sp) != PAR_DDP)
         L->n_dependent = 1; /* paged states divided by N */
     return 0;
 }
@@ -320,7 +332,7 @@ int dp_paged_at(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
 {
     sim s;
     step_cfg cfg = {.rows_from = rows_from, .largest_param = largest, .dp = n, .snap_at = 1};
-    int rc = step_run(sp, &s, &cfg, err);
+    int rc = step_run_spec(sp, &s, &cfg, err);
     *paged = s.outside_bytes;
     sim_free(&s);
     return rc;
@@ -335,7 +347,7 @@ int dp_covered(const mm_prediction *p, uint32_t n)
 
 int dp_per_degree(const mm_spec *sp)
 {
-    return step_parallel(sp) != PAR_DDP;
+    return spec_parallel(sp) != PAR_DDP;
 }
 
 /* a degree of a per-degree spec: the step simulated at n itself, once: its

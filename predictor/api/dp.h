@@ -26,6 +26,9 @@ uint64_t steplog_degree(const mm_spec *sp, uint64_t n, int own_n);
 /* Simulate `sp` with every layer at max(n, 2), rows from `rows_from` (an
  * earlier run of the same spec) when not NULL; own_n: at n itself (a log at
  * N = 1 lacks the DDP buckets and serves N = 1 only).  0, or -1 with err. */
+/* One step of the spec: resolved (spec/resolve.h), run (step_run), released.
+ * 0, or -1 with err set. */
+int step_run_spec(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err);
 int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint64_t n,
                 int own_n, steplog *L, mm_error *err);
 /* The allocator model's reserved peak over two steps at degree n. */

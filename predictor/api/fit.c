@@ -111,7 +111,7 @@ static uint64_t probe_live(const fitctx *c, uint64_t x)
     /* the folded step, as mm_predict_peak's lower bound takes it */
     step_cfg cfg = {.dp = c->s->training.data_parallel, .rows_from = rows,
                     .largest_param = rows ? rows->largest_param : 0};
-    if (step_run(c->s, &s, &cfg, &e)) {
+    if (step_run_spec(c->s, &s, &cfg, &e)) {
         sim_free(&s);
         return UINT64_MAX;
     }

@@ -107,7 +107,7 @@ static int first_run(const mm_spec *sp, mm_prediction *out, run1 *r, int nofold,
     step_cfg cfg = {.dp = sp->training.data_parallel, .symbolic = 1, .nofold = nofold,
                     .track_peak = 1};
     memset(r, 0, sizeof *r);
-    if (step_run(sp, &s, &cfg, err)) {
+    if (step_run_spec(sp, &s, &cfg, err)) {
         sim_free(&s);
         return -1;
     }
@@ -363,7 +363,7 @@ static int predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, ui
     sim s;
     step_cfg cfg = {.dp = t->data_parallel};
     memset(out, 0, sizeof *out);
-    if (step_run(sp, &s, &cfg, err)) {
+    if (step_run_spec(sp, &s, &cfg, err)) {
         sim_free(&s);
         return -1;
     }

@@ -177,7 +177,7 @@ static int judge_step(judge *j, const mm_spec *sp, uint64_t gpu, int logged, con
     }
     step_cfg cfg = {.dp = j->n ? j->n : 1, .rows_from = rows,
                     .largest_param = rows ? rows->largest_param : 0};
-    return step_run(sp, &j->s, &cfg, err);
+    return step_run_spec(sp, &j->s, &cfg, err);
 }
 
 /* the log, unless judge_step made it */

@@ -28,7 +28,6 @@ typedef struct sac_cache {
 typedef struct lctx {
     sim *s;
     const resolved_model *rm; /* the resolved model (spec/resolve.h) */
-    const mm_spec *spec;  /* its spec (rm->spec), for what rm does not hold yet */
     const module_spec *m;
     uint32_t mi;
     int counting;        /* parameter-counting pass: no tensors */

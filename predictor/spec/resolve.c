@@ -74,6 +74,7 @@ static void resolve_module(const module_spec *ms, resolved_module *r)
     r->unit_embeddings = clip || siglip;
     r->unit_head = siglip;
     r->unit_attention_only = f && !strcmp(f->name, "idefics3");
+    r->has_sliding = lset_first_from(&ms->sliding, 0) < ms->num_hidden_layers;
     if (ms->kind == MOD_VISION)
         for (uint64_t l = 0; l < ms->num_hidden_layers && r->deepstack_taps < 16; l++)
             r->deepstack_taps += (uint64_t)lset_has(&ms->deepstack, l);
@@ -159,6 +160,10 @@ int resolve_model(const mm_spec *sp, resolved_model *m, mm_error *err)
         return -1;
     }
     const resolved_module *v = m->vision >= 0 ? &m->modules[m->vision] : NULL;
+    /* modeling_utils.py _set_gradient_checkpointing counts every
+     * GradientCheckpointingLayer in module order (the tower's before the LLM's) */
+    if (m->decoder >= 0 && v && !v->spec->no_ckpt)
+        m->modules[m->decoder].ckpt_base = v->layers;
     m->has_images = v && m->training.images_per_sample;
     if (m->has_images) {
         uint64_t h, w;

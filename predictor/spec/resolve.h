@@ -46,6 +46,9 @@ typedef struct resolved_module {
     /* vision: the pixels (vision_config names) and the processor's kind */
     uint64_t image_size, patch_size, num_channels, temporal_patch_size;
     img_kind img;
+    uint64_t ckpt_base;           /* GradientCheckpointingLayers before its layers (every_n_layers
+                                     counts in module order): the decoder's, the tower's layers */
+    int has_sliding;              /* a sliding-window layer among its hidden layers */
     uint64_t deepstack_taps;      /* vision: DeepStack taps among its hidden layers */
     uint8_t *layer_kind;          /* LK_* of each of its `layers` layers (up to MM_MAX_LAYERS) */
 } resolved_module;
@@ -85,6 +88,12 @@ void resolved_free(resolved_model *m);
 static inline unsigned resolved_layer_kind(const resolved_model *m, uint32_t mi, uint64_t l)
 {
     return l < m->modules[mi].layers && l < MM_MAX_LAYERS ? m->modules[mi].layer_kind[l] : 0;
+}
+/* The spec of the module with this role, or NULL. */
+static inline const module_spec *resolved_spec_of(const resolved_model *m, mod_kind role)
+{
+    int i = role == MOD_VISION ? m->vision : role == MOD_CONNECTOR ? m->connector : m->decoder;
+    return i >= 0 ? m->modules[i].spec : NULL;
 }
 /* The decoder's hidden_size (0 without one): DeepSpeed's "auto" sizes. */
 static inline uint64_t resolved_decoder_hidden(const resolved_model *m)

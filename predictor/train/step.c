@@ -19,7 +19,6 @@ static void ctx_init(lctx *c, const resolved_model *rm, sim *s, int32_t *scratch
     memset(c, 0, sizeof *c);
     c->s = s;
     c->rm = rm;
-    c->spec = rm->spec;
     c->scratch = scratch;
     c->cos = c->sin = c->mask = c->mask_sliding = c->pixels = c->cross_states = -1;
     c->mask_cross = c->pos_ids = -1;

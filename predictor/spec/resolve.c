@@ -102,6 +102,7 @@ static void resolve_strategy(const mm_spec *sp, resolved_model *m)
 {
     const training_spec *t = &sp->training;
     m->training = sp->training;
+    m->training.data_parallel = 0; /* N reaches the step by step_cfg.dp, never from here */
     m->deepspeed = sp->deepspeed;
     m->fsdp = sp->fsdp;
     m->ddp = sp->ddp;

@@ -7,9 +7,10 @@
  * computes and keeps weights in, the visual tokens of the worst image, and
  * copies of the strategy's settings.  Under tensor parallel the decoder's
  * dimensions are one rank's (torchtitan's ColwiseParallel / RowwiseParallel
- * shards).  Nothing here depends on the micro-batch or the data-parallel
- * degree except the copy of training.micro_batch_size, which
- * resolved_set_micro_batch updates in place (fit's searches). */
+ * shards).  Nothing here depends on the data-parallel degree (the step takes
+ * it from step_cfg.dp; training.data_parallel is 0 here) nor on the
+ * micro-batch except the copy of training.micro_batch_size, which
+ * resolved_set_micro_batch updates in place: fit's searches resolve once. */
 #ifndef MM_RESOLVE_H
 #define MM_RESOLVE_H
 

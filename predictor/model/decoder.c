@@ -85,10 +85,11 @@ static int32_t embed(lctx *c, int32_t feat)
  * modelled: -1); packed and sequence-parallel batches bring them as inputs. */
 static void position_ids(lctx *c)
 {
-    const module_spec *m = c->m, *v = resolved_spec_of(c->rm, MOD_VISION);
+    const module_spec *m = c->m;
+    const resolved_model *rm = c->rm;
     c->pos_ids = -1;
-    if (m->pos != POS_ROPE || (v && v->temporal_patch_size) || c->on_seq ||
-        c->rm->training.packing)
+    if (m->pos != POS_ROPE || (rm->vision >= 0 && rm->modules[rm->vision].temporal_patch_size) ||
+        c->on_seq || rm->training.packing)
         return;
     uint32_t r = op_row(c, "rotary_emb", "rope");
     int32_t a = op_new(c, r, c->S, 8);

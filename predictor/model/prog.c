@@ -8,9 +8,9 @@
 
 #include <string.h>
 
-static int module_needs_grad(const module_spec *m)
+static int module_needs_grad(const resolved_module *m)
 {
-    return m->trainable || m->lora.enabled;
+    return m->trainable || m->lora;
 }
 
 /* The forward in compute order.  Returns the loss. */
@@ -50,7 +50,7 @@ int32_t prog_forward(lctx *c)
                 continue;
             /* frozen_rg: a flat parameter's view may make the tower's input need a
              * gradient (FSDP1); with none, a checkpoint of a frozen layer records nothing */
-            c->ckpt = c->ckpt && (module_needs_grad(m) || tower_input_grads(c) || c->frozen_rg);
+            c->ckpt = c->ckpt && (module_needs_grad(&rm->modules[mi]) || tower_input_grads(c) || c->frozen_rg);
             feat = m->kind == MOD_VISION ? vision_module(c) : connector_module(c, feat);
             continue;
         }

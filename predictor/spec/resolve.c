@@ -66,6 +66,8 @@ static void resolve_module(const module_spec *ms, resolved_module *r)
     r->num_channels = ms->num_channels;
     r->temporal_patch_size = ms->temporal_patch_size;
     r->img = ms->img.kind;
+    r->packed = ms->packed;
+    r->feature_cls = ms->class_token && ms->keep_cls && !ms->packed;
     /* _no_split_modules: transformers 5.17 modeling_clip.py:397 CLIPVisionEmbeddings,
      * modeling_siglip.py:366-371 SiglipVisionEmbeddings and
      * SiglipMultiheadAttentionPoolingHead, Idefics3VisionAttention */

@@ -47,6 +47,9 @@ typedef struct resolved_module {
     /* vision: the pixels (vision_config names) and the processor's kind */
     uint64_t image_size, patch_size, num_channels, temporal_patch_size;
     img_kind img;
+    int packed;                   /* all patches in one sequence, attention per image */
+    int feature_cls;              /* its per-image features keep the class token (batched
+                                     towers, vision_feature_select_strategy full) */
     uint64_t ckpt_base;           /* GradientCheckpointingLayers before its layers (every_n_layers
                                      counts in module order): the decoder's, the tower's layers */
     int has_sliding;              /* a sliding-window layer among its hidden layers */

@@ -24,6 +24,7 @@ static void modules_match(const mm_spec *s, const resolved_model *m, const char 
         ck_assert_uint_eq(r->num_key_value_heads, ms->num_key_value_heads);
         ck_assert_uint_eq(r->head_dim, ms->head_dim);
         ck_assert_int_eq(r->full_grads, ms->trainable && !ms->lora.enabled);
+        ck_assert_int_eq(r->feature_cls, ms->class_token && ms->keep_cls && !ms->packed);
         for (uint64_t l = 0; l < layers && l < MM_MAX_LAYERS; l++) {
             unsigned k = resolved_layer_kind(m, (uint32_t)i, l);
             ck_assert_msg(!(k & LK_CROSS) == !lset_has(&ms->cross, l) &&

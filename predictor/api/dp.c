@@ -20,6 +20,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+int step_run_spec(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+{
+    resolved_model rm;
+    if (resolve_model(sp, &rm, err)) {
+        memset(s, 0, sizeof *s);
+        return -1;
+    }
+    int rc = step_run(&rm, s, cfg, err);
+    resolved_free(&rm);
+    return rc;
+}
+
 #define DP_CHECK_N 4096u /* degrees checked one by one in dp_envelope */
 
 static uint64_t term_at(const mm_dp_term *t, uint64_t n)
@@ -262,8 +274,8 @@ uint64_t steplog_degree(const mm_spec *sp, uint64_t n, int own_n)
     return own_n ? (n ? n : 1) : n > 2 ? n : 2;
 }
 
-int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint64_t n,
-                int own_n, steplog *L, mm_error *err)
+int steplog_run(const mm_spec *sp, const resolved_model *rm, const sim *rows_from,
+                uint64_t largest, uint64_t n, int own_n, steplog *L, mm_error *err)
 {
     memset(L, 0, sizeof *L);
     L->n_log = steplog_degree(sp, n, own_n);
@@ -272,7 +284,7 @@ int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
     mm_alloc_conf_default(&L->conf);
     if (sp->device.alloc_conf[0] && mm_alloc_conf_parse(&L->conf, sp->device.alloc_conf, err) < 0)
         return -1;
-    if (step_run(sp, &L->s, &cfg, err)) {
+    if (rm ? step_run(rm, &L->s, &cfg, err) : step_run_spec(sp, &L->s, &cfg, err)) {
         steplog_free(L);
         return -1;
     }
@@ -287,7 +299,7 @@ int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint6
     L->n_dependent = L->per_degree;
     for (size_t i = 0; i < L->s.nev && !L->n_dependent; i++)
         L->n_dependent = L->s.t[L->s.ev[i].id].sharded == SIM_SHARDED;
-    if (L->s.outside_bytes && step_parallel(sp) != PAR_DDP)
+    if (L->s.outside_bytes && spec_parallel(sp) != PAR_DDP)
         L->n_dependent = 1; /* paged states divided by N */
     return 0;
 }
@@ -315,12 +327,12 @@ void steplog_free(steplog *L)
     sim_free(&L->s);
 }
 
-int dp_paged_at(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint64_t n,
-                uint64_t *paged, mm_error *err)
+int dp_paged_at(const mm_spec *sp, const resolved_model *rm, const sim *rows_from,
+                uint64_t largest, uint64_t n, uint64_t *paged, mm_error *err)
 {
     sim s;
     step_cfg cfg = {.rows_from = rows_from, .largest_param = largest, .dp = n, .snap_at = 1};
-    int rc = step_run(sp, &s, &cfg, err);
+    int rc = rm ? step_run(rm, &s, &cfg, err) : step_run_spec(sp, &s, &cfg, err);
     *paged = s.outside_bytes;
     sim_free(&s);
     return rc;
@@ -335,17 +347,18 @@ int dp_covered(const mm_prediction *p, uint32_t n)
 
 int dp_per_degree(const mm_spec *sp)
 {
-    return step_parallel(sp) != PAR_DDP;
+    return spec_parallel(sp) != PAR_DDP;
 }
 
 /* a degree of a per-degree spec: the step simulated at n itself, once: its
  * log's run has the allocated peak a prediction at n finds (folding the
  * layers is exact, tests/unit/test_predict.c folding_is_exact) */
-static int cover_direct(const mm_spec *sp, mm_prediction *p, uint32_t n, mm_error *err)
+static int cover_direct(const mm_spec *sp, const resolved_model *rm, mm_prediction *p,
+                        uint32_t n, mm_error *err)
 {
     steplog L;
     uint64_t res;
-    if (steplog_run(sp, NULL, 0, n, 1, &L, err))
+    if (steplog_run(sp, rm, NULL, 0, n, 1, &L, err))
         return -1;
     int rc = steplog_reserved(&L, n, &res, err);
     uint64_t alloc = L.s.peak ? L.s.peak : 1, paged = L.s.outside_bytes;
@@ -357,16 +370,16 @@ static int cover_direct(const mm_spec *sp, mm_prediction *p, uint32_t n, mm_erro
     return rc;
 }
 
-int dp_cover_at(const mm_spec *sp, const steplog *L, mm_prediction *p, uint32_t n,
-                mm_error *err)
+int dp_cover_at(const mm_spec *sp, const resolved_model *rm, const steplog *L, mm_prediction *p,
+                uint32_t n, mm_error *err)
 {
     if (L->per_degree)
-        return cover_direct(sp, p, n, err);
+        return cover_direct(sp, rm, p, n, err);
     uint64_t res, paged = L->s.outside_bytes;
     if (steplog_reserved(L, n, &res, err))
         return -1;
     if (L->n_dependent && L->s.outside_bytes &&
-        dp_paged_at(sp, &L->s, L->s.largest_param, n, &paged, err))
+        dp_paged_at(sp, rm, &L->s, L->s.largest_param, n, &paged, err))
         return -1;
     int rc = n >= 2 && !L->n_dependent ? dp_add_point(p, 2, UINT32_MAX, res, paged, 0)
                                        : dp_add_point(p, n, n, res, paged, 0);
@@ -380,21 +393,28 @@ int mm_dp_cover(const mm_spec *sp, mm_prediction *p, const uint32_t *ns, size_t 
     size_t todo = 0;
     for (size_t i = 0; i < k; i++)
         todo += ns[i] >= 1 && !dp_covered(p, ns[i]);
+    resolved_model rm; /* one for every degree: N is the step's (step_cfg.dp), not rm's */
     if (!todo)
         return 0;
-    if (dp_per_degree(sp)) {
-        for (size_t i = 0; i < k; i++)
-            if (ns[i] >= 1 && !dp_covered(p, ns[i]) && cover_direct(sp, p, ns[i], err))
-                return -1;
-        return 0;
-    }
-    steplog L;
-    if (steplog_run(sp, NULL, 0, sp->training.data_parallel, 0, &L, err))
+    if (resolve_model(sp, &rm, err))
         return -1;
     int rc = 0;
+    if (dp_per_degree(sp)) {
+        for (size_t i = 0; i < k && !rc; i++)
+            if (ns[i] >= 1 && !dp_covered(p, ns[i]))
+                rc = cover_direct(sp, &rm, p, ns[i], err);
+        resolved_free(&rm);
+        return rc;
+    }
+    steplog L;
+    if (steplog_run(sp, &rm, NULL, 0, sp->training.data_parallel, 0, &L, err)) {
+        resolved_free(&rm);
+        return -1;
+    }
     for (size_t i = 0; i < k && !rc; i++)
         if (ns[i] >= 1 && !dp_covered(p, ns[i]))
-            rc = dp_cover_at(sp, &L, p, ns[i], err);
+            rc = dp_cover_at(sp, &rm, &L, p, ns[i], err);
     steplog_free(&L);
+    resolved_free(&rm);
     return rc;
 }

@@ -20,14 +20,18 @@ typedef struct steplog {
                               are the same for every N >= 2 */
 } steplog;
 
+/* One step of the spec: resolved (spec/resolve.h), run (step_run), released.
+ * 0, or -1 with err set. */
+int step_run_spec(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err);
 /* The degree steplog_run simulates `sp` at for (n, own_n): n itself with
  * own_n or for a per-degree spec, else max(n, 2). */
 uint64_t steplog_degree(const mm_spec *sp, uint64_t n, int own_n);
 /* Simulate `sp` with every layer at max(n, 2), rows from `rows_from` (an
  * earlier run of the same spec) when not NULL; own_n: at n itself (a log at
- * N = 1 lacks the DDP buckets and serves N = 1 only).  0, or -1 with err. */
-int steplog_run(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint64_t n,
-                int own_n, steplog *L, mm_error *err);
+ * N = 1 lacks the DDP buckets and serves N = 1 only); rm: sp resolved, or NULL:
+ * resolved for this step.  0, or -1 with err. */
+int steplog_run(const mm_spec *sp, const resolved_model *rm, const sim *rows_from,
+                uint64_t largest, uint64_t n, int own_n, steplog *L, mm_error *err);
 /* The allocator model's reserved peak over two steps at degree n. */
 int steplog_reserved(const steplog *L, uint64_t n, uint64_t *reserved, mm_error *err);
 /* the whole replay result of the log at n (steplog_reserved keeps its reserved peak) */
@@ -36,8 +40,8 @@ void steplog_free(steplog *L);
 
 /* Replay L at degree n and record it in p (every N >= 2 at once when N does
  * not change the replay).  `sp` is the spec L and p come from. */
-int dp_cover_at(const mm_spec *sp, const steplog *L, mm_prediction *p, uint32_t n,
-                mm_error *err);
+int dp_cover_at(const mm_spec *sp, const resolved_model *rm, const steplog *L, mm_prediction *p,
+                uint32_t n, mm_error *err);
 /* ZeRO and FSDP lay their partitions out per N (DeepSpeed's padded flat
  * groups, round-robin gradient order and sub-groups; FSDP's padded flat
  * parameters, parallel_*.c), so one N's log does not give another N's sizes:
@@ -49,8 +53,8 @@ int dp_covered(const mm_prediction *p, uint32_t n);
 /* Bytes on the GPU outside the caching allocator (paged optimizer states) at
  * degree n: a sim of `sp` at n stopped at its first event (the model states
  * are counted before it).  rows_from as for steplog_run. */
-int dp_paged_at(const mm_spec *sp, const sim *rows_from, uint64_t largest, uint64_t n,
-                uint64_t *paged, mm_error *err);
+int dp_paged_at(const mm_spec *sp, const resolved_model *rm, const sim *rows_from,
+                uint64_t largest, uint64_t n, uint64_t *paged, mm_error *err);
 
 /* The dp terms of a prediction from the step's pareto points (fixed + N > 1
  * only, sharded): every point that is the maximum at some N >= 2.  Returns

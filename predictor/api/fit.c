@@ -55,7 +55,18 @@ typedef struct fitctx {
     int no_flush;     /* a cache flush does not count as fitting (flush=reject) */
     fit_best *best;   /* where passes() keeps its fitting verdicts, or NULL */
     struct fit_rows *rows; /* within one micro-batch search, or NULL */
+    resolved_model *rm; /* c->s resolved, within one search (where only the micro-batch
+                           or N changes), or NULL: each verdict resolves its own */
 } fitctx;
+
+/* the micro-batch of the working copy, and of its resolved model (the one value of
+ * it a micro-batch changes: resolve.h) */
+static void set_mb(const fitctx *c, uint64_t x)
+{
+    c->s->training.micro_batch_size = x;
+    if (c->rm)
+        resolved_set_micro_batch(c->rm, x);
+}
 
 /* the first step a micro-batch search simulated (have: one is kept), whose
  * rows and parameter counts every later step borrows (step.h rows_from) */
@@ -80,7 +91,7 @@ static int acceptable(const fitctx *c, mm_verdict_kind k)
 static int judge(const fitctx *c, mm_verdict *v)
 {
     mm_error e;
-    if (verdict_quick(c->s, c->gpu, c->usable, rows_of(c), v, &e)) {
+    if (verdict_quick(c->s, c->rm, c->gpu, c->usable, rows_of(c), v, &e)) {
         memset(v, 0, sizeof *v);
         v->kind = MM_VERDICT_OOM;
         snprintf(v->oom_event, sizeof v->oom_event, "%.150s", e.msg);
@@ -107,11 +118,11 @@ static uint64_t probe_live(const fitctx *c, uint64_t x)
     sim s;
     mm_error e;
     const sim *rows = rows_of(c);
-    c->s->training.micro_batch_size = x;
+    set_mb(c, x);
     /* the folded step, as mm_predict_peak's lower bound takes it */
     step_cfg cfg = {.dp = c->s->training.data_parallel, .rows_from = rows,
                     .largest_param = rows ? rows->largest_param : 0};
-    if (step_run(c->s, &s, &cfg, &e)) {
+    if (c->rm ? step_run(c->rm, &s, &cfg, &e) : step_run_spec(c->s, &s, &cfg, &e)) {
         sim_free(&s);
         return UINT64_MAX;
     }
@@ -133,9 +144,9 @@ static int passes(const fitctx *c, uint64_t x)
 {
     mm_verdict v;
     mm_error e;
-    c->s->training.micro_batch_size = x;
+    set_mb(c, x);
     if (c->no_flush)
-        return verdict_fits_clean_rows(c->s, c->gpu, c->usable, rows_of(c), &e) == 1;
+        return verdict_fits_clean_rows(c->s, c->rm, c->gpu, c->usable, rows_of(c), &e) == 1;
     int ok = judge(c, &v);
     if (ok && c->best && x > c->best->mb) { /* the search's answer: mm_fit's verdict at it */
         c->best->mb = x;
@@ -232,7 +243,7 @@ static uint32_t search_max_batch(const fitctx *c, const mm_verdict *at_spec)
     uint64_t x0 = mb < 1 ? 1 : mb > MM_MB_CAP ? MM_MB_CAP : mb;
     mm_verdict own;
     span b = {0, 0};
-    c->s->training.micro_batch_size = x0;
+    set_mb(c, x0);
     if (!at_spec || x0 != mb) {
         judge(c, &own);
         at_spec = &own;
@@ -255,7 +266,7 @@ static uint32_t search_max_batch(const fitctx *c, const mm_verdict *at_spec)
     if (!g[0])
         g[0] = x0;
     uint32_t r = search_from(c, &b, g);
-    c->s->training.micro_batch_size = mb;
+    set_mb(c, mb);
     return r;
 }
 
@@ -268,7 +279,12 @@ static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
     rows.have = 0; /* the sim only once a step fills it */
     fitctx in = *c;
     in.rows = &rows;
+    resolved_model rm; /* once for the search: set_mb changes its micro-batch */
+    mm_error e;
+    in.rm = resolve_model(in.s, &rm, &e) ? NULL : &rm;
     uint32_t r = search_max_batch(&in, at_spec);
+    if (in.rm)
+        resolved_free(in.rm);
     if (rows.have)
         sim_free(&rows.s);
     return r;
@@ -283,7 +299,7 @@ static __attribute__((noinline)) uint32_t fit_max_micro_batch(const mm_spec *spe
                                                               const mm_verdict *at_spec,
                                                               fit_best *best)
 {
-    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, best, NULL};
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, best, NULL, NULL};
     if (!c.s)
         return 0;
     uint32_t mb = max_batch(&c, at_spec);
@@ -318,12 +334,17 @@ static uint32_t max_batch_no_flush(const fitctx *c, uint32_t max, const mm_verdi
     else if (mb < max)
         b.hi = mb;
     const uint64_t g[2] = {b.hi - 1, 0};
+    resolved_model rm; /* once for the search: set_mb changes its micro-batch */
+    mm_error e;
+    nf.rm = resolve_model(nf.s, &rm, &e) ? NULL : &rm;
     uint32_t r = search_from(&nf, &b, g);
+    if (nf.rm)
+        resolved_free(nf.rm);
     if (r) { /* its verdict, in full */
-        c->s->training.micro_batch_size = r;
+        set_mb(c, r);
         judge(c, out);
     }
-    c->s->training.micro_batch_size = mb;
+    set_mb(c, mb);
     return r;
 }
 
@@ -350,6 +371,8 @@ static uint32_t first_fitting_dp(const fitctx *c0, mm_verdict *at)
     fitctx in = *c0; /* N changes no parameter: every verdict borrows that run's rows */
     const fitctx *c = &in;
     in.rows = &rows;
+    resolved_model rm; /* N is the step's (step_cfg.dp), not the resolved model's */
+    in.rm = resolve_model(in.s, &rm, &e) ? NULL : &rm;
     c->s->training.data_parallel = 2;
     int have_q = mm_predict_allocated(c->s, &q, &rows.s, &e) == 0;
     rows.have = have_q;
@@ -368,6 +391,8 @@ static uint32_t first_fitting_dp(const fitctx *c0, mm_verdict *at)
         mm_prediction_free(&q);
         sim_free(&rows.s);
     }
+    if (in.rm)
+        resolved_free(in.rm);
     return found;
 }
 
@@ -489,7 +514,7 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
     if (mm_verdict_for(spec, gpu_bytes, usable, 0, &out->verdict, err))
         return -1;
     fit_best best = {0};
-    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, NULL, NULL};
+    fitctx c = {mm_spec_copy_decoded(spec), gpu_bytes, usable, no_flush, NULL, NULL, NULL};
     if (!c.s) {
         mm_err(err, "out of memory");
         return -1;
@@ -503,7 +528,7 @@ int mm_fit(const mm_spec *spec, uint64_t gpu_bytes, uint64_t usable, int no_flus
      * one the search judged it by, when it judged it in full (passes) */
     out->max_micro_batch = fit_max_micro_batch(spec, gpu_bytes, usable, no_flush, v, &best);
     memset(&at, 0, sizeof at);
-    c.s->training.micro_batch_size = out->max_micro_batch;
+    set_mb(&c, out->max_micro_batch);
     if (out->max_micro_batch && best.mb == out->max_micro_batch)
         at = best.v;
     else if (out->max_micro_batch)

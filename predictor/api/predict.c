@@ -101,13 +101,14 @@ static void run1_free(run1 *r)
 
 /* One run gives the spec's allocated peak, where it happens, the N = 1 peak,
  * the dp terms for N >= 2 and the breakdown at the peak (r->rows.snap_*). */
-static int first_run(const mm_spec *sp, mm_prediction *out, run1 *r, int nofold, mm_error *err)
+static int first_run(const mm_spec *sp, const resolved_model *rm, mm_prediction *out, run1 *r,
+                     int nofold, mm_error *err)
 {
     sim s;
     step_cfg cfg = {.dp = sp->training.data_parallel, .symbolic = 1, .nofold = nofold,
                     .track_peak = 1};
     memset(r, 0, sizeof *r);
-    if (step_run(sp, &s, &cfg, err)) {
+    if (step_run(rm, &s, &cfg, err)) {
         sim_free(&s);
         return -1;
     }
@@ -151,13 +152,13 @@ static int first_run(const mm_spec *sp, mm_prediction *out, run1 *r, int nofold,
  * through the caching-allocator model with the job's PYTORCH_CUDA_ALLOC_CONF;
  * recorded as the dp point of the spec's N (of every N >= 2 when N does not
  * change the replay). */
-static int reserved_peak(const mm_spec *sp, const run1 *r, int own_log, mm_prediction *out,
-                         predict_keep *keep, mm_error *err)
+static int reserved_peak(const mm_spec *sp, const resolved_model *rm, const run1 *r, int own_log,
+                         mm_prediction *out, predict_keep *keep, mm_error *err)
 {
     uint64_t N = sp->training.data_parallel;
     steplog L;
     reserve_result rr;
-    if (steplog_run(sp, &r->rows, r->largest, N, own_log, &L, err))
+    if (steplog_run(sp, rm, &r->rows, r->largest, N, own_log, &L, err))
         return -1;
     int rc = steplog_replay(&L, N, &rr, err);
     uint64_t res = rc ? 0 : rr.reserved_peak;
@@ -252,7 +253,11 @@ int mm_predict_allocated(const mm_spec *sp, mm_prediction *out, sim *rows, mm_er
     memset(out, 0, sizeof *out);
     if (err)
         err->msg[0] = '\0';
-    int rc = first_run(sp, out, &r, 0, err);
+    resolved_model rm;
+    if (resolve_model(sp, &rm, err))
+        return -1;
+    int rc = first_run(sp, &rm, out, &r, 0, err);
+    resolved_free(&rm);
     if (!rc && rows) { /* the run's rows, parameter counts and tables, moved */
         free(r.rows.snap_row_fact);
         r.rows.snap_row_fact = NULL;
@@ -294,8 +299,13 @@ int mm_predict_keep(const mm_spec *sp, mm_prediction *out, mm_error *err, unsign
     if (err)
         err->msg[0] = '\0';
     run1 r;
-    if (first_run(sp, out, &r, nofold, err) ||
-        reserved_peak(sp, &r, (flags & MM_PREDICT_OWN_LOG) != 0, out, keep, err)) {
+    resolved_model rm; /* once for the prediction: its two steps read it */
+    if (resolve_model(sp, &rm, err))
+        return -1;
+    int failed = first_run(sp, &rm, out, &r, nofold, err) ||
+                 reserved_peak(sp, &rm, &r, (flags & MM_PREDICT_OWN_LOG) != 0, out, keep, err);
+    resolved_free(&rm);
+    if (failed) {
         run1_free(&r);
         if (keep)
             predict_keep_free(keep);
@@ -363,7 +373,11 @@ static int predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, ui
     sim s;
     step_cfg cfg = {.dp = t->data_parallel};
     memset(out, 0, sizeof *out);
-    if (step_run(sp, &s, &cfg, err)) {
+    resolved_model rm; /* once for both steps */
+    if (resolve_model(sp, &rm, err))
+        return -1;
+    if (step_run(&rm, &s, &cfg, err)) {
+        resolved_free(&rm);
         sim_free(&s);
         return -1;
     }
@@ -379,7 +393,7 @@ static int predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, ui
         steplog L;
         reserve_result r = {0};
         uint64_t stop = usable == UINT64_MAX ? UINT64_MAX : reserved_bound(&o, &s, usable, n);
-        rc = steplog_run(sp, &s, s.largest_param, n, 0, &L, err);
+        rc = steplog_run(sp, &rm, &s, s.largest_param, n, 0, &L, err);
         if (!rc) {
             if (reserve_replay_until(&L.s, n, &L.conf, L.per_param, L.pairs, stop, &r)) {
                 mm_err(err, "out of memory");
@@ -389,6 +403,7 @@ static int predict_peak(const mm_spec *sp, mm_peak_only *out, int lower_only, ui
         }
         out->peak = r.stopped ? UINT64_MAX : peak_at(&o, &s, rc ? 0 : r.reserved_peak, n);
     }
+    resolved_free(&rm);
     sim_free(&s);
     return rc;
 }

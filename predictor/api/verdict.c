@@ -29,6 +29,9 @@
 
 typedef struct judge {
     const mm_spec *sp;
+    const resolved_model *rm; /* sp resolved: the caller's, or &own */
+    resolved_model own;
+    int owns;
     sim s;          /* the folded step at N, when its log is simulated at another degree */
     steplog L;      /* its allocation log */
     const sim *st;  /* the step at N the verdict reads (allocated peak, paged bytes, row
@@ -167,17 +170,21 @@ static int judge_logs_at_n(const judge *j)
  * allocated peak, paged bytes and largest parameter are the folded run's
  * (folding the layers is exact: tests/unit/test_predict.c folding_is_exact;
  * tests/fold/fold.py --ref holds every verdict to the two runs') */
-static int judge_step(judge *j, const mm_spec *sp, uint64_t gpu, int logged, const sim *rows,
-                      mm_error *err)
+static int judge_step(judge *j, const mm_spec *sp, const resolved_model *rm, uint64_t gpu,
+                      int logged, const sim *rows, mm_error *err)
 {
     judge_init(j, sp, gpu);
+    if (!rm && resolve_model(sp, &j->own, err))
+        return -1;
+    j->owns = !rm;
+    j->rm = rm ? rm : &j->own;
     if (logged && judge_logs_at_n(j)) {
         j->st = &j->L.s;
-        return steplog_run(sp, NULL, 0, j->n ? j->n : 1, 0, &j->L, err);
+        return steplog_run(sp, j->rm, NULL, 0, j->n ? j->n : 1, 0, &j->L, err);
     }
     step_cfg cfg = {.dp = j->n ? j->n : 1, .rows_from = rows,
                     .largest_param = rows ? rows->largest_param : 0};
-    return step_run(sp, &j->s, &cfg, err);
+    return step_run(j->rm, &j->s, &cfg, err);
 }
 
 /* the log, unless judge_step made it */
@@ -185,16 +192,18 @@ static int judge_log(judge *j, mm_error *err)
 {
     if (j->st == &j->L.s)
         return 0;
-    return steplog_run(j->sp, &j->s, j->s.largest_param, j->n ? j->n : 1, 0, &j->L, err);
+    return steplog_run(j->sp, j->rm, &j->s, j->s.largest_param, j->n ? j->n : 1, 0, &j->L, err);
 }
 
 static int judge_open(judge *j, const mm_spec *sp, uint64_t gpu, mm_error *err)
 {
-    return judge_step(j, sp, gpu, 1, NULL, err) ? -1 : judge_log(j, err);
+    return judge_step(j, sp, NULL, gpu, 1, NULL, err) ? -1 : judge_log(j, err);
 }
 
 static void judge_close(judge *j)
 {
+    if (j->owns)
+        resolved_free(&j->own);
     steplog_free(&j->L);
     sim_free(&j->s);
 }
@@ -337,12 +346,12 @@ uint64_t verdict_outside(const mm_overheads *o, uint64_t allocated, uint32_t n)
  * block and never exceed the capacity, so that replay runs out of memory
  * (capacity.py: OOM below the live peak; its boundaries never below live +
  * context). */
-int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, const sim *rows,
-                  mm_verdict *v, mm_error *err)
+int verdict_quick(const mm_spec *sp, const resolved_model *rm, uint64_t gpu_bytes,
+                  uint64_t usable, const sim *rows, mm_verdict *v, mm_error *err)
 {
     judge j;
     reserve_result r;
-    int rc = judge_step(&j, sp, gpu_bytes, 0, rows, err);
+    int rc = judge_step(&j, sp, rm, gpu_bytes, 0, rows, err);
     if (!rc) {
         card_figures(&j, gpu_bytes, usable, v);
         if (j.st->peak > v->capacity) {
@@ -371,13 +380,13 @@ int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, const 
  * that cudaMalloc fails in the capped replay: a retry or out of memory, never
  * FITS.  The setup before the steps only allocates the parameters, so its
  * reserved bytes never exceed the steps' peak. */
-int verdict_fits_clean_rows(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
-                            const sim *rows, mm_error *err)
+int verdict_fits_clean_rows(const mm_spec *sp, const resolved_model *rm, uint64_t gpu_bytes,
+                            uint64_t usable, const sim *rows, mm_error *err)
 {
     judge j;
     mm_verdict v;
     reserve_result r;
-    int rc = judge_step(&j, sp, gpu_bytes, 0, rows, err), fits = 0;
+    int rc = judge_step(&j, sp, rm, gpu_bytes, 0, rows, err), fits = 0;
     if (!rc) {
         card_figures(&j, gpu_bytes, usable, &v);
         if (j.st->peak <= v.capacity && !(rc = judge_log(&j, err))) {
@@ -399,5 +408,5 @@ int verdict_fits_clean_rows(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usab
 
 int verdict_fits_clean(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_error *err)
 {
-    return verdict_fits_clean_rows(sp, gpu_bytes, usable, NULL, err);
+    return verdict_fits_clean_rows(sp, NULL, gpu_bytes, usable, NULL, err);
 }

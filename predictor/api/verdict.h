@@ -5,6 +5,7 @@
 #define MM_VERDICT_H
 
 #include "mmguard.h"
+#include "resolve.h"
 
 struct sim;
 
@@ -27,9 +28,9 @@ uint64_t verdict_outside(const mm_overheads *o, uint64_t allocated, uint32_t n);
  * refuses, e.g. sizes that overflow).  `rows`, or NULL: a finished step of the
  * same spec at another micro-batch, whose rows and parameter counts (which
  * the micro-batch does not change) spare the step its counting pass (step.h
- * rows_from). */
-int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
-                  const struct sim *rows, mm_verdict *v, mm_error *err);
+ * rows_from).  `rm`: sp resolved (spec/resolve.h), or NULL: resolved here. */
+int verdict_quick(const mm_spec *sp, const resolved_model *rm, uint64_t gpu_bytes,
+                  uint64_t usable, const struct sim *rows, mm_verdict *v, mm_error *err);
 
 /* Whether the verdict of verdict_quick(sp, gpu_bytes, usable) is FITS, for
  * searches that ask only that (flush=reject: a flush does not count): the
@@ -38,8 +39,8 @@ int verdict_quick(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
  * its reserved peak passes the capacity (reserve_replay_until).  1 fits, 0
  * not, -1 with err as verdict_quick. */
 int verdict_fits_clean(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable, mm_error *err);
-/* the same with rows as verdict_quick's */
-int verdict_fits_clean_rows(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
-                            const struct sim *rows, mm_error *err);
+/* the same with rm and rows as verdict_quick's */
+int verdict_fits_clean_rows(const mm_spec *sp, const resolved_model *rm, uint64_t gpu_bytes,
+                            uint64_t usable, const struct sim *rows, mm_error *err);
 
 #endif

@@ -57,7 +57,7 @@ static int32_t qk_norm(lctx *c, const char *name, int32_t x, uint64_t heads)
 
 static int sliding_here(const lctx *c)
 {
-    return c->m->kind == MOD_DECODER && lset_has(&c->m->sliding, c->layer) &&
+    return c->m->kind == MOD_DECODER && (resolved_layer_kind(c->rm, c->mi, c->layer) & LK_SLIDING) &&
            c->m->sliding_window < c->S;
 }
 
@@ -104,7 +104,7 @@ static int32_t self_attention(lctx *c, int32_t z, int32_t *probs)
                    .weights = probs};
     if (c->chunks) { /* packed: attention per image, or per window (Qwen2.5-VL) */
         o.chunks = c->chunks;
-        if (c->win_chunks > c->chunks && !lset_has(&m->full_attention, c->layer))
+        if (c->win_chunks > c->chunks && !(resolved_layer_kind(c->rm, c->mi, c->layer) & LK_FULL_ATT))
             o.chunks = c->win_chunks;
         o.B = 1;
         o.S = c->T / o.chunks;
@@ -122,7 +122,7 @@ static int32_t self_attention(lctx *c, int32_t z, int32_t *probs)
 
 static int moe_here(const lctx *c)
 {
-    return c->m->kind == MOD_DECODER && c->m->num_experts && !lset_has(&c->m->dense, c->layer);
+    return c->m->kind == MOD_DECODER && c->m->num_experts && !(resolved_layer_kind(c->rm, c->mi, c->layer) & LK_DENSE);
 }
 
 /* InternViT LayerScale: lambda * x (MulBackward0 keeps x for lambda's gradient) */
@@ -197,7 +197,7 @@ static int32_t sublayer(lctx *c, int32_t x, int which, int32_t *probs)
 int32_t block_layer(lctx *c, int32_t x, uint64_t layer)
 {
     c->layer = layer;
-    if (c->m->kind == MOD_DECODER && lset_has(&c->m->cross, layer))
+    if (c->m->kind == MOD_DECODER && (resolved_layer_kind(c->rm, c->mi, layer) & LK_CROSS))
         return block_cross_layer(c, x);
     /* `hidden_states, _ = self.self_attn(...)`: `_` keeps eager's probabilities
      * until the layer returns, after the MLP and the residual, the local freed

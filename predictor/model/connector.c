@@ -178,11 +178,11 @@ int32_t connector_module(lctx *c, int32_t feat)
  * for the decoder's first layers */
 int32_t connector_deepstack(lctx *c, int32_t x)
 {
-    const module_spec *cm = mm_spec_module(c->spec, MOD_CONNECTOR);
+    const module_spec *cm = resolved_spec_of(c->rm, MOD_CONNECTOR);
     if (!cm)
         return -1;
     lctx outer = *c;
-    prog_enter_module(c, (uint32_t)(cm - c->spec->modules));
+    prog_enter_module(c, (uint32_t)c->rm->connector);
     c->per_layer = 1;
     c->force_frozen = cm->deepstack_frozen;
     op_hold(c, x);

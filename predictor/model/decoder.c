@@ -85,10 +85,11 @@ static int32_t embed(lctx *c, int32_t feat)
  * modelled: -1); packed and sequence-parallel batches bring them as inputs. */
 static void position_ids(lctx *c)
 {
-    const module_spec *m = c->m, *v = mm_spec_module(c->spec, MOD_VISION);
+    const module_spec *m = c->m;
+    const resolved_model *rm = c->rm;
     c->pos_ids = -1;
-    if (m->pos != POS_ROPE || (v && v->temporal_patch_size) || c->on_seq ||
-        c->spec->training.packing)
+    if (m->pos != POS_ROPE || (rm->vision >= 0 && rm->modules[rm->vision].temporal_patch_size) ||
+        c->on_seq || rm->training.packing)
         return;
     uint32_t r = op_row(c, "rotary_emb", "rope");
     int32_t a = op_new(c, r, c->S, 8);
@@ -121,13 +122,10 @@ static void rotary(lctx *c, int32_t x)
 static void masks(lctx *c, int has_images)
 {
     const module_spec *m = c->m;
-    const training_spec *t = &c->spec->training;
+    const training_spec *t = &c->rm->training;
     uint32_t r = op_row(c, "causal_mask", "mask");
     uint64_t ss = op_mul3(c, c->B, c->S, c->S);
-    int sliding = 0;
-    for (uint64_t l = 0; l < m->num_hidden_layers && !sliding; l++)
-        sliding = lset_has(&m->sliding, l);
-    sliding = sliding && m->sliding_window < c->S;
+    int sliding = c->rm->modules[c->mi].has_sliding && m->sliding_window < c->S;
     int special = (m->bidirectional_images && has_images) || (t->packing && c->attn == ATT_SDPA);
     c->mask = c->mask_sliding = -1;
     if (c->attn == ATT_EAGER) {
@@ -157,14 +155,14 @@ static void masks(lctx *c, int has_images)
 static void kv_cache(lctx *c)
 {
     const module_spec *m = c->m;
-    const training_spec *t = &c->spec->training;
+    const training_spec *t = &c->rm->training;
     uint32_t r = op_row(c, "kv_cache", "cache");
     if (!t->use_cache || t->ckpt.enabled || c->counting)
         return;
     uint64_t ke = c->amp ? F32 : c->dt, kvd = op_mul(c, m->num_key_value_heads, m->head_dim);
     uint64_t img = c->vt.seq * c->vt.tiles * (c->B ? c->images / c->B : 0), n = 0;
     for (uint64_t l = 0; l < m->num_hidden_layers && l < MM_MAX_LAYERS; l++)
-        n = sim_add(c->s, n, op_mul(c, c->B, lset_has(&m->cross, l) ? img : c->S));
+        n = sim_add(c->s, n, op_mul(c, c->B, (resolved_layer_kind(c->rm, c->mi, l) & LK_CROSS) ? img : c->S));
     op_label(c, "kv cache (use_cache)", r);
     int32_t kv = op_new(c, r, op_mul3(c, n, kvd, 2), ke);
     op_hold_forward(c, kv);
@@ -210,8 +208,8 @@ int32_t decoder_module(lctx *c, int32_t image_features)
         op_drop(c, z);
         z = g;
     }
-    uint64_t rows = c->spec->training.logits_to_keep
-                        ? op_mul(c, c->B, c->spec->training.logits_to_keep) : c->T;
+    uint64_t rows = c->rm->training.logits_to_keep
+                        ? op_mul(c, c->B, c->rm->training.logits_to_keep) : c->T;
     int32_t loss = op_lm_head_loss(c, z, rows, m->hidden_size, m->vocab_size,
                                    m->tie_word_embeddings);
     op_drop(c, z);

@@ -116,7 +116,7 @@ int32_t mllama_vision(lctx *c)
     c->per_layer = 0;
     uint64_t ntaps = 0;
     for (uint64_t l = 0; l < L; l++)
-        ntaps += lset_has(&m->taps, l);
+        ntaps += (resolved_layer_kind(c->rm, c->mi, l) & LK_TAP) != 0;
     uint32_t rs = op_row(c, "intermediate_hidden_states", "copy");
     int32_t st = op_plain(c, rs, -1, -1, op_mul3(c, c->T, h, ntaps), esz_of(c, gl)); /* stack */
     size_t n = (size_t)L + 1;

@@ -154,7 +154,7 @@ static int32_t experts_eager(lctx *c, int32_t z, int32_t w, uint32_t r)
     if (busy > T)
         busy = T;
     int tw = op_trainable(c);
-    int stacked = c->spec->framework.tf_major >= 5;
+    int stacked = c->rm->framework.tf_major >= 5;
     uint32_t rgu = op_row(c, stacked ? "layers.mlp.experts.gate_up_proj" : "layers.mlp.experts.w1_w3",
                           "experts");
     uint32_t rdn = op_row(c, stacked ? "layers.mlp.experts.down_proj" : "layers.mlp.experts.w2",
@@ -216,7 +216,7 @@ int32_t moe_block(lctx *c, int32_t z)
     uint32_t r = op_row(c, "layers.mlp.gate", "router");
     int32_t sh = m->shared_expert_intermediate_size ? shared_expert(c, z) : -1;
     int32_t w = router(c, z, r);
-    int grouped = m->experts == EXPERTS_GROUPED && c->spec->framework.tf_major >= 5;
+    int grouped = m->experts == EXPERTS_GROUPED && c->rm->framework.tf_major >= 5;
     int32_t y = grouped ? experts_grouped(c, z, w, r) : experts_eager(c, z, w, r);
     op_drop(c, w);
     if (sh < 0)

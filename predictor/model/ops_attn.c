@@ -341,7 +341,7 @@ static int32_t attn_core(lctx *c, uint32_t r, int32_t q, int32_t k, int32_t v,
     uint64_t qe = op_mul3(c, o->B, o->S, op_mul(c, o->heads, o->d));
     /* GQA: eager always repeats k/v; SDPA gets enable_gqa=True when there is
      * no mask (transformers >= 4.48, sdpa_attention.use_gqa_in_sdpa) */
-    const framework_spec *fw = &c->spec->framework;
+    const framework_spec *fw = &c->rm->framework;
     int old_tf = fw->tf_major < 4 || (fw->tf_major == 4 && fw->tf_minor < 48);
     int repeat = o->kv < o->heads &&
                  (ak == ATT_EAGER || (ak == ATT_SDPA && (old_tf || o->mask >= 0)));

@@ -23,7 +23,7 @@ static uint64_t esz(const lctx *c, int32_t id)
  * allocations (op_liger_silu_mul) */
 int op_liger_swiglu(const lctx *c)
 {
-    const liger_spec *l = &c->spec->training.liger;
+    const liger_spec *l = &c->rm->training.liger;
     const module_spec *m = c->m;
     return m->kind == MOD_DECODER && m->mlp == MLP_GATED &&
            ((l->swiglu && m->act == ACT_SILU) || (l->geglu && m->act == ACT_GELU_TANH));
@@ -31,7 +31,7 @@ int op_liger_swiglu(const lctx *c)
 
 int op_liger_rope(const lctx *c)
 {
-    return c->m->kind == MOD_DECODER && c->spec->training.liger.rope &&
+    return c->m->kind == MOD_DECODER && c->rm->training.liger.rope &&
            c->m->pos == POS_ROPE;
 }
 
@@ -112,7 +112,7 @@ static int32_t liger_layer_norm(lctx *c, const char *name, int32_t x, uint64_t r
 int32_t op_decoder_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t w,
                         norm_kind k)
 {
-    const liger_spec *l = &c->spec->training.liger;
+    const liger_spec *l = &c->rm->training.liger;
     mod_kind mk = c->m->kind;
     int here = mk == MOD_DECODER || (mk == MOD_VISION && l->vision_norms) ||
                (mk == MOD_CONNECTOR && l->connector_norm);
@@ -130,7 +130,7 @@ int32_t op_decoder_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uin
 int32_t op_vision_post_norm(lctx *c, const char *name, int32_t x, uint64_t rows, uint64_t w,
                             norm_kind k)
 {
-    if (k == NORM_LAYER && c->m->kind == MOD_VISION && c->spec->training.liger.vision_post_ln)
+    if (k == NORM_LAYER && c->m->kind == MOD_VISION && c->rm->training.liger.vision_post_ln)
         return liger_layer_norm(c, name, x, rows, w);
     return op_norm(c, name, x, rows, w, k, 1);
 }

@@ -115,11 +115,11 @@ static int32_t standard_loss(lctx *c, int32_t logits, uint64_t rows, uint64_t V)
     op_label(c, "loss", rl);
     uint64_t TV = op_mul(c, rows, V), B = c->B;
     int32_t l32 = logits;
-    if (esz_of(c, logits) != F32 && c->spec->training.loss_upcast)
+    if (esz_of(c, logits) != F32 && c->rm->training.loss_upcast)
         l32 = op_plain(c, rl, logits, -1, TV, F32);
     else
         op_hold(c, logits);
-    const framework_spec *fw = &c->spec->framework;
+    const framework_spec *fw = &c->rm->framework;
     int old_tf = fw->tf_major < 4 || (fw->tf_major == 4 && fw->tf_minor < 46);
     uint64_t srows = old_tf && rows > B ? rows - B : rows;
     int32_t src = l32;
@@ -147,7 +147,7 @@ static int32_t standard_loss(lctx *c, int32_t logits, uint64_t rows, uint64_t V)
 static int32_t chunked_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t V, int tied,
                             uint32_t rh)
 {
-    uint64_t n = c->spec->training.loss_chunks, per = (rows + n - 1) / n;
+    uint64_t n = c->rm->training.loss_chunks, per = (rows + n - 1) / n;
     uint32_t rl = op_row(c, "loss", "cross_entropy");
     int32_t logits = lm_head(c, rh, z, rows, h, V, tied); /* the chunks, all alive */
     op_label(c, "loss (chunked)", rl);
@@ -209,7 +209,7 @@ void op_unit_event(lctx *c, uint64_t unit, int what)
 static int32_t head_loss(lctx *c, int32_t z, uint64_t rows, uint64_t h, uint64_t V, int tied,
                          uint32_t rh)
 {
-    loss_kind k = c->spec->training.loss;
+    loss_kind k = c->rm->training.loss;
     if (k == LOSS_FUSED_LINEAR)
         return fused_loss(c, z, rows, h, V, tied, rh);
     if (k == LOSS_CHUNKED)

@@ -8,28 +8,30 @@
 
 #include <string.h>
 
-static int module_needs_grad(const module_spec *m)
+static int module_needs_grad(const resolved_module *m)
 {
-    return m->trainable || m->lora.enabled;
+    return m->trainable || m->lora;
 }
 
 /* The forward in compute order.  Returns the loss. */
 int32_t prog_forward(lctx *c)
 {
-    const mm_spec *sp = c->spec;
-    const training_spec *t = &sp->training;
+    const resolved_model *rm = c->rm;
+    const training_spec *t = &rm->training;
     int32_t feat = -1;
     mod_kind order[MOD_NKIND] = {MOD_VISION, MOD_CONNECTOR, MOD_DECODER};
-    int images = t->images_per_sample > 0 && mm_spec_module(sp, MOD_VISION);
+    int images = t->images_per_sample > 0 && rm->vision >= 0;
     /* gradient_checkpointing_enable() calls enable_input_require_grads()
      * (modeling_utils.py: main_input_name == "input_ids"), which in transformers 5
      * hooks the input embeddings of every sub-model, vision towers included */
     c->input_grads = t->ckpt.enabled;
     for (int k = 0; k < MOD_NKIND; k++) {
-        const module_spec *m = mm_spec_module(sp, order[k]);
-        if (!m)
+        int mi = order[k] == MOD_VISION ? rm->vision : order[k] == MOD_CONNECTOR ? rm->connector
+                                                                                 : rm->decoder;
+        if (mi < 0)
             continue;
-        prog_enter_module(c, (uint32_t)(m - sp->modules));
+        const module_spec *m = rm->modules[mi].spec;
+        prog_enter_module(c, (uint32_t)mi);
         c->grad = 1;
         c->ckpt = t->ckpt.enabled;
         c->input_grads = t->ckpt.enabled;
@@ -48,7 +50,7 @@ int32_t prog_forward(lctx *c)
                 continue;
             /* frozen_rg: a flat parameter's view may make the tower's input need a
              * gradient (FSDP1); with none, a checkpoint of a frozen layer records nothing */
-            c->ckpt = c->ckpt && (module_needs_grad(m) || tower_input_grads(c) || c->frozen_rg);
+            c->ckpt = c->ckpt && (module_needs_grad(&rm->modules[mi]) || tower_input_grads(c) || c->frozen_rg);
             feat = m->kind == MOD_VISION ? vision_module(c) : connector_module(c, feat);
             continue;
         }
@@ -66,11 +68,11 @@ int32_t prog_recompute(sim *s, const sim_node *ck, void *ctx)
     lctx *c = ctx;
     const module_spec *m = ck->ckpt_prog;
     lctx outer = *c;
-    prog_enter_module(c, (uint32_t)(m - c->spec->modules));
+    prog_enter_module(c, (uint32_t)(m - c->rm->spec->modules));
     c->grad = 1;
     c->per_layer = 1;
     c->recompute = 1;
-    c->early_stop = !c->spec->training.ckpt.reentrant;
+    c->early_stop = !c->rm->training.ckpt.reentrant;
     c->cos = ck->aux[1];
     c->sin = ck->aux[2];
     c->mask = ck->aux[3];
@@ -84,7 +86,7 @@ int32_t prog_recompute(sim *s, const sim_node *ck, void *ctx)
             c->s->t[x].rg = 1;
         c->s->ckpt_extra = x;
     }
-    if (c->spec->training.ckpt.granularity == CKPT_SELECTIVE_OP)
+    if (c->rm->training.ckpt.granularity == CKPT_SELECTIVE_OP)
         op_sac_begin(c, ck->ckpt_layer, 1); /* the forward's saved outputs come back */
     int32_t y = block_layer(c, x, ck->ckpt_layer);
     op_sac_end(c);

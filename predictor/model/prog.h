@@ -7,8 +7,7 @@
 #define MM_PROG_H
 
 #include "sim.h"
-#include "spec.h"
-#include "tokens.h"
+#include "resolve.h"
 
 #define MAX_TAPS 16
 
@@ -28,7 +27,7 @@ typedef struct sac_cache {
 
 typedef struct lctx {
     sim *s;
-    const mm_spec *spec;
+    const resolved_model *rm; /* the resolved model (spec/resolve.h) */
     const module_spec *m;
     uint32_t mi;
     int counting;        /* parameter-counting pass: no tensors */

@@ -19,14 +19,13 @@ static uint64_t windows_per_image(const lctx *c)
 
 void prog_enter_module(lctx *c, uint32_t mi)
 {
-    const mm_spec *sp = c->spec;
-    const training_spec *t = &sp->training;
+    const training_spec *t = &c->rm->training;
     c->mi = mi;
-    c->m = &sp->modules[mi];
+    c->m = c->rm->modules[mi].spec;
     c->cur_row = UINT32_MAX; /* no row yet: the module's first rows (its embeddings) */
     c->attn = c->m->attention == ATT_INHERIT ? t->attention : c->m->attention;
     c->chunks = c->win_chunks = 0;
-    const module_spec *v = mm_spec_module(sp, MOD_VISION);
+    const resolved_module *v = c->rm->vision >= 0 ? &c->rm->modules[c->rm->vision] : NULL;
     if (c->m->kind == MOD_VISION) {
         if (c->m->img.kind == IMG_PIXTRAL) { /* one sequence, a block mask (vision_pixtral.c) */
             c->B = 1;
@@ -41,8 +40,7 @@ void prog_enter_module(lctx *c, uint32_t mi)
             c->S = c->vt.seq;
         }
     } else if (c->m->kind == MOD_CONNECTOR) {
-        uint64_t per = c->vt.grid_h * c->vt.grid_w +
-                       (v && v->class_token && v->keep_cls && !v->packed ? 1 : 0);
+        uint64_t per = c->vt.grid_h * c->vt.grid_w + (v && v->feature_cls ? 1 : 0);
         c->B = v && v->packed ? c->images : sim_mul(c->s, c->images, c->vt.tiles);
         c->S = v && v->packed ? c->vt.patches : per;
     } else {
@@ -54,5 +52,5 @@ void prog_enter_module(lctx *c, uint32_t mi)
 
 int tower_input_grads(const lctx *c)
 {
-    return c->input_grads && c->spec->framework.tf_major >= 5 && !c->m->no_input_hook;
+    return c->input_grads && c->rm->framework.tf_major >= 5 && !c->m->no_input_hook;
 }

@@ -27,15 +27,11 @@
  * GradientCheckpointingLayer in module order (vision blocks before decoder layers) */
 static int ckpt_here(const lctx *c, uint64_t l)
 {
-    const ckpt_spec *k = &c->spec->training.ckpt;
+    const ckpt_spec *k = &c->rm->training.ckpt;
     if (!c->ckpt || !c->grad || c->counting || c->recompute || c->m->no_ckpt)
         return 0;
-    /* modeling_utils.py _set_gradient_checkpointing counts every
-     * GradientCheckpointingLayer in module order (the tower's before the LLM's) */
-    uint64_t base = 0;
-    const module_spec *v = mm_spec_module(c->spec, MOD_VISION);
-    if (c->m->kind == MOD_DECODER && v && !v->no_ckpt)
-        base = v->num_hidden_layers + v->num_global_layers;
+    /* in module order (resolve.c: the tower's layers before the LLM's) */
+    uint64_t base = c->rm->modules[c->mi].ckpt_base;
     return (base + l) % (k->every_n_layers ? k->every_n_layers : 1) == 0;
 }
 
@@ -43,13 +39,8 @@ static int ckpt_here(const lctx *c, uint64_t l)
 static uint32_t layer_class(const lctx *c, uint64_t l)
 {
     const module_spec *m = c->m;
-    uint32_t k = 0;
-    k |= (uint32_t)lset_has(&m->sliding, l) << 0;
-    k |= (uint32_t)lset_has(&m->dense, l) << 1;
-    k |= (uint32_t)lset_has(&m->cross, l) << 2;
-    k |= (uint32_t)lset_has(&m->full_attention, l) << 3;
-    k |= (uint32_t)lset_has(&m->deepstack, l) << 4;
-    k |= (uint32_t)lset_has(&m->taps, l) << 5;
+    /* the per-layer lists, bits 0-5 (LK_SLIDING .. LK_TAP) */
+    uint32_t k = resolved_layer_kind(c->rm, c->mi, l);
     k |= (uint32_t)ckpt_here(c, l) << 6;
     if (m->kind == MOD_DECODER && l < c->ntaps && m->merge != MERGE_CROSS_ATTENTION)
         k |= 1u << 7; /* DeepStack features are added after this layer */
@@ -196,7 +187,7 @@ static int32_t run_layer(lctx *c, int32_t x, uint64_t l)
 {
     if (!ckpt_here(c, l))
         return block_layer(c, x, l);
-    const ckpt_spec *k = &c->spec->training.ckpt;
+    const ckpt_spec *k = &c->rm->training.ckpt;
     c->grad = 0; /* the saved tensors are not kept (holders, or no_grad) */
     if (k->granularity == CKPT_SELECTIVE_OP) /* what the op policy saves is kept */
         op_sac_begin(c, l, 0);
@@ -290,7 +281,7 @@ int32_t stack_run(lctx *c, int32_t x, uint64_t first, uint64_t count, int32_t *k
         x = y;
         if (c->m->kind == MOD_DECODER && l < c->ntaps && c->m->merge != MERGE_CROSS_ATTENTION)
             x = deepstack_add(c, x, l);
-        if (c->m->kind == MOD_VISION && lset_has(&c->m->deepstack, l) && nds < MAX_TAPS)
+        if (c->m->kind == MOD_VISION && (resolved_layer_kind(c->rm, c->mi, l) & LK_DEEPSTACK) && nds < MAX_TAPS)
             c->taps[nds++] = connector_deepstack(c, x);
     }
     return x;

@@ -52,11 +52,11 @@ static uint64_t row_states(par_state *ps, sim *s, const sim_row *R, optimizer_ki
 }
 
 /* the root unit: every parameter outside a wrapped layer */
-static void root_sizes(par_state *ps, const mm_spec *sp)
+static void root_sizes(par_state *ps, const resolved_model *rm)
 {
     uint64_t p = 0, t = 0;
-    for (uint32_t m = 0; m < sp->n_modules; m++) {
-        uint64_t n = sp->modules[m].num_hidden_layers + sp->modules[m].num_global_layers;
+    for (uint32_t m = 0; m < rm->n_modules; m++) {
+        uint64_t n = rm->modules[m].layers;
         for (uint64_t l = 0; l < n && l < MM_MAX_LAYERS; l++) {
             p += par_unit_params(ps, m, l);
             t += par_unit_trainable(ps, m, l);
@@ -66,21 +66,21 @@ static void root_sizes(par_state *ps, const mm_spec *sp)
     ps->root_tr = ps->P_tr > t ? ps->P_tr - t : 0;
 }
 
-static void setup(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
+static void setup(par_state *ps, lctx *c, const resolved_model *rm, uint32_t llm)
 {
     sim *s = c->s;
-    const training_spec *t = &sp->training;
+    const training_spec *t = &rm->training;
     memset(ps, 0, sizeof *ps);
-    ps->sp = sp;
+    ps->rm = rm;
     ps->c = c;
-    ps->kind = step_parallel(sp);
+    ps->kind = rm->parallel;
     ps->llm = llm;
     ps->partition = ps->bucket = ps->ddp_first = ps->ddp_cur = -1;
     for (size_t r = 0; r < s->nrows; r++) {
         ps->P_all = sim_add(s, ps->P_all, s->rows[r].params);
         ps->P_tr = sim_add(s, ps->P_tr, s->rows[r].trainable);
     }
-    root_sizes(ps, sp);
+    root_sizes(ps, rm);
     ps->P_grad = ps->P_tr;
     if (ps->kind == PAR_ZERO) {
         ps->P_grad = 0;
@@ -88,7 +88,7 @@ static void setup(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
             ps->P_grad = sim_add(s, ps->P_grad, par_requires_grad(ps, &s->rows[r]));
     }
     if (par_is_fsdp(ps))
-        ps->store = mm_dtype_bytes(sp->fsdp.model_dtype);
+        ps->store = rm->store;
     else
         ps->store = c->amp ? 4 : c->dt;
     ps->sdt = c->amp || t->zero_stage >= 1 ? 4 : par_is_fsdp(ps) ? ps->store : c->dt;
@@ -101,7 +101,7 @@ static void setup(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
     if (par_is_fsdp(ps))
         fsdp_setup(ps, c);
     else if (ps->kind == PAR_ZERO && t->zero_stage < 3)
-        zero_layout(ps, t->zero_stage == 2 && sp->deepspeed.round_robin_gradients, &ps->zl);
+        zero_layout(ps, t->zero_stage == 2 && rm->deepspeed.round_robin_gradients, &ps->zl);
 }
 
 /* ZeRO-3's buffers for the whole run: the gradient partitions in the model
@@ -111,7 +111,7 @@ static void setup(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
 static void zero3_buffers(par_state *ps, lctx *c)
 {
     sim *s = c->s;
-    const deepspeed_spec *d = &ps->sp->deepspeed;
+    const deepspeed_spec *d = &ps->rm->deepspeed;
     zero3_setup(ps);
     if (ps->P_grad && !d->offload_optimizer)
         ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ps->P_grad, c->dt), F_GRAD,
@@ -137,39 +137,39 @@ static uint64_t pow2_slack(uint64_t x)
  * partition (stage_1_and_2.py:560-565) and its fp32 .grad (:940-941), one flat
  * group each as the host model counts them.  ZeRO-3: the gradient partitions'
  * flat buffer in the model dtype (stage3.py:791-795). */
-static uint64_t pinned_slack(par_state *ps, sim *s, const mm_spec *sp)
+static uint64_t pinned_slack(par_state *ps, sim *s, const resolved_model *rm)
 {
-    const deepspeed_spec *d = &sp->deepspeed;
+    const deepspeed_spec *d = &rm->deepspeed;
     uint64_t N = s->dp ? s->dp : 1;
     if (ps->kind != PAR_ZERO || !d->offload_optimizer || !d->pin_memory || !ps->P_tr)
         return 0;
-    if (sp->training.zero_stage == 3)
+    if (rm->training.zero_stage == 3)
         return pow2_slack(mm_ceil_div(sim_mul(s, ps->P_grad, ps->store), N));
     return sim_mul(s, pow2_slack(mm_ceil_div(sim_mul(s, ps->P_tr, 4), N)), 2);
 }
 
 /* what goes to the host with CPU offload, per rank */
-static void host_states(par_state *ps, sim *s, const mm_spec *sp, uint64_t states)
+static void host_states(par_state *ps, sim *s, const resolved_model *rm, uint64_t states)
 {
     uint64_t N = s->dp ? s->dp : 1;
-    const deepspeed_spec *d = &sp->deepspeed;
+    const deepspeed_spec *d = &rm->deepspeed;
     uint64_t h = 0;
     if (ps->kind == PAR_ZERO && d->offload_optimizer) /* fp32 master, fp32 grads, states */
         h = sim_add(s, h, mm_ceil_div(sim_add(s, sim_mul(s, ps->P_tr, 8), states), N));
     if (ps->kind == PAR_ZERO && d->offload_param)
         h = sim_add(s, h, mm_ceil_div(sim_mul(s, ps->P_all, ps->store), N));
-    if (par_is_fsdp(ps) && sp->fsdp.cpu_offload)
+    if (par_is_fsdp(ps) && rm->fsdp.cpu_offload)
         h = sim_add(s, h, mm_ceil_div(sim_add(s, sim_add(s, sim_mul(s, ps->P_all, ps->store),
                                                          sim_mul(s, ps->P_grad, ps->store)),
                                               states), N));
-    s->host_bytes = sim_add(s, s->host_bytes, sim_add(s, h, pinned_slack(ps, s, sp)));
+    s->host_bytes = sim_add(s, s->host_bytes, sim_add(s, h, pinned_slack(ps, s, rm)));
 }
 
 /* one row's parameters, optimizer states and persistent gradients */
 static uint64_t row_model_states(par_state *ps, lctx *c, uint32_t r, int offl_opt, int offl_par)
 {
     sim *s = c->s;
-    const training_spec *t = &ps->sp->training;
+    const training_spec *t = &ps->rm->training;
     int zero = ps->kind == PAR_ZERO ? t->zero_stage : 0, fsdp = par_is_fsdp(ps);
     int paged = t->optimizer == OPT_PAGED_ADAMW || t->optimizer == OPT_PAGED_ADAMW_8BIT;
     sim_row *R = &s->rows[r];
@@ -197,7 +197,7 @@ static uint64_t row_model_states(par_state *ps, lctx *c, uint32_t r, int offl_op
  * rank's optimizer states beyond an even share (parallel_fsdp.c) */
 static void fsdp1_uneven_states(par_state *ps, sim *s, int offl_opt)
 {
-    const training_spec *t = &ps->sp->training;
+    const training_spec *t = &ps->rm->training;
     if (ps->kind != PAR_FSDP1 || offl_opt || t->optimizer == OPT_PAGED_ADAMW ||
         t->optimizer == OPT_PAGED_ADAMW_8BIT)
         return;
@@ -222,34 +222,34 @@ static void fsdp1_uneven_states(par_state *ps, sim *s, int offl_opt)
  * parameter, unsharded. */
 static uint64_t no_sync_bytes(const par_state *ps)
 {
-    const fsdp_spec *f = &ps->sp->fsdp;
+    const fsdp_spec *f = &ps->rm->fsdp;
     if (ps->kind == PAR_FSDP2 && f->mixed_precision && ps->rdt != ps->pdt)
         return ps->rdt;
     return ps->pdt;
 }
 
-void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm)
+void par_model_states(par_state *ps, lctx *c, const resolved_model *rm, uint32_t llm)
 {
     sim *s = c->s;
-    const training_spec *t = &sp->training;
-    setup(ps, c, sp, llm);
+    const training_spec *t = &rm->training;
+    setup(ps, c, rm, llm);
     sim_set_phase(s, MM_PHASE_FORWARD);
     sim_label(s, "model states", 0);
     int zero = ps->kind == PAR_ZERO ? t->zero_stage : 0, fsdp = par_is_fsdp(ps);
-    int offl_opt = (zero && sp->deepspeed.offload_optimizer) || (fsdp && sp->fsdp.cpu_offload);
-    int offl_par = (zero == 3 && sp->deepspeed.offload_param) || (fsdp && sp->fsdp.cpu_offload);
+    int offl_opt = (zero && rm->deepspeed.offload_optimizer) || (fsdp && rm->fsdp.cpu_offload);
+    int offl_par = (zero == 3 && rm->deepspeed.offload_param) || (fsdp && rm->fsdp.cpu_offload);
     uint64_t all_states = 0;
     size_t nrows = s->nrows;
     for (size_t r = 0; r < nrows; r++)
         all_states = sim_add(s, all_states, row_model_states(ps, c, (uint32_t)r, offl_opt, offl_par));
-    host_states(ps, s, sp, all_states);
+    host_states(ps, s, rm, all_states);
     fsdp1_uneven_states(ps, s, offl_opt);
     if (ps->kind == PAR_DDP)
         ddp_buckets(ps, c);
     if (zero == 3)
         zero3_buffers(ps, c);
     uint64_t gb = fsdp ? ps->store : c->dt, ga = fsdp ? fsdp_accum_grad_elems(ps) : ps->P_grad;
-    if (t->grad_accum > 1 && fsdp && !sp->fsdp.sync_each_micro_batch && ps->P_grad && !offl_opt)
+    if (t->grad_accum > 1 && fsdp && !rm->fsdp.sync_each_micro_batch && ps->P_grad && !offl_opt)
         ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ga, no_sync_bytes(ps)), F_GRAD, 0);
     else if (t->grad_accum > 1 && (zero == 2 || fsdp) && ps->P_grad && !offl_opt)
         ps->partition = sim_alloc(s, ps->r_part, sim_mul(s, ga, gb), F_GRAD, 1);
@@ -263,7 +263,7 @@ void par_forward_begin(par_state *ps, lctx *c)
     (void)c;
     if (par_is_fsdp(ps))
         fsdp_forward_begin(ps);
-    else if (ps->kind == PAR_ZERO && ps->sp->training.zero_stage == 3)
+    else if (ps->kind == PAR_ZERO && ps->rm->training.zero_stage == 3)
         zero3_forward_begin(ps);
 }
 
@@ -273,7 +273,7 @@ void par_forward_end(par_state *ps, lctx *c)
         ddp_forward_end(ps, c);
     else if (par_is_fsdp(ps))
         fsdp_forward_end(ps);
-    else if (ps->kind == PAR_ZERO && ps->sp->training.zero_stage == 3)
+    else if (ps->kind == PAR_ZERO && ps->rm->training.zero_stage == 3)
         zero3_forward_end(ps);
 }
 

@@ -20,7 +20,7 @@ typedef struct zlayout {
 
 typedef struct par_state {
     parallel_kind kind;
-    const mm_spec *sp;
+    const resolved_model *rm;
     lctx *c;
     uint64_t P_all, P_tr, P_grad;      /* all, trainable, with a gradient buffer */
     uint64_t root, root_tr;            /* parameters outside the wrapped layer units */
@@ -75,7 +75,7 @@ typedef struct par_state {
 
 /* ---- parallel.c: the step's hand-offs, dispatched to the strategy files ---- */
 /* parameters, optimizer states and persistent gradients at step start */
-void par_model_states(par_state *ps, lctx *c, const mm_spec *sp, uint32_t llm);
+void par_model_states(par_state *ps, lctx *c, const resolved_model *rm, uint32_t llm);
 /* gathered parameters (ZeRO-3, FSDP) for the forward, and at its end */
 void par_forward_begin(par_state *ps, lctx *c);
 void par_forward_end(par_state *ps, lctx *c);
@@ -145,9 +145,6 @@ void zero3_backward_begin(par_state *ps);
 void zero3_backward_end(par_state *ps);
 
 /* parallel_tp.c: tensor parallelism (torchtitan's block plan, no data parallel beside it) */
-/* a decoded copy of sp with the decoder's heads, kv heads and intermediate width per
- * rank (free with mm_spec_free), NULL without memory */
-mm_spec *tp_local_spec(const mm_spec *sp);
 /* the all-reduces around the sharded Linears (lctx.on_linear), when tensor_parallel > 1 */
 void tp_attach(lctx *c);
 

@@ -62,7 +62,7 @@ static void alloc_buckets(par_state *ps, sim *s, const sizes *z, uint64_t first,
 void ddp_buckets(par_state *ps, lctx *c)
 {
     sim *s = c->s;
-    const ddp_spec *d = &ps->sp->ddp;
+    const ddp_spec *d = &ps->rm->ddp;
     uint64_t *rb = calloc(s->nrows + 1, sizeof *rb);
     sizes z = {.s = s};
     if (!rb) {
@@ -104,7 +104,7 @@ static void ddp_take(sim *s, int32_t g, void *ctx)
 
 void ddp_backward_begin(par_state *ps, lctx *c)
 {
-    if (!ps->sp->ddp.gradient_as_bucket_view || ps->ddp_first < 0 || !ps->ddp_n)
+    if (!ps->rm->ddp.gradient_as_bucket_view || ps->ddp_first < 0 || !ps->ddp_n)
         return;
     ps->ddp_next = 0;
     ps->ddp_cur = ps->ddp_first;
@@ -118,7 +118,7 @@ void ddp_backward_begin(par_state *ps, lctx *c)
 void ddp_forward_end(par_state *ps, lctx *c)
 {
     sim *s = c->s;
-    if (!ps->sp->ddp.find_unused_parameters || s->dp <= 1)
+    if (!ps->rm->ddp.find_unused_parameters || s->dp <= 1)
         return;
     sim_label(s, "ddp output clone", ps->r_bucket);
     for (int i = 0; i < 4; i++) {

@@ -15,7 +15,6 @@
  * sim_layer_ev); markers on the tape stand for the pre- and post-backward
  * hooks. */
 #include "parallel.h"
-#include "family.h"
 #include "util.h"
 
 #include <stdlib.h>
@@ -43,7 +42,7 @@ static int fsdp2(const par_state *ps)
  * gradient of the parent's trainable elements, not of all its elements. */
 static int peft_units(const par_state *ps)
 {
-    return !fsdp2(ps) && ps->sp->fsdp.wrap_peft;
+    return !fsdp2(ps) && ps->rm->fsdp.wrap_peft;
 }
 
 /* the elements of a unit's FSDP1 flat gradient: the whole flat parameter once
@@ -105,7 +104,7 @@ static void wide_setup(par_state *ps)
 {
     sim *s = ps->c->s;
     uint64_t all = 0, units = 0;
-    if (!fsdp2(ps) || ps->sp->fsdp.mixed_precision)
+    if (!fsdp2(ps) || ps->rm->fsdp.mixed_precision)
         return;
     for (size_t r = 0; r < s->nrows; r++) {
         const sim_row *R = &s->rows[r];
@@ -120,8 +119,8 @@ static void wide_setup(par_state *ps)
                 ps->w_tr[R->module] = sim_add(s, ps->w_tr[R->module], R->trainable);
         }
     }
-    for (uint32_t m = 0; m < ps->sp->n_modules && m < MM_MAX_MODULES; m++) {
-        uint64_t n = ps->sp->modules[m].num_hidden_layers + ps->sp->modules[m].num_global_layers;
+    for (uint32_t m = 0; m < ps->rm->n_modules && m < MM_MAX_MODULES; m++) {
+        uint64_t n = ps->rm->modules[m].layers;
         for (uint64_t l = 0; l < n && l < MM_MAX_LAYERS; l++)
             units = sim_add(s, units, unit_wide(ps, m, l));
     }
@@ -160,12 +159,10 @@ enum { U_ROOT = MM_MAX_LAYERS, U_EMB, U_HEAD };
  * U_HEAD or U_ROOT for the row's unit outside the layers. */
 static uint64_t unit_of(const par_state *ps, uint32_t module, const char *name)
 {
-    const module_spec *m = &ps->sp->modules[module];
-    const family_def *f = m->kind == MOD_VISION ? family_at(m->kind, m->family) : NULL;
-    int clip = f && !strcmp(f->name, "clip"), siglip = f && !strcmp(f->name, "siglip");
-    if ((clip || siglip) && !strncmp(name, "embeddings.", 11))
+    const resolved_module *m = &ps->rm->modules[module];
+    if (m->unit_embeddings && !strncmp(name, "embeddings.", 11))
         return U_EMB;
-    if (siglip && (!strcmp(name, "head") || !strncmp(name, "head.", 5)))
+    if (m->unit_head && (!strcmp(name, "head") || !strncmp(name, "head.", 5)))
         return U_HEAD;
     return U_ROOT;
 }
@@ -221,12 +218,12 @@ uint64_t fsdp1_state_excess(const par_state *ps)
     flatcut f = {.N = s->dp ? s->dp : 1};
     /* peft_units: every trainable leaf is a flat parameter of its own, cut
      * evenly (up to its padding) */
-    if (fsdp2(ps) || peft_units(ps) || !ps->sp->fsdp.use_orig_params || f.N < 2 ||
+    if (fsdp2(ps) || peft_units(ps) || !ps->rm->fsdp.use_orig_params || f.N < 2 ||
         !(f.acc = calloc(f.N, sizeof *f.acc)))
         return 0;
     unit_cut(ps, 0, U_ROOT, &f);
-    for (uint32_t m = 0; m < ps->sp->n_modules && m < MM_MAX_MODULES; m++) {
-        uint64_t n = ps->sp->modules[m].num_hidden_layers + ps->sp->modules[m].num_global_layers;
+    for (uint32_t m = 0; m < ps->rm->n_modules && m < MM_MAX_MODULES; m++) {
+        uint64_t n = ps->rm->modules[m].layers;
         unit_cut(ps, m, U_EMB, &f);
         unit_cut(ps, m, U_HEAD, &f);
         for (uint64_t l = 0; l < n && l < MM_MAX_LAYERS; l++)
@@ -255,8 +252,8 @@ uint64_t fsdp_accum_grad_elems(const par_state *ps)
     if (fsdp2(ps))
         return ps->P_grad;
     uint64_t n = flat_grad_elems(ps, ps->root, ps->root_tr);
-    for (uint32_t m = 0; m < ps->sp->n_modules && m < MM_MAX_MODULES; m++) {
-        uint64_t L = ps->sp->modules[m].num_hidden_layers + ps->sp->modules[m].num_global_layers;
+    for (uint32_t m = 0; m < ps->rm->n_modules && m < MM_MAX_MODULES; m++) {
+        uint64_t L = ps->rm->modules[m].layers;
         for (uint64_t l = 0; l < L && l < MM_MAX_LAYERS; l++)
             n = sim_add(s, n, flat_grad_elems(ps, par_unit_params(ps, m, l),
                                               par_unit_trainable(ps, m, l)));
@@ -336,7 +333,7 @@ static int fsdp1_frozen_rg(const lctx *c, uint32_t row)
     const sim *s = c->s;
     const sim_row *R = row < s->nrows && s->rows[row].module == c->mi ? &s->rows[row] : NULL;
     int layer = c->per_layer && c->layer < MM_MAX_LAYERS && (!R || in_layers(R));
-    if (ps->sp->fsdp.wrap_size)
+    if (ps->rm->fsdp.wrap_size)
         return size_frozen_rg(ps, R, layer ? c->layer : UINT64_MAX);
     if (layer && (!R || !par_attention_only(ps, c->mi) || par_attention_row(R)))
         return par_unit_trainable(ps, c->mi, c->layer) != 0;
@@ -503,7 +500,7 @@ static void prefetch(par_state *ps, size_t k)
 {
     sim *s = ps->c->s;
     const sim_node *m;
-    if (fsdp2(ps) ? 0 : !ps->sp->fsdp.backward_prefetch)
+    if (fsdp2(ps) ? 0 : !ps->rm->fsdp.backward_prefetch)
         return;
     size_t j = (size_t)next_unit(s, k, &m);
     if (!m || alive(s, m->aux[2]))
@@ -518,7 +515,7 @@ static void prefetch(par_state *ps, size_t k)
 
 static int post_prefetch(const par_state *ps)
 {
-    return !fsdp2(ps) && ps->sp->fsdp.backward_prefetch_post;
+    return !fsdp2(ps) && ps->rm->fsdp.backward_prefetch_post;
 }
 
 /* The adapter units (lora_A rows) of layer l of module m: each of its lora_A /
@@ -590,7 +587,7 @@ static void post_backward(par_state *ps, const sim_node *n)
                     ps->base_mark, &ps->base_p);
         return;
     }
-    int part = ps->sp->fsdp.wrap_size && l < MM_MAX_LAYERS &&
+    int part = ps->rm->fsdp.wrap_size && l < MM_MAX_LAYERS &&
                par_unit_params(ps, mi, l) < sim_layer_get(ps->c->s, ps->c->s->layer_p, mi, l);
     ps->keep_layer = part ? l : UINT64_MAX; /* units inside the layer, not all of it */
     reduce_unit(ps, par_unit_params(ps, mi, l), par_unit_trainable(ps, mi, l),
@@ -644,10 +641,10 @@ static int next_unit(const sim *s, size_t k, const sim_node **out)
  * _prefetch_handle(FORWARD)); the loop's next layer here */
 static void forward_prefetch(par_state *ps, uint32_t m, uint64_t next)
 {
-    const module_spec *ms = &ps->sp->modules[m];
-    if (fsdp2(ps) || !ps->sp->fsdp.forward_prefetch)
+    const resolved_module *ms = &ps->rm->modules[m];
+    if (fsdp2(ps) || !ps->rm->fsdp.forward_prefetch)
         return;
-    if (next >= ms->num_hidden_layers + ms->num_global_layers || !par_unit_params(ps, m, next))
+    if (next >= ms->layers || !par_unit_params(ps, m, next))
         return;
     ps->ffp = ag_issue(ps, unit_bytes(ps, m, next));
 }
@@ -674,7 +671,7 @@ static void base_unit(sim *s, const sim_layer_ev *e, par_state *ps)
         return;
     }
     int32_t p = ps->base_p;
-    if (ps->sp->fsdp.reshard_after_forward) /* FSDP1: a non-root unit reshards */
+    if (ps->rm->fsdp.reshard_after_forward) /* FSDP1: a non-root unit reshards */
         drop(s, &p);
     ps->base_p = -1;
     if (!ps->base_k)
@@ -707,7 +704,7 @@ static void layer_unit(sim *s, const sim_layer_ev *e, par_state *ps)
         return;
     }
     int32_t p = ps->fwd_p;
-    if (ps->sp->fsdp.reshard_after_forward)
+    if (ps->rm->fsdp.reshard_after_forward)
         drop(s, &p);
     ps->fwd_p = -1;
     if (!ps->fwd_k)
@@ -750,8 +747,8 @@ static void size_setup(par_state *ps, lctx *c)
     sim *s = c->s;
     uint64_t p = 0, t = 0;
     wrap_plan(ps);
-    const module_spec *m = &ps->sp->modules[ps->llm];
-    for (uint64_t l = 0; l < m->num_hidden_layers + m->num_global_layers && l < MM_MAX_LAYERS; l++) {
+    const resolved_module *m = &ps->rm->modules[ps->llm];
+    for (uint64_t l = 0; l < m->layers && l < MM_MAX_LAYERS; l++) {
         p = sim_add(s, p, par_unit_params(ps, ps->llm, l));
         t = sim_add(s, t, par_unit_trainable(ps, ps->llm, l));
     }
@@ -764,7 +761,7 @@ static void size_setup(par_state *ps, lctx *c)
 
 void fsdp_setup(par_state *ps, lctx *c)
 {
-    const fsdp_spec *f = &ps->sp->fsdp;
+    const fsdp_spec *f = &ps->rm->fsdp;
     ps->pdt = mm_dtype_bytes(f->param_dtype);
     ps->rdt = mm_dtype_bytes(f->reduce_dtype);
     ps->root_p = ps->ag_held = ps->rs_held = ps->pf_f = ps->pf_p = -1;
@@ -814,7 +811,7 @@ void fsdp_forward_end(par_state *ps)
     s->on_layer = NULL;
     if (!fsdp2(ps))
         return;
-    if (ps->sp->fsdp.reshard_after_forward)
+    if (ps->rm->fsdp.reshard_after_forward)
         drop(s, &ps->root_p);
     drop(s, &ps->ag_held);
 }

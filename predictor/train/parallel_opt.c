@@ -69,8 +69,8 @@ static void foreach_sqrt(sim *s, uint32_t r_step, uint64_t sdt)
 static int32_t clip_temporaries(par_state *ps, lctx *c)
 {
     sim *s = c->s;
-    const mm_spec *sp = ps->sp;
-    if (!(sp->training.max_grad_norm > 0) && sp->framework.tf_major < 5)
+    const resolved_model *rm = ps->rm;
+    if (!(rm->training.max_grad_norm > 0) && rm->framework.tf_major < 5)
         return -1;
     uint64_t n = 0;
     for (size_t r = 0; r < s->nrows; r++)
@@ -98,7 +98,7 @@ static int32_t clip_temporaries(par_state *ps, lctx *c)
 static void torch_step(par_state *ps, lctx *c)
 {
     sim *s = c->s;
-    const training_spec *t = &ps->sp->training;
+    const training_spec *t = &ps->rm->training;
     int32_t norm = clip_temporaries(ps, c);
     int adam = t->optimizer == OPT_ADAMW || t->optimizer == OPT_ADAM;
     if (par_is_fsdp(ps) && adam && t->impl == IMPL_FOREACH) {
@@ -117,9 +117,9 @@ static void torch_step(par_state *ps, lctx *c)
 void par_optimizer(par_state *ps, lctx *c)
 {
     sim *s = c->s;
-    const training_spec *t = &ps->sp->training;
-    int offl = (ps->kind == PAR_ZERO && ps->sp->deepspeed.offload_optimizer) ||
-               (par_is_fsdp(ps) && ps->sp->fsdp.cpu_offload);
+    const training_spec *t = &ps->rm->training;
+    int offl = (ps->kind == PAR_ZERO && ps->rm->deepspeed.offload_optimizer) ||
+               (par_is_fsdp(ps) && ps->rm->fsdp.cpu_offload);
     sim_label(s, "optimizer step", ps->r_step);
     if (ps->P_tr && !t->optimizer_in_backward && !offl) {
         if (ps->kind == PAR_ZERO)

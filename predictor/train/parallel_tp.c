@@ -12,7 +12,7 @@
  *   - activations sharded on the heads and the intermediate dim: a rank runs
  *     heads/tp q heads, kv_heads/tp kv heads and intermediate/tp MLP columns
  *     (HF's attention reshapes with -1 heads), so the step is run on a copy of
- *     the spec with those widths divided (tp_local_spec);
+ *     the spec with those widths divided (spec/resolve.c tp_copy);
  *   - full hidden states at the block boundaries, and the collectives'
  *     buffers (tp_linear): Rowwise's output is Partial and goes to Replicate
  *     with an all-reduce (style.py RowwiseParallel._prepare_output_fn, line
@@ -37,7 +37,7 @@
  *     down_proj (RowwiseParallel(output_layouts=Shard(1))) and the embedding
  *     (RowwiseParallel, _MaskPartial output) reduce-scatter their partial sums (tp_seq);
  *     no all-reduce clones then (tp_linear);
- *   - embedding and lm_head sharded on the vocabulary (V/tp rows, tp_local_spec), the
+ *   - embedding and lm_head sharded on the vocabulary (V/tp rows, spec/resolve.c tp_copy), the
  *     embedding's weight gradient whole (embedding_grad), the logits T x V/tp and the
  *     loss under loss_parallel (model/ops_loss.c cross_entropy).
  *   Checked by the 16 sequence-parallel truth rows (tests/accuracy/accuracy.py, the
@@ -139,7 +139,7 @@ static int32_t tp_seq(lctx *c, int32_t x, int gather, uint64_t width)
 
 void tp_attach(lctx *c)
 {
-    const training_spec *t = &c->spec->training;
+    const training_spec *t = &c->rm->training;
     if (t->tensor_parallel <= 1)
         return;
     c->on_linear = tp_linear;
@@ -148,27 +148,4 @@ void tp_attach(lctx *c)
         c->on_seq = tp_seq;
         c->loss_parallel = 1;
     }
-}
-
-mm_spec *tp_local_spec(const mm_spec *sp)
-{
-    uint64_t tp = sp->training.tensor_parallel;
-    mm_spec *l = mm_spec_copy_decoded(sp);
-    if (!l)
-        return NULL;
-    for (size_t m = 0; m < l->n_modules; m++) {
-        module_spec *d = &l->modules[m];
-        if (d->kind != MOD_DECODER)
-            continue;
-        /* head_dim stays the global one (spec_check.c derived it already) */
-        d->num_attention_heads /= tp;
-        d->num_key_value_heads /= tp;
-        d->intermediate_size /= tp;
-        /* sequence parallel: torchtitan shards the embedding (RowwiseParallel: weight
-         * Shard(0)) and the output head (ColwiseParallel: weight Shard(0)) on the
-         * vocabulary, apply_tp lines 173-188; spec_tp.c asks for a divisible one */
-        if (sp->training.sequence_parallel)
-            d->vocab_size /= tp;
-    }
-    return l;
 }

@@ -5,7 +5,6 @@
  * markers on the tape.  Below every strategy file, so none calls back into
  * the dispatcher. */
 #include "parallel.h"
-#include "family.h"
 #include "util.h"
 
 #include <string.h>
@@ -19,9 +18,7 @@ int par_is_fsdp(const par_state *ps)
  * Idefics3VisionAttention): the rest of those layers is in the root */
 int par_attention_only(const par_state *ps, uint32_t module)
 {
-    const module_spec *m = &ps->sp->modules[module];
-    const family_def *f = m->kind == MOD_VISION ? family_at(m->kind, m->family) : NULL;
-    return f && !strcmp(f->name, "idefics3");
+    return ps->rm->modules[module].unit_attention_only;
 }
 
 /* a row of the attention that par_attention_only wraps as each layer's unit */
@@ -46,7 +43,7 @@ static uint64_t attention_params(const par_state *ps, uint32_t module, int train
  * units the model's events name (OP_UNIT_EMBED / HEAD / BASE) */
 static int size_units(const par_state *ps)
 {
-    return ps->kind == PAR_FSDP1 && ps->sp->fsdp.wrap_size;
+    return ps->kind == PAR_FSDP1 && ps->rm->fsdp.wrap_size;
 }
 
 static uint64_t outer_unit(const par_state *ps, uint64_t unit, int trainable)
@@ -93,8 +90,8 @@ uint64_t par_unit_trainable(const par_state *ps, uint32_t module, uint64_t layer
  * torch's optimizers skip a parameter whose .grad stays None. */
 uint64_t par_requires_grad(const par_state *ps, const sim_row *R)
 {
-    const module_spec *m = &ps->sp->modules[R->module];
-    return m->trainable && !m->lora.enabled && !R->qbytes ? R->params : R->trainable;
+    const resolved_module *m = &ps->rm->modules[R->module];
+    return m->full_grads && !R->qbytes ? R->params : R->trainable;
 }
 
 void par_drop_grads(const par_state *ps, int32_t mark)

@@ -149,8 +149,8 @@ static size_t layer_items(const par_state *ps, uint64_t l, witem *it,
 
 static uint64_t n_layers(const par_state *ps)
 {
-    const module_spec *m = &ps->sp->modules[ps->llm];
-    uint64_t n = m->num_hidden_layers + m->num_global_layers;
+    const resolved_module *m = &ps->rm->modules[ps->llm];
+    uint64_t n = m->layers;
     return n < MM_MAX_LAYERS ? n : MM_MAX_LAYERS;
 }
 
@@ -163,7 +163,7 @@ uint64_t wrap_layer(const par_state *ps, uint64_t l, int trainable)
     char names[W_MAX][MM_MAX_NAME];
     if (!ps->layers_walked || l >= n_layers(ps))
         return 0;
-    wsum w = wrap_rec(it, layer_items(ps, l, it, names), "", 0, ps->sp->fsdp.min_num_params, 0, 0);
+    wsum w = wrap_rec(it, layer_items(ps, l, it, names), "", 0, ps->rm->fsdp.min_num_params, 0, 0);
     return trainable ? w.wrapped_tr : w.wrapped;
 }
 
@@ -180,7 +180,7 @@ int64_t wrap_row_unit(const par_state *ps, const sim_row *R, uint64_t l)
     if (!ps->layers_walked || !in_layers(R) || l >= n_layers(ps))
         return -1;
     size_t ni = layer_items(ps, l, it, names);
-    uint64_t min = ps->sp->fsdp.min_num_params;
+    uint64_t min = ps->rm->fsdp.min_num_params;
     const char *name = R->name + 7;
     size_t n = 0, len = strlen(name);
     int64_t unit = -1;
@@ -222,7 +222,7 @@ static uint64_t outer(const par_state *ps, const char *name, int trainable)
 void wrap_plan(par_state *ps)
 {
     sim *s = ps->c->s;
-    uint64_t min = ps->sp->fsdp.min_num_params, all = 0, all_tr = 0, L = 0, Lw = 0, Lw_tr = 0;
+    uint64_t min = ps->rm->fsdp.min_num_params, all = 0, all_tr = 0, L = 0, Lw = 0, Lw_tr = 0;
     for (size_t r = 0; r < s->nrows; r++)
         if (s->rows[r].module == ps->llm) {
             all = sim_add(s, all, s->rows[r].params);

@@ -9,16 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t decoder_hidden(const mm_spec *sp)
-{
-    const module_spec *d = mm_spec_module(sp, MOD_DECODER);
-    return d ? d->hidden_size : 0;
-}
-
 /* reduce_bucket_size in elements; 0 ("auto") is transformers' hidden^2 */
 uint64_t zero_bucket(const par_state *ps)
 {
-    uint64_t b = ps->sp->deepspeed.reduce_bucket_size, h = decoder_hidden(ps->sp);
+    uint64_t b = ps->rm->deepspeed.reduce_bucket_size, h = resolved_decoder_hidden(ps->rm);
     return b ? b : h * h;
 }
 
@@ -27,7 +21,7 @@ uint64_t zero_bucket(const par_state *ps)
 static void ipg_buffer(par_state *ps)
 {
     sim *s = ps->c->s;
-    const deepspeed_spec *d = &ps->sp->deepspeed;
+    const deepspeed_spec *d = &ps->rm->deepspeed;
     if (ps->bucket >= 0 || !d->contiguous_gradients)
         return;
     sim_label(s, "deepspeed reduce bucket", ps->r_bucket);
@@ -39,7 +33,7 @@ static void ipg_buffer(par_state *ps)
 static void grad_partition(par_state *ps)
 {
     sim *s = ps->c->s;
-    if (ps->partition >= 0 || !ps->sp->deepspeed.contiguous_gradients || ps->sp->deepspeed.offload_optimizer)
+    if (ps->partition >= 0 || !ps->rm->deepspeed.contiguous_gradients || ps->rm->deepspeed.offload_optimizer)
         return;
     uint64_t N = s->dp ? s->dp : 1;
     sim_label(s, "deepspeed gradient partition", ps->r_part);
@@ -55,7 +49,7 @@ static void z2_wgrad(sim *s, int32_t g, void *ctx)
 {
     par_state *ps = ctx;
     uint64_t n = s->t[g].bytes / (ps->c->gdt ? ps->c->gdt : 1), B = zero_bucket(ps);
-    int stage3 = ps->sp->training.zero_stage == 3; /* its buffers live for the whole run */
+    int stage3 = ps->rm->training.zero_stage == 3; /* its buffers live for the whole run */
     if (!stage3)
         ipg_buffer(ps);
     if (ps->z_fill && ps->z_fill + n > B) { /* reduce_ipg_grads */
@@ -65,7 +59,7 @@ static void z2_wgrad(sim *s, int32_t g, void *ctx)
         ps->z_xl = -1;
         ps->z_fill = 0;
     }
-    if (n > B && ps->sp->deepspeed.contiguous_gradients) {
+    if (n > B && ps->rm->deepspeed.contiguous_gradients) {
         sim_hold(s, g);
         ps->z_xl = g;
     }
@@ -75,7 +69,7 @@ static void z2_wgrad(sim *s, int32_t g, void *ctx)
 void zero_backward_begin(par_state *ps)
 {
     sim *s = ps->c->s;
-    int stage = ps->sp->training.zero_stage;
+    int stage = ps->rm->training.zero_stage;
     if (stage == 3)
         zero3_backward_begin(ps);
     if (stage >= 2 && ps->P_grad) {
@@ -90,7 +84,7 @@ void zero_backward_begin(par_state *ps)
 void zero_backward_end(par_state *ps)
 {
     sim *s = ps->c->s;
-    int stage = ps->sp->training.zero_stage;
+    int stage = ps->rm->training.zero_stage;
     if (stage == 3) {
         sim_drop(s, ps->z_xl);
         ps->z_xl = -1;
@@ -117,7 +111,7 @@ void zero_backward_end(par_state *ps)
 void zero_step(par_state *ps, lctx *c)
 {
     sim *s = c->s;
-    const training_spec *t = &ps->sp->training;
+    const training_spec *t = &ps->rm->training;
     uint64_t N = s->dp ? s->dp : 1, S = sim_mul(s, ps->zl.S, N);
     sim_transient_sharded(s, ps->r_step, sim_mul3(s, ps->zl.piece, N, 8));
     int32_t flat = ps->zl.pieces > 1 ? sim_alloc(s, ps->r_step, sim_mul(s, S, c->dt), F_TEMP,

@@ -19,17 +19,11 @@
 
 #include <string.h>
 
-static uint64_t decoder_hidden(const mm_spec *sp)
-{
-    const module_spec *d = mm_spec_module(sp, MOD_DECODER);
-    return d ? d->hidden_size : 0;
-}
-
 /* stage3_param_persistence_threshold, 0 ("auto") = transformers' 10 x hidden */
 uint64_t zero3_threshold(const par_state *ps)
 {
-    uint64_t t = ps->sp->deepspeed.param_persistence_threshold;
-    return t ? t : 10 * decoder_hidden(ps->sp);
+    uint64_t t = ps->rm->deepspeed.param_persistence_threshold;
+    return t ? t : 10 * resolved_decoder_hidden(ps->rm);
 }
 
 /* persistent parameters of one instance of a row */
@@ -70,7 +64,7 @@ static uint64_t head_params(par_state *ps)
         return ps->z_head;
     for (size_t r = 0; r < s->nrows; r++) {
         const sim_row *R = &s->rows[r];
-        if (ps->sp->modules[R->module].kind == MOD_DECODER &&
+        if (ps->rm->modules[R->module].role == MOD_DECODER &&
             (!strcmp(R->name, "norm") || !strcmp(R->name, "lm_head")))
             n += R->params;
     }
@@ -85,20 +79,20 @@ static uint64_t head_params(par_state *ps)
  * head twice */
 static uint64_t reuse_distance(par_state *ps, uint32_t m, uint64_t l)
 {
-    const mm_spec *sp = ps->sp;
+    const resolved_model *rm = ps->rm;
     uint64_t after = 0;
     if (ps->z_rd_ok && ps->z_rd_m == m) {
         /* the last answer in this module, moved to l one unit at a time (the
          * loop asks layer after layer): the same sum as counting them all */
-        uint64_t n = sp->modules[m].num_hidden_layers + sp->modules[m].num_global_layers;
+        uint64_t n = rm->modules[m].layers;
         after = ps->z_rd_after;
         for (uint64_t k = ps->z_rd_l; k < l; k++)
             after -= k + 1 < n && k + 1 < MM_MAX_LAYERS ? par_unit_params(ps, m, k + 1) : 0;
         for (uint64_t k = ps->z_rd_l; k > l; k--)
             after += k < n && k < MM_MAX_LAYERS ? par_unit_params(ps, m, k) : 0;
     } else {
-        for (uint32_t mi = m; mi < sp->n_modules; mi++) {
-            uint64_t n = sp->modules[mi].num_hidden_layers + sp->modules[mi].num_global_layers;
+        for (uint32_t mi = m; mi < rm->n_modules; mi++) {
+            uint64_t n = rm->modules[mi].layers;
             for (uint64_t k = mi == m ? l + 1 : 0; k < n && k < MM_MAX_LAYERS; k++)
                 after += par_unit_params(ps, mi, k);
         }
@@ -107,7 +101,7 @@ static uint64_t reuse_distance(par_state *ps, uint32_t m, uint64_t l)
     ps->z_rd_m = m;
     ps->z_rd_l = l;
     ps->z_rd_after = after;
-    return after * (sp->training.ckpt.enabled ? 3 : 2) + 2 * head_params(ps);
+    return after * (rm->training.ckpt.enabled ? 3 : 2) + 2 * head_params(ps);
 }
 
 static int32_t fetch(par_state *ps, uint64_t params)
@@ -128,7 +122,7 @@ static int kept(par_state *ps, uint32_t m, uint64_t l)
 {
     /* __params_to_release stops before a module once the fetches so far
      * reach the distance: kept only below it */
-    return reuse_distance(ps, m, l) < ps->sp->deepspeed.max_reuse_distance;
+    return reuse_distance(ps, m, l) < ps->rm->deepspeed.max_reuse_distance;
 }
 
 static int alive(const sim *s, int32_t id)
@@ -167,7 +161,7 @@ static uint64_t available(par_state *ps)
 static int32_t fetch_layer(par_state *ps, uint64_t n, uint32_t m, int64_t next)
 {
     sim *s = ps->c->s;
-    const deepspeed_spec *d = &ps->sp->deepspeed;
+    const deepspeed_spec *d = &ps->rm->deepspeed;
     sim_drop(s, ps->zpf);
     ps->zpf = -1;
     int32_t p = fetch(ps, n);
@@ -175,8 +169,8 @@ static int32_t fetch_layer(par_state *ps, uint64_t n, uint32_t m, int64_t next)
         return p;
     uint64_t want = fetched(ps, m, (uint64_t)next), avail = available(ps);
     uint64_t bucket = d->prefetch_bucket_size ? d->prefetch_bucket_size
-                                              : (uint64_t)(0.9 * (double)decoder_hidden(ps->sp) *
-                                                           (double)decoder_hidden(ps->sp));
+                                              : (uint64_t)(0.9 * (double)resolved_decoder_hidden(ps->rm) *
+                                                           (double)resolved_decoder_hidden(ps->rm));
     uint64_t room = d->max_live_parameters > avail ? d->max_live_parameters - avail : 0;
     uint64_t pre = want < bucket ? want : bucket;
     ps->zpf = fetch(ps, pre < room ? pre : room);
@@ -248,8 +242,8 @@ static void on_layer(sim *s, const sim_layer_ev *e, void *ctx)
     }
     uint64_t n = fetched(ps, e->module, e->layer);
     if (e->what == SIM_LAYER_BEGIN) {
-        const module_spec *m = &ps->sp->modules[e->module];
-        uint64_t layers = m->num_hidden_layers + m->num_global_layers;
+        const resolved_module *m = &ps->rm->modules[e->module];
+        uint64_t layers = m->layers;
         ps->fwd_k = e->grad ? par_marker(s, ps->r_gather, marker, ps, e->module, e->layer, 0, 1) + 1
                             : 0;
         ps->fwd_p = fetch_layer(ps, n, e->module,
@@ -281,7 +275,7 @@ void zero3_setup(par_state *ps)
     zero3_layout(ps, &ps->zl);
     /* the persistent parameters' full copies (mark_persistent_parameters) */
     for (size_t r = 0; r < s->nrows; r++)
-        if (persistent_row(ps, &s->rows[r]) && !ps->sp->deepspeed.offload_param)
+        if (persistent_row(ps, &s->rows[r]) && !ps->rm->deepspeed.offload_param)
             sim_alloc(s, (uint32_t)r, sim_mul(s, s->rows[r].params, ps->c->dt), F_PARAM, 0);
 }
 
@@ -295,14 +289,14 @@ void zero3_setup(par_state *ps)
  * forward: its next use is beyond the step's trace. */
 static int reached(const par_state *ps, const sim_row *R)
 {
-    const module_spec *m = &ps->sp->modules[R->module];
+    const resolved_module *m = &ps->rm->modules[R->module];
     if (R->trainable)
         return 1;
     if (!ps->P_tr)
         return 0;
-    if (ps->sp->training.ckpt.enabled)
+    if (ps->rm->training.ckpt.enabled)
         return 1;
-    if (m->kind != MOD_DECODER)
+    if (m->role != MOD_DECODER)
         return 0;
     if (!strcmp(R->name, "embed_tokens"))
         return m->tie_word_embeddings;

@@ -216,7 +216,7 @@ int zero_layout(par_state *ps, int round_robin_order, zlayout *z)
 int zero3_layout(par_state *ps, zlayout *z)
 {
     sim *s = ps->c->s;
-    uint64_t N = s->dp ? s->dp : 1, cap = ps->sp->deepspeed.sub_group_size;
+    uint64_t N = s->dp ? s->dp : 1, cap = ps->rm->deepspeed.sub_group_size;
     memset(z, 0, sizeof *z);
     z->pieces = 2;
     for (int g = 0; g < 2; g++) {

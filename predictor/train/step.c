@@ -12,12 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const step_cfg *cfg)
+static void ctx_init(lctx *c, const resolved_model *rm, sim *s, int32_t *scratch,
+                     const step_cfg *cfg)
 {
-    const training_spec *t = &sp->training;
+    const training_spec *t = &rm->training;
     memset(c, 0, sizeof *c);
     c->s = s;
-    c->spec = sp;
+    c->rm = rm;
     c->scratch = scratch;
     c->cos = c->sin = c->mask = c->mask_sliding = c->pixels = c->cross_states = -1;
     c->mask_cross = c->pos_ids = -1;
@@ -25,53 +26,22 @@ static void ctx_init(lctx *c, const mm_spec *sp, sim *s, int32_t *scratch, const
         c->late_drop[i] = -1;
     for (int i = 0; i < MAX_TAPS; i++)
         c->taps[i] = -1;
-    parallel_kind par = step_parallel(sp);
-    c->zero = par == PAR_ZERO ? t->zero_stage : par == PAR_DDP ? 0 : 3;
-    c->deepspeed = par == PAR_ZERO;
+    c->zero = rm->zero_level;
+    c->deepspeed = rm->parallel == PAR_ZERO;
     s->offload_acts = t->activation_offload;
     c->grads_accumulate = t->grad_accum > 1 || t->optimizer_in_backward;
-    c->grads_sharded = par == PAR_ZERO && t->zero_stage == 2 && !sp->deepspeed.contiguous_gradients &&
-                       !sp->deepspeed.offload_optimizer && t->grad_accum == 1;
+    c->grads_sharded = rm->grads_sharded;
     c->nofold = cfg->nofold;
-    c->dt = mm_dtype_bytes(t->precision);
-    /* FSDP MixedPrecision computes in param_dtype: activations follow it */
-    if ((par == PAR_FSDP1 || par == PAR_FSDP2) && sp->fsdp.mixed_precision && !t->autocast)
-        c->dt = mm_dtype_bytes(sp->fsdp.param_dtype);
+    c->dt = rm->dt;
     c->amp = t->autocast;
-    if (c->amp)
-        c->wdt = 4;
-    else if (par == PAR_FSDP1 || par == PAR_FSDP2)
-        c->wdt = mm_dtype_bytes(sp->fsdp.param_dtype);
-    else
-        c->wdt = c->dt;
+    c->wdt = rm->wdt;
     c->gdt = c->wdt;
-    const module_spec *v = mm_spec_module(sp, MOD_VISION);
-    if (v && t->images_per_sample) {
-        uint64_t h, w;
-        tokens_worst_image(sp, v, &h, &w);
-        mm_error e;
-        tokens_per_image(sp, h, w, &c->vt, &e);
+    if (rm->has_images) {
+        c->vt = rm->vt;
         c->images = sim_mul(s, t->micro_batch_size, t->images_per_sample);
     }
-    if (v && v->kind == MOD_VISION)
-        for (uint64_t l = 0; l < v->num_hidden_layers && c->ntaps < MAX_TAPS; l++)
-            if (lset_has(&v->deepstack, l))
-                c->ntaps++;
-}
-
-/* layers per module in the per-layer tables: the most any module's layer loop
- * runs (stack_run: the hidden layers, then Mllama's global ones), the index a
- * counting pass registers parameters at (c->layer) stays below it */
-static uint64_t layer_stride(const mm_spec *sp)
-{
-    uint64_t n = 1;
-    for (size_t i = 0; i < sp->n_modules; i++) {
-        const module_spec *m = &sp->modules[i];
-        uint64_t l = m->num_hidden_layers + m->num_global_layers;
-        if (l > n)
-            n = l;
-    }
-    return n < MM_MAX_LAYERS ? n : MM_MAX_LAYERS;
+    if (rm->vision >= 0)
+        c->ntaps = rm->modules[rm->vision].deepstack_taps;
 }
 
 /* room for the step's tensors (and their events) before the first: a layer
@@ -80,11 +50,9 @@ static uint64_t layer_stride(const mm_spec *sp)
  * to 5 times the forward's (what stack.c reserves at a module's first layer).
  * Without it the arrays are copied as they grow: at each module's first layer,
  * the tensors before it.  Only a capacity: memory not used is never touched. */
-static void reserve_step(sim *s, const mm_spec *sp)
+static void reserve_step(sim *s, const resolved_model *rm)
 {
-    uint64_t layers = 0;
-    for (size_t i = 0; i < sp->n_modules; i++)
-        layers += sp->modules[i].num_hidden_layers + sp->modules[i].num_global_layers;
+    uint64_t layers = rm->total_layers;
     if (layers > MM_MAX_MODULES * (uint64_t)MM_MAX_LAYERS)
         layers = MM_MAX_MODULES * (uint64_t)MM_MAX_LAYERS;
     sim_reserve(s, 1024 + 5 * 48 * (size_t)layers);
@@ -108,7 +76,7 @@ static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
         s->layer_stride = f->layer_stride;
         s->tables_borrowed = 1;
     } else {
-        s->layer_stride = layer_stride(c->spec);
+        s->layer_stride = c->rm->layer_stride;
         s->layer_tp = layer_table(s);
         s->layer_p = layer_table(s);
         s->layer_gb = layer_table(s);
@@ -133,10 +101,10 @@ static int rows_pass(lctx *c, sim *s, const step_cfg *cfg)
 
 /* the batch: input_ids, labels, attention_mask (int64) and pixel_values (fp32,
  * as the processor makes them) */
-static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
+static int32_t inputs(lctx *c, const resolved_model *rm, uint32_t llm)
 {
     sim *s = c->s;
-    const training_spec *t = &sp->training;
+    const training_spec *t = &rm->training;
     uint32_t rin = sim_row_get(s, llm, "inputs", "inputs");
     sim_label(s, "inputs", rin);
     /* HF Trainer: the step's micro-batches are fetched to the device up front and
@@ -145,8 +113,8 @@ static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
     uint64_t ga = t->grad_accum ? t->grad_accum : 1;
     uint64_t bs = sim_mul3(s, t->micro_batch_size, t->seq_len, ga);
     uint64_t ids = sim_mul(s, bs, 3 * 8);
-    const module_spec *v = mm_spec_module(sp, MOD_VISION);
-    if (v && c->images && v->img.kind == IMG_SPLIT) /* Idefics3ImageProcessor's int64
+    const resolved_module *v = rm->vision >= 0 ? &rm->modules[rm->vision] : NULL;
+    if (v && c->images && v->img == IMG_SPLIT) /* Idefics3ImageProcessor's int64
                                                        pixel_attention_mask: every tile pixel */
         ids = sim_add(s, ids, sim_mul3(s, sim_mul(s, c->images, c->vt.tiles),
                                        sim_mul(s, v->image_size, v->image_size), 8 * ga));
@@ -157,7 +125,7 @@ static int32_t inputs(lctx *c, const mm_spec *sp, uint32_t llm)
                                                                     sim_mul(s, v->patch_size,
                                                                             v->patch_size),
                                                                     tk));
-        c->pixels = sim_alloc(s, sim_row_get(s, (uint32_t)(v - sp->modules), "pixel_values",
+        c->pixels = sim_alloc(s, sim_row_get(s, (uint32_t)rm->vision, "pixel_values",
                                              "inputs"),
                               sim_mul3(s, px, 4, ga), F_TEMP, 0);
         if (c->pixels >= 0)
@@ -172,7 +140,7 @@ static uint64_t alive_bytes(const sim *s, int32_t id)
     return id >= 0 && s->t[id].alive ? s->t[id].bytes : 0;
 }
 
-static int finish(sim *s, const mm_spec *sp, int32_t *scratch, lctx *c, mm_error *err)
+static int finish(sim *s, const resolved_model *rm, int32_t *scratch, lctx *c, mm_error *err)
 {
     free(scratch);
     free(c->amp_cache);
@@ -187,13 +155,13 @@ static int finish(sim *s, const mm_spec *sp, int32_t *scratch, lctx *c, mm_error
     }
     if (s->overflow) {
         mm_err(err, "%s: the predicted sizes overflow 64-bit byte counts (absurd dimensions?)",
-               sp->path);
+               rm->path);
         return -1;
     }
     return 0;
 }
 
-static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+static int step_once(const resolved_model *rm, sim *s, const step_cfg *cfg, mm_error *err)
 {
     sim_init(s, cfg->dp, cfg->symbolic);
     s->snap_at = cfg->snap_at;
@@ -201,9 +169,9 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
     s->log = cfg->log;
     int32_t *scratch = malloc((MM_MAX_LAYERS + 2) * sizeof *scratch);
     lctx c;
-    ctx_init(&c, sp, s, scratch, cfg);
+    ctx_init(&c, rm, s, scratch, cfg);
     tp_attach(&c);
-    if (sp->training.ckpt.enabled && sp->training.ckpt.granularity == CKPT_SELECTIVE_OP) {
+    if (rm->training.ckpt.enabled && rm->training.ckpt.granularity == CKPT_SELECTIVE_OP) {
         c.sac = calloc(1, sizeof *c.sac);
         if (c.sac && !(c.sac->at = calloc((size_t)MM_MAX_MODULES * MM_MAX_LAYERS, sizeof *c.sac->at)))
             s->oom = 1;
@@ -212,16 +180,16 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
     }
     if (!scratch || s->oom || rows_pass(&c, s, cfg)) {
         s->oom = 1;
-        return finish(s, sp, scratch, &c, err);
+        return finish(s, rm, scratch, &c, err);
     }
     if (s->oom || s->overflow)
-        return finish(s, sp, scratch, &c, err);
-    reserve_step(s, sp);
+        return finish(s, rm, scratch, &c, err);
+    reserve_step(s, rm);
     par_state ps;
-    uint32_t llm = (uint32_t)(mm_spec_module(sp, MOD_DECODER) - sp->modules);
-    par_model_states(&ps, &c, sp, llm);
+    uint32_t llm = (uint32_t)rm->decoder;
+    par_model_states(&ps, &c, rm, llm);
     s->step_ev = s->nev; /* model states above, the step below */
-    int32_t in = inputs(&c, sp, llm);
+    int32_t in = inputs(&c, rm, llm);
     par_forward_begin(&ps, &c);
     int32_t loss = prog_forward(&c);
     par_forward_end(&ps, &c); /* the wrapper's post-forward, inside the model call */
@@ -231,7 +199,7 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
     for (int i = 0; i < 4; i++)
         op_drop(&c, c.late_drop[i]);
     if (s->oom || s->overflow)
-        return finish(s, sp, scratch, &c, err);
+        return finish(s, rm, scratch, &c, err);
     sim_set_phase(s, MM_PHASE_BACKWARD);
     /* the backward makes 1.6 (LLaVA-1.5-7B) to 2.2 (Qwen2.5-VL-72B ZeRO-3) times the
      * forward's tensors again (gradients, recomputed layers): room for the forward's and
@@ -243,27 +211,18 @@ static int step_once(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *e
     sim_drop(s, loss);
     par_backward_end(&ps, &c);
     if (s->oom || s->overflow)
-        return finish(s, sp, scratch, &c, err);
+        return finish(s, rm, scratch, &c, err);
     sim_set_phase(s, MM_PHASE_OPTIMIZER);
     s->leftover = sim_alive_temp(s) - alive_bytes(s, in) - alive_bytes(s, c.pixels);
     par_optimizer(&ps, &c);
     sim_drop(s, in);
     sim_drop(s, c.pixels);
     s->largest_param = c.largest_param;
-    return finish(s, sp, scratch, &c, err);
+    return finish(s, rm, scratch, &c, err);
 }
 
-/* tensor parallel: the step of one rank, on the decoder's per-rank widths (parallel_tp.c) */
-int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+/* under tensor parallel rm holds one rank's decoder widths (spec/resolve.c) */
+int step_run(const resolved_model *rm, sim *s, const step_cfg *cfg, mm_error *err)
 {
-    if (sp->training.tensor_parallel <= 1)
-        return step_once(sp, s, cfg, err);
-    mm_spec *l = tp_local_spec(sp);
-    if (!l) {
-        mm_err(err, "out of memory");
-        return -1;
-    }
-    int rc = step_once(l, s, cfg, err);
-    mm_spec_free(l);
-    return rc;
+    return step_once(rm, s, cfg, err);
 }

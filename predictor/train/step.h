@@ -17,15 +17,7 @@ typedef struct step_cfg {
     int log;               /* keep the allocation log (sim.ev) */
 } step_cfg;
 
-/* Run one step on `s`.  0, or -1 with err set. */
-int step_run(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err);
-/* parallel strategy of a spec: inline, so the strategy files (parallel*.c)
- * and the predictions read it without calling into step.c */
-static inline parallel_kind step_parallel(const mm_spec *sp)
-{
-    if (sp->fsdp.version)
-        return sp->fsdp.version == 2 ? PAR_FSDP2 : PAR_FSDP1;
-    return sp->training.zero_stage ? PAR_ZERO : PAR_DDP;
-}
+/* Run one step of the resolved model on `s`.  0, or -1 with err set. */
+int step_run(const resolved_model *rm, sim *s, const step_cfg *cfg, mm_error *err);
 
 #endif

@@ -27,6 +27,7 @@ int main(void)
     srunner_add_suite(sr, liger_suite());
     srunner_add_suite(sr, lorahead_suite());
     srunner_add_suite(sr, wrap_suite());
+    srunner_add_suite(sr, resolve_suite());
     srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

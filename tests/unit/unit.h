@@ -32,6 +32,7 @@ Suite *pixtral_suite(void);
 Suite *liger_suite(void);
 Suite *lorahead_suite(void);
 Suite *wrap_suite(void);
+Suite *resolve_suite(void);
 
 /* unit_spec.c: shared specs (each asserts what it needs) */
 mm_spec *unit_preset(const char *name);              /* contrib/models/NAME.yaml */

@@ -23,9 +23,17 @@ With --ref BIN the same cases compare another build instead (BIN, e.g. main's
 mmguard before a change that must not move a byte, against MMGUARD), both
 unfolded: what a speed change is held to.
 
+With --golden FILE (make check-fold: tests/fold/golden.txt) every case's plain
+result must also be the one whose digest FILE holds (sha256 of exit status, stdout
+and stderr, with the checkout's and the temporary files' paths left out): no
+prediction of a preset, truth row or GPU row moves unnoticed.  A change meant to move
+some rewrites the file with --write-golden FILE; its diff names the cases that moved.
+
   MMGUARD=build/mmguard python3 tests/fold/fold.py [--only REGEX] [--jobs N] [--ref BIN]
+                                                   [--golden FILE] [--write-golden FILE]
 """
 import argparse
+import hashlib
 import glob
 import json
 import os
@@ -59,22 +67,35 @@ def run(args, fold):
     return (p.returncode, p.stdout, err), folds
 
 
+TMP = None  # the run's temporary directory (spec files written there)
+
+
+def digest(out):
+    """The plain run's result (exit status, stdout, stderr), independent of where the
+    checkout and the temporary spec files lie: what --golden holds."""
+    text = "%d\n%s\n%s" % out
+    text = re.sub(re.escape(TMP) + r"/[A-Za-z0-9_.-]+", "<tmp>", text)
+    text = text.replace(ROOT, "<root>")
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def compare(case):
     name, args = case
     plain, none = run(args, False)
+    d = digest(plain)
     folded, folds = run(args, True)
     if none:
-        return name, "the unfolded run folded", folds
+        return name, "the unfolded run folded", folds, d
     if REF:
         folds = []
     for out in (plain, folded):  # under ASan+UBSan: a report is a failure either way
         if "Sanitizer" in out[2] or "runtime error:" in out[2]:
-            return name, "sanitizer: %s" % out[2][:300], folds
+            return name, "sanitizer: %s" % out[2][:300], folds, d
     if plain != folded:
         return name, "differs: rc %d/%d, stdout %d/%d bytes, stderr %r/%r" % (
             plain[0], folded[0], len(plain[1]), len(folded[1]), plain[2][:200],
-            folded[2][:200]), folds
-    return name, None, folds
+            folded[2][:200]), folds, d
+    return name, None, folds, d
 
 
 def preset_cases(tmp):
@@ -117,9 +138,12 @@ def gpu_cases(tmp, only):
                 r = json.loads(line)
                 if r.get("kind") != "measurement" or r.get("status") not in ("ok", "oom"):
                     continue
-                rid = r.get("id") or "%s:%d" % (os.path.basename(path), k + 1)
+                rid = r.get("id") or "?"
                 if only and not re.search(only, rid):
                     continue
+                # the file and line name it (an id recurs across cards and resumed runs)
+                where = "%s:%d" % (os.path.relpath(path, os.path.join(ROOT, "tests", "gpu_data")),
+                                   k + 1)
                 if isinstance(r.get("spec"), dict):
                     spec = json.loads(json.dumps(r["spec"]))
                 else:  # as compare.py does for the rows measured before spec_for had one
@@ -133,8 +157,34 @@ def gpu_cases(tmp, only):
                 fd, sp = tempfile.mkstemp(prefix="gpu-", suffix=".json", dir=tmp)
                 with os.fdopen(fd, "w") as f2:
                     json.dump(spec, f2)
-                cases.append(("gpu %s" % rid, ["predict", sp, "--json"]))
+                cases.append(("gpu %s %s" % (where, rid), ["predict", sp, "--json"]))
     return cases
+
+
+def golden_differs(path, results):
+    """Say which cases' results are not the ones the golden file holds (changed,
+    new or gone); True when any is not."""
+    want = {}
+    with open(path) as f:
+        for line in f:
+            d, _, n = line.rstrip("\n").partition(" ")
+            want[n] = d
+    got = {n: d for n, _, _, d in results}
+    changed = sorted(n for n in got if n in want and got[n] != want[n])
+    new = sorted(set(got) - set(want))
+    gone = sorted(set(want) - set(got))
+    for what, names in (("changed", changed), ("new", new), ("gone", gone)):
+        for n in names[:20]:
+            print("fold: golden: %s: %s" % (what, n))
+        if len(names) > 20:
+            print("fold: golden: ... and %d more %s" % (len(names) - 20, what))
+    if changed or new or gone:
+        print("fold: golden: FAILED against %s: %d changed, %d new, %d gone (a change meant "
+              "to move predictions rewrites it: fold.py --write-golden %s, and says why)"
+              % (path, len(changed), len(new), len(gone), path))
+        return True
+    print("fold: golden: every one of %d results as %s holds" % (len(got), path))
+    return False
 
 
 def main():
@@ -143,23 +193,37 @@ def main():
     ap.add_argument("--only", help="regex on truth and GPU row ids (presets always run)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--ref", help="compare this build (unfolded) instead of the fold")
+    ap.add_argument("--golden", help="also hold every case's plain result to the digests in "
+                    "this file (one 'DIGEST CASE' a line): a prediction that changed fails")
+    ap.add_argument("--write-golden", metavar="FILE",
+                    help="write the digests of this build's plain results to FILE")
     a = ap.parse_args()
-    global REF
+    global REF, TMP
     REF = a.ref
+    if a.golden and a.only:
+        ap.error("--golden holds every case: not with --only")
     with tempfile.TemporaryDirectory(prefix="mmfold-") as tmp:
+        TMP = tmp
         cases = preset_cases(tmp) + truth_cases(tmp, a.only) + gpu_cases(tmp, a.only)
         with ThreadPoolExecutor(max_workers=a.jobs) as ex:
             results = list(ex.map(compare, cases))
-    bad = [(n, why) for n, why, _ in results if why]
-    folds = sum(len(f) for _, _, f in results)
-    periods = sum(sum(f) for _, _, f in results)
-    cases_folded = sum(1 for _, _, f in results if f)
+    bad = [(n, why) for n, why, _, _ in results if why]
+    folds = sum(len(f) for _, _, f, _ in results)
+    periods = sum(sum(f) for _, _, f, _ in results)
+    cases_folded = sum(1 for _, _, f, _ in results if f)
     for n, why in bad:
         print("fold: FAIL %s: %s" % (n, why))
     print("fold: %d cases (%d presets' runs, truth and GPU rows), %d of them folded: %d folds, "
-          "%d periods fast-forwarded" % (len(results), sum(1 for n, _, _ in results
+          "%d periods fast-forwarded" % (len(results), sum(1 for n, _, _, _ in results
                                                            if n.startswith("preset")),
                                          cases_folded, folds, periods))
+    if a.write_golden:
+        with open(a.write_golden, "w") as f:
+            for n, _, _, d in sorted(results, key=lambda x: x[0]):
+                f.write("%s %s\n" % (d, n))
+        print("fold: wrote %d digests to %s" % (len(results), a.write_golden))
+    if a.golden and golden_differs(a.golden, results):
+        return 1
     if REF:
         print("fold: %s" % ("FAILED" if bad else "passed: %s and %s byte-identical" % (REF, MM)))
         return 1 if bad else 0

@@ -2,9 +2,9 @@
  *
  * Followed: c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator (PyTorch
  * main, 2025; the torch 2.11 traces in tests/gpu_data/traces replay exactly).
- * Blocks live in one array and are named by index; a pool's free blocks are a
- * list in BlockComparatorSize's order (size, then address), cut into size
- * classes for the best-fit search (alloc_internal.h), and its unmapped
+ * Blocks live in one array and are named by index; a pool's free blocks are
+ * size classes, each a list in BlockComparatorSize's order (size, then
+ * address), for the best-fit search (alloc_internal.h), and its unmapped
  * expandable ranges a vector sorted by address (BlockComparatorAddress).  The
  * one stream means the comparators' stream key is constant and left out.
  * Addresses are invented (unless a replay passes the real ones): segments
@@ -72,7 +72,7 @@ static inline int key_less(const blk *x, const blk *y)
 }
 
 /* block i into its place in pool p: after the blocks of smaller keys, before
- * an equal one (as lower_bound) */
+ * an equal one (as lower_bound); the first of its class alone */
 static inline void pool_link(mm_allocator *a, pool *p, int32_t i)
 {
     blk *b = &a->b[i];
@@ -80,35 +80,29 @@ static inline void pool_link(mm_allocator *a, pool *p, int32_t i)
     int32_t before, after;
     b->cls = (uint16_t)c;
     if (!(p->sub[c >> POOL_SUB_BITS] >> (c & ((1u << POOL_SUB_BITS) - 1)) & 1)) {
-        int n = pool_class_from(p, c + 1);
-        after = n >= 0 ? p->first[n] : -1;
-        before = after >= 0 ? a->b[after].fprev : p->tail;
+        before = after = -1;
         p->sub[c >> POOL_SUB_BITS] |= (uint16_t)(1u << (c & ((1u << POOL_SUB_BITS) - 1)));
         p->top |= 1ull << (c >> POOL_SUB_BITS);
         p->first[c] = p->last[c] = i;
     } else if (key_less(&a->b[p->last[c]], b)) {
         before = p->last[c];
-        after = a->b[before].fnext;
+        after = -1;
+        a->b[before].fnext = i;
         p->last[c] = i;
     } else { /* the class's last stops the walk */
         after = p->first[c];
         while (key_less(&a->b[after], b))
             after = a->b[after].fnext;
         before = a->b[after].fprev;
-        if (after == p->first[c])
+        a->b[after].fprev = i;
+        if (before >= 0)
+            a->b[before].fnext = i;
+        else
             p->first[c] = i;
     }
     b->fprev = before;
     b->fnext = after;
     b->pooled = 1;
-    if (before >= 0)
-        a->b[before].fnext = i;
-    else
-        p->head = i;
-    if (after >= 0)
-        a->b[after].fprev = i;
-    else
-        p->tail = i;
     p->nfree++;
 }
 
@@ -126,7 +120,6 @@ static inline void pool_insert(mm_allocator *a, pool *p, int32_t i)
 
 void alloc_pool_clear(pool *p)
 {
-    p->head = p->tail = -1;
     p->nfree = 0;
     p->top = 0;
     memset(p->sub, 0, sizeof p->sub);
@@ -139,26 +132,22 @@ static inline void pool_erase(mm_allocator *a, pool *p, int32_t i)
     if (!b->pooled)
         return;
     int32_t before = b->fprev, after = b->fnext;
+    unsigned c = b->cls;
+    b->pooled = 0;
+    p->nfree--;
     if (before >= 0)
         a->b[before].fnext = after;
     else
-        p->head = after;
+        p->first[c] = after;
     if (after >= 0)
         a->b[after].fprev = before;
     else
-        p->tail = before;
-    b->pooled = 0;
-    p->nfree--;
-    unsigned c = b->cls;
-    if (p->first[c] == i && p->last[c] == i) {
+        p->last[c] = before;
+    if (before < 0 && after < 0) { /* the class is empty */
         uint16_t *m = &p->sub[c >> POOL_SUB_BITS];
         *m &= (uint16_t)~(1u << (c & ((1u << POOL_SUB_BITS) - 1)));
         if (!*m)
             p->top &= ~(1ull << (c >> POOL_SUB_BITS));
-    } else if (p->first[c] == i) {
-        p->first[c] = after;
-    } else if (p->last[c] == i) {
-        p->last[c] = before;
     }
 }
 
@@ -475,7 +464,7 @@ static void release_pool(mm_allocator *a, pool *p)
     ivec todo = {0};
     for (int32_t k = pool_first(p); k >= 0;) {
         int32_t i = k;
-        k = a->b[i].fnext; /* before i leaves the pool */
+        k = pool_next(a->b, p, i); /* before i leaves the pool */
         if (a->b[i].seg >= 0)
             ivec_insert_at(a, &todo, todo.n, i);
         else if (!is_split(&a->b[i]))
@@ -515,12 +504,12 @@ static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size)
         return -1;
     if (a->b[i].seg >= 0 && c->expandable_segments) {
         /* a block that can still grow counts as that large for "best fit" */
-        while (a->b[i].seg >= 0 && a->b[i].fnext >= 0 &&
-               expandable_size(a, a->b[i].fnext) < expandable_size(a, i))
-            i = a->b[i].fnext;
+        for (int32_t n; a->b[i].seg >= 0 && (n = pool_next(a->b, p, i)) >= 0 &&
+                        expandable_size(a, n) < expandable_size(a, i);)
+            i = n;
     } else if (a->b[i].seg >= 0) {
         while (i >= 0 && a->b[i].seg >= 0)
-            i = a->b[i].fnext;
+            i = pool_next(a->b, p, i);
         if (i < 0)
             return -1;
     }
@@ -687,12 +676,12 @@ static int release_available(mm_allocator *a, pool *p, uint64_t size)
         return 1;
     }
     uint64_t freed = 0;
-    int32_t below = at >= 0 ? a->b[at].fprev : pool_last(p);
+    int32_t below = at >= 0 ? pool_prev(a->b, p, at) : pool_last(p);
     while (below >= 0 && freed < key) {
         int32_t i = below;
         if (a->b[i].size < ms)
             break;
-        below = a->b[i].fprev; /* before i leaves the pool */
+        below = pool_prev(a->b, p, i); /* before i leaves the pool */
         if (a->b[i].seg < 0) {
             freed += a->b[i].size;
             release_block(a, i);
@@ -711,7 +700,7 @@ static void garbage_collect(mm_allocator *a)
     uint64_t target = a->st.reserved - thr, got = 0;
     double total_age = 0;
     int64_t n = 0;
-    for (int32_t k = pool_first(p); k >= 0; k = a->b[k].fnext)
+    for (int32_t k = pool_first(p); k >= 0; k = pool_next(a->b, p, k))
         if (!is_split(&a->b[k])) {
             total_age += (double)(p->gc_calls - a->b[k].gc_base);
             n++;
@@ -722,7 +711,7 @@ static void garbage_collect(mm_allocator *a)
         freed = 0;
         for (int32_t k = pool_first(p); k >= 0;) {
             int32_t i = k;
-            k = a->b[i].fnext; /* before i leaves the pool */
+            k = pool_next(a->b, p, i); /* before i leaves the pool */
             double age = (double)(p->gc_calls - a->b[i].gc_base);
             if (!is_split(&a->b[i]) && age >= thr_age) {
                 freed = 1;

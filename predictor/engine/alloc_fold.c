@@ -150,7 +150,7 @@ int mm_alloc_mark_light(const mm_allocator *a, mm_alloc_mark *m)
                   sizeof *m->psize))
         return -1;
     for (size_t k = 0, q = 0; k < 2; k++)
-        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = a->b[j].fnext)
+        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = pool_next(a->b, &a->pools[k], j))
             m->psize[q++] = a->b[j].size;
     return 0;
 }
@@ -208,11 +208,11 @@ int mm_alloc_fold_maybe(const mm_allocator *a, const mm_alloc_mark *m)
         size_t x = 0;
         while (x < m->npool[k] || j >= 0) {
             if (x == m->npool[k] || (j >= 0 && a->b[j].size < m->psize[q + x])) {
-                j = a->b[j].fnext, differ++;
+                j = pool_next(a->b, &a->pools[k], j), differ++;
             } else if (j < 0 || a->b[j].size > m->psize[q + x]) {
                 x++, differ++;
             } else {
-                x++, j = a->b[j].fnext;
+                x++, j = pool_next(a->b, &a->pools[k], j);
             }
             if (differ > FOLD_DIFFER)
                 return 0;
@@ -264,7 +264,7 @@ uint64_t mm_alloc_state_hash(const mm_allocator *a)
         h = mm_alloc_hash_add(h, st[k]);
     for (int k = 0; k < 2; k++) {
         h = mm_alloc_hash_add(h, a->pools[k].nfree);
-        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = a->b[j].fnext)
+        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = pool_next(a->b, &a->pools[k], j))
             h = mm_alloc_hash_add(h, a->b[j].ptr);
     }
     return mm_alloc_hash_add(h, (uint64_t)a->nomem);

@@ -165,21 +165,24 @@ static void unmapped_erase(mm_allocator *a, pool *p, int32_t i)
 
 static int32_t blk_grow(mm_allocator *a);
 
-/* alloc_blk_new, inlined where blocks are split */
-static inline int32_t blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
+/* alloc_blk_new, inlined where blocks are split (plain: a->plain, known to
+ * be set, see mm_allocator_malloc) */
+static inline __attribute__((always_inline)) int32_t blk_new_(mm_allocator *a, uint64_t ptr,
+                                                             uint64_t size, int small, int seg,
+                                                             const int plain)
 {
     int32_t i = a->freeslots.n ? a->freeslots.v[--a->freeslots.n] : blk_grow(a);
     if (i < 0)
         return -1;
     a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg, .fprev = -1,
                     .fnext = -1, .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1,
-                    .stamp = a->rec ? ++a->clock : a->clock};
+                    .stamp = !plain && a->rec ? ++a->clock : a->clock};
     return i;
 }
 
 int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
 {
-    return blk_new(a, ptr, size, small, seg);
+    return blk_new_(a, ptr, size, small, seg, 0);
 }
 
 /* a slot after the last one (no free one to reuse), -1 out of memory */
@@ -200,10 +203,15 @@ static int32_t blk_grow(mm_allocator *a)
 
 /* block i's content changed (blk.stamp; counted only while a fold's mark is
  * open: the fold asks what changed since the mark) */
+static inline void touch_(mm_allocator *a, int32_t i, const int plain)
+{
+    if (!plain && a->rec)
+        a->b[i].stamp = ++a->clock;
+}
+
 static void touch(mm_allocator *a, int32_t i)
 {
-    if (a->rec)
-        a->b[i].stamp = ++a->clock;
+    touch_(a, i, 0);
 }
 
 void alloc_blk_delete(mm_allocator *a, int32_t i)
@@ -343,7 +351,7 @@ static uint64_t get_allocation_size(uint64_t size)
 
 /* ---- merging and releasing -------------------------------------------------------------- */
 
-static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src);
+static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src, const int plain);
 
 /* try_merge_blocks: fold free neighbour `src` into `dst`; the bytes subsumed */
 static uint64_t try_merge(mm_allocator *a, int32_t dst, int32_t src, pool *p)
@@ -357,11 +365,11 @@ static uint64_t try_merge(mm_allocator *a, int32_t dst, int32_t src, pool *p)
         pool_erase(a, p, src);
     else
         unmapped_erase(a, p, src);
-    return merge_into(a, dst, src);
+    return merge_into(a, dst, src, 0);
 }
 
 /* try_merge_blocks once src is out of its pool */
-static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src)
+static inline uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src, const int plain)
 {
     blk *d = &a->b[dst], *s = &a->b[src];
     if (d->prev == src) { /* [src dst] */
@@ -376,7 +384,7 @@ static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src)
     }
     uint64_t sub = s->size;
     d->size += sub;
-    touch(a, dst);
+    touch_(a, dst, plain);
     alloc_blk_delete(a, src);
     return sub;
 }
@@ -493,15 +501,17 @@ static uint64_t expandable_size(const mm_allocator *a, int32_t i)
 }
 
 /* get_free_block: best fit (smallest size, then lowest address); left in the
- * pool (take_block takes it out, or moves it when it splits) */
-static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size)
+ * pool (take_block takes it out, or moves it when it splits).  plain: no
+ * block of an expandable segment, no max_split_size, no gc: the first fit. */
+static inline __attribute__((always_inline)) int32_t get_free_block(mm_allocator *a, pool *p,
+                                                                   uint64_t size, const int plain)
 {
     const mm_alloc_conf *c = &a->conf;
-    if (a->gc)
+    if (!plain && a->gc)
         p->gc_calls++;
     int32_t i = pool_first_fit(a->b, p, size);
-    if (i < 0)
-        return -1;
+    if (i < 0 || plain)
+        return i;
     if (a->b[i].seg >= 0 && c->expandable_segments) {
         /* a block that can still grow counts as that large for "best fit" */
         for (int32_t n; a->b[i].seg >= 0 && (n = pool_next(a->b, p, i)) >= 0 &&
@@ -726,21 +736,25 @@ static void garbage_collect(mm_allocator *a)
 
 /* ---- malloc and free ------------------------------------------------------------------- */
 
-static int should_split(const mm_allocator *a, const blk *b, uint64_t size)
+/* plain: max_split_size unset, so any size is below it */
+static inline int should_split(const mm_allocator *a, const blk *b, uint64_t size, const int plain)
 {
     uint64_t rem = b->size - size;
-    if (b->small || a->conf.expandable_segments)
+    if (b->small || (!plain && a->conf.expandable_segments))
         return rem >= kMinBlockSize;
-    return size < a->conf.max_split_size && rem > kSmallSize;
+    return (plain || size < a->conf.max_split_size) && rem > kSmallSize;
 }
 
-/* alloc_found_block (i still in its pool when the cache had it) */
-static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, uint64_t req)
+/* alloc_found_block (i still in its pool when the cache had it); plain: no
+ * block is in an expandable segment (blk.seg < 0) */
+static inline __attribute__((always_inline)) int32_t take_block(mm_allocator *a, pool *p,
+                                                               int32_t i, uint64_t size,
+                                                               uint64_t req, const int plain)
 {
     int was_split = is_split(&a->b[i]);
     pool_erase(a, p, i);
-    if (should_split(a, &a->b[i], size)) {
-        int32_t n = blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
+    if (should_split(a, &a->b[i], size, plain)) {
+        int32_t n = blk_new_(a, a->b[i].ptr, size, p->small, a->b[i].seg, plain);
         if (n < 0)
             return -1;
         blk *rem = &a->b[i];
@@ -751,21 +765,21 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
         rem->prev = n;
         rem->ptr += size;
         rem->size -= size;
-        touch(a, i);
+        touch_(a, i, plain);
         pool_insert(a, p, i);
-        if (rem->seg < 0) {
+        if (plain || rem->seg < 0) {
             if (was_split)
                 stat_sub(&a->st.inactive_split, size);
             else
                 stat_add(&a->st.inactive_split, NULL, rem->size);
         }
         i = n;
-    } else if (was_split && a->b[i].seg < 0) {
+    } else if (was_split && (plain || a->b[i].seg < 0)) {
         stat_sub(&a->st.inactive_split, a->b[i].size);
     }
     a->b[i].allocated = 1;
     a->b[i].req = req;
-    touch(a, i);
+    touch_(a, i, plain);
     stat_add(&a->st.allocated, &a->st.allocated_peak, a->b[i].size);
     stat_add(&a->st.requested, &a->st.requested_peak, req);
     a->st.num_allocs++;
@@ -790,12 +804,15 @@ static int32_t from_driver(mm_allocator *a, pool *p, uint64_t size)
     return i;
 }
 
-int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
+/* DeviceCachingAllocator::malloc; plain: a->plain set (the compiler makes a
+ * copy of it without the tests that a->plain answers) */
+static inline __attribute__((always_inline)) int64_t malloc_(mm_allocator *a, uint64_t req,
+                                                            const int plain)
 {
     uint64_t size = a->round_plain ? round_plain(req) : mm_alloc_round_size(&a->conf, req);
     pool *p = &a->pools[size <= kSmallSize ? 0 : 1];
-    int32_t i = get_free_block(a, p, size);
-    if (a->rec)
+    int32_t i = get_free_block(a, p, size, plain);
+    if (!plain && a->rec)
         alloc_rec_search(a, p, size, i);
     if (i < 0)
         i = from_driver(a, p, size);
@@ -805,39 +822,61 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
         a->st.num_ooms++;
         return MM_ALLOC_OOM;
     }
-    i = take_block(a, p, i, size, req);
+    i = take_block(a, p, i, size, req, plain);
     return a->nomem || i < 0 ? MM_ALLOC_NOMEM : i;
 }
 
+/* a plain allocator (a->plain): no garbage collection, expandable segments or
+ * max_split_size, no fold's mark open - what a replay of a training step
+ * mostly is.  Every branch for those is kept in the other copy. */
+int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
+{
+    return a->plain ? malloc_(a, req, 1) : malloc_(a, req, 0);
+}
+
 /* try_merge for a freed block: its first answer (no neighbour, or one in
- * use: most of them) without the call */
-static inline uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p)
+ * use: most of them) without the call; plain: every block is mapped (no
+ * expandable segments) */
+static inline uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p,
+                                   const int plain)
 {
     if (src < 0 || a->b[src].allocated)
         return 0;
-    return try_merge(a, dst, src, p);
+    if (!plain)
+        return try_merge(a, dst, src, p);
+    pool_erase(a, p, src);
+    return merge_into(a, dst, src, 1);
 }
 
-/* free + free_block: back to the pool, merged with free neighbours */
-void mm_allocator_release(mm_allocator *a, int64_t h)
+/* free + free_block: back to the pool, merged with free neighbours (plain:
+ * as malloc_'s) */
+static inline __attribute__((always_inline)) void release_(mm_allocator *a, int32_t i,
+                                                          const int plain)
 {
-    if (h < 0 || (size_t)h >= a->nb || !a->b[h].in_use_slot || !a->b[h].allocated)
-        return;
-    int32_t i = (int32_t)h;
     pool *p = &a->pools[a->b[i].small ? 0 : 1];
     a->b[i].allocated = 0;
-    touch(a, i);
+    touch_(a, i, plain);
     stat_sub(&a->st.allocated, a->b[i].size);
     stat_sub(&a->st.requested, a->b[i].req);
-    int xs = a->b[i].seg >= 0;
-    uint64_t merged = merge_freed(a, i, a->b[i].prev, p);
-    merged += merge_freed(a, i, a->b[i].next, p);
+    int xs = !plain && a->b[i].seg >= 0;
+    uint64_t merged = merge_freed(a, i, a->b[i].prev, p, plain);
+    merged += merge_freed(a, i, a->b[i].next, p, plain);
     pool_insert(a, p, i);
     if (!xs) {
         stat_sub(&a->st.inactive_split, merged);
         if (is_split(&a->b[i]))
             stat_add(&a->st.inactive_split, NULL, a->b[i].size);
     }
+}
+
+void mm_allocator_release(mm_allocator *a, int64_t h)
+{
+    if (h < 0 || (size_t)h >= a->nb || !a->b[h].in_use_slot || !a->b[h].allocated)
+        return;
+    if (a->plain)
+        release_(a, (int32_t)h, 1);
+    else
+        release_(a, (int32_t)h, 0);
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------------- */
@@ -856,6 +895,9 @@ mm_allocator *mm_allocator_new(const mm_alloc_conf *conf, uint64_t capacity, uin
     if (a->conf.memory_fraction > 0)
         a->allowed_max = (uint64_t)(a->conf.memory_fraction * (double)a->device_total);
     a->gc = a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0;
+    a->plain_conf = !a->gc && !a->conf.expandable_segments &&
+                    a->conf.max_split_size == UINT64_MAX;
+    alloc_set_rec(a, 0);
     a->round_plain = 1;
     for (int k = 0; k < MM_ROUNDUP_INTERVALS; k++)
         a->round_plain &= a->conf.roundup_divisions[k] <= 1;

@@ -166,7 +166,7 @@ int mm_alloc_mark_open(mm_allocator *a, mm_alloc_mark *m)
     a->st.requested_peak = a->st.requested;
     a->st.reserved_peak = a->st.reserved;
     a->st.segments_peak = a->st.segments;
-    a->rec = 1;
+    alloc_set_rec(a, 1);
     a->nrecs = 0;
     m->open = 1;
     return 0;
@@ -189,7 +189,7 @@ void mm_alloc_mark_close(mm_allocator *a, mm_alloc_mark *m, uint64_t pmax[4])
     a->st.requested_peak = max_u64(m->st.requested_peak, pmax[1]);
     a->st.reserved_peak = max_u64(m->st.reserved_peak, pmax[2]);
     a->st.segments_peak = max_u64(m->st.segments_peak, pmax[3]);
-    a->rec = 0;
+    alloc_set_rec(a, 0);
     m->open = 0;
 }
 

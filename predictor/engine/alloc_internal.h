@@ -169,6 +169,10 @@ struct mm_allocator {
     int round_plain;      /* no roundup_power2_divisions: sizes round to 512 bytes */
     int gc;               /* garbage collection: a memory fraction and a threshold */
     uint64_t clock;       /* counts content changes of blocks (blk.stamp) */
+    /* no garbage collection, expandable segments or max_split_size (plain_conf),
+     * and no fold's mark open (!rec): malloc and free skip what those need
+     * with this one test (alloc.c, alloc_set_rec) */
+    int plain_conf, plain;
     /* while a fold's mark is open: each best-fit search of the cache, the
      * rounded request, the size of the block found (UINT64_MAX none) and its address,
      * by pool (alloc_fold.c: a free block the searches never reach) */
@@ -181,6 +185,13 @@ struct mm_allocator {
     } *recs;
     size_t nrecs, caprecs;
 };
+
+/* a fold's mark opens (on = 1: a->rec, stamps and searches recorded) or closes */
+static inline void alloc_set_rec(mm_allocator *a, int on)
+{
+    a->rec = on;
+    a->plain = !on && a->plain_conf;
+}
 
 /* a block slot (a free one reused first) for a new block: its index, -1 out of
  * memory (a->nomem); and the slot of a block that is gone */

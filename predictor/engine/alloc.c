@@ -879,6 +879,34 @@ void mm_allocator_release(mm_allocator *a, int64_t h)
         release_(a, (int32_t)h, 0);
 }
 
+static inline __attribute__((always_inline)) size_t run_(mm_allocator *a, const mm_alloc_ev *ev,
+                                                         size_t n, int64_t *h, const int *stop,
+                                                         const int plain)
+{
+    size_t i = 0;
+    for (; i < n && !*stop; i++) {
+        const mm_alloc_ev *e = &ev[i];
+        if (e->is_free) {
+            int64_t x = h[e->id];
+            h[e->id] = -1;
+            if (x >= 0 && (size_t)x < a->nb && a->b[x].in_use_slot && a->b[x].allocated)
+                release_(a, (int32_t)x, plain);
+        } else {
+            int64_t x = malloc_(a, e->bytes, plain);
+            h[e->id] = x;
+            if (x < 0)
+                return i + 1;
+        }
+    }
+    return i;
+}
+
+size_t mm_allocator_run(mm_allocator *a, const mm_alloc_ev *ev, size_t n, int64_t *handles,
+                        const int *stop)
+{
+    return a->plain ? run_(a, ev, n, handles, stop, 1) : run_(a, ev, n, handles, stop, 0);
+}
+
 /* ---- lifecycle ---------------------------------------------------------------------------- */
 
 mm_allocator *mm_allocator_new(const mm_alloc_conf *conf, uint64_t capacity, uint64_t device_total)

@@ -767,14 +767,14 @@ static inline __attribute__((always_inline)) int32_t take_block(mm_allocator *a,
         rem->size -= size;
         touch_(a, i, plain);
         pool_insert(a, p, i);
-        if (plain || rem->seg < 0) {
+        if (!plain && rem->seg < 0) { /* plain: derived when asked */
             if (was_split)
                 stat_sub(&a->st.inactive_split, size);
             else
                 stat_add(&a->st.inactive_split, NULL, rem->size);
         }
         i = n;
-    } else if (was_split && (plain || a->b[i].seg < 0)) {
+    } else if (!plain && was_split && a->b[i].seg < 0) {
         stat_sub(&a->st.inactive_split, a->b[i].size);
     }
     a->b[i].allocated = 1;
@@ -858,7 +858,7 @@ static inline __attribute__((always_inline)) void release_(mm_allocator *a, int3
     touch_(a, i, plain);
     stat_sub(&a->st.allocated, a->b[i].size);
     stat_sub(&a->st.requested, a->b[i].req);
-    int xs = !plain && a->b[i].seg >= 0;
+    int xs = plain || a->b[i].seg >= 0; /* no inactive_split to keep */
     uint64_t merged = merge_freed(a, i, a->b[i].prev, p, plain);
     merged += merge_freed(a, i, a->b[i].next, p, plain);
     pool_insert(a, p, i);
@@ -968,8 +968,38 @@ void mm_allocator_on_segment(mm_allocator *a, mm_segment_cb cb, void *ctx)
     a->seg_ctx = ctx;
 }
 
-const mm_alloc_stats *mm_allocator_stats(const mm_allocator *a)
+/* inactive_split_bytes, derived: the free blocks of cudaMalloc'ed segments
+ * that are split (in torch, and here unless a->plain, malloc and free keep
+ * it: alloc_found_block and free_block; the same sum) */
+static uint64_t inactive_split_now(const mm_allocator *a)
 {
+    uint64_t sum = 0;
+    for (int k = 0; k < 2; k++) {
+        const pool *p = &a->pools[k];
+        for (int32_t j = pool_first(p); j >= 0; j = pool_next(a->b, p, j))
+            if (a->b[j].seg < 0 && is_split(&a->b[j]))
+                sum = mm_sat_add(sum, a->b[j].size);
+    }
+    return sum;
+}
+
+uint64_t alloc_inactive_split(const mm_allocator *a)
+{
+    return a->plain ? inactive_split_now(a) : a->st.inactive_split;
+}
+
+void alloc_set_rec(mm_allocator *a, int on)
+{
+    if (a->plain)
+        a->st.inactive_split = inactive_split_now(a);
+    a->rec = on;
+    a->plain = !on && a->plain_conf;
+}
+
+const mm_alloc_stats *mm_allocator_stats(mm_allocator *a)
+{
+    if (a->plain)
+        a->st.inactive_split = inactive_split_now(a);
     return &a->st;
 }
 

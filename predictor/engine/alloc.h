@@ -54,7 +54,9 @@ size_t mm_allocator_run(mm_allocator *a, const mm_alloc_ev *ev, size_t n, int64_
 void mm_allocator_empty_cache(mm_allocator *a);
 /* torch.cuda.reset_peak_memory_stats() */
 void mm_allocator_reset_peaks(mm_allocator *a);
-const mm_alloc_stats *mm_allocator_stats(const mm_allocator *a);
+/* (not const: inactive_split is derived here when malloc and free did not
+ * keep it) */
+const mm_alloc_stats *mm_allocator_stats(mm_allocator *a);
 /* The largest free block the cache holds (what a request could still get
  * without a new segment): the OutOfMemoryError's "reserved but unallocated"
  * is their sum, this is its largest piece. */

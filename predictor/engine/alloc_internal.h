@@ -171,7 +171,8 @@ struct mm_allocator {
     uint64_t clock;       /* counts content changes of blocks (blk.stamp) */
     /* no garbage collection, expandable segments or max_split_size (plain_conf),
      * and no fold's mark open (!rec): malloc and free skip what those need
-     * with this one test (alloc.c, alloc_set_rec) */
+     * with this one test, and keep no st.inactive_split (derived when asked:
+     * alloc_inactive_split, mm_allocator_stats) */
     int plain_conf, plain;
     /* while a fold's mark is open: each best-fit search of the cache, the
      * rounded request, the size of the block found (UINT64_MAX none) and its address,
@@ -186,12 +187,13 @@ struct mm_allocator {
     size_t nrecs, caprecs;
 };
 
-/* a fold's mark opens (on = 1: a->rec, stamps and searches recorded) or closes */
-static inline void alloc_set_rec(mm_allocator *a, int on)
-{
-    a->rec = on;
-    a->plain = !on && a->plain_conf;
-}
+/* a fold's mark opens (on = 1: a->rec, stamps and searches recorded) or
+ * closes: a->plain follows, and a->st.inactive_split is made current when
+ * malloc and free are to keep it again */
+void alloc_set_rec(mm_allocator *a, int on);
+/* inactive_split_bytes now: a->st.inactive_split, or derived from the free
+ * blocks while a->plain (malloc and free leave it alone then) */
+uint64_t alloc_inactive_split(const mm_allocator *a);
 
 /* a block slot (a free one reused first) for a new block: its index, -1 out of
  * memory (a->nomem); and the slot of a block that is gone */

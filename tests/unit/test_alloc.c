@@ -264,6 +264,40 @@ START_TEST(run_matches_malloc_and_release)
 }
 END_TEST
 
+/* inactive_split_bytes as a plain allocator derives it from its free blocks
+ * and as one with a max_split_size no block reaches keeps it, event by event
+ * (alloc_found_block, free_block): the same */
+START_TEST(inactive_split_derived_as_kept)
+{
+    enum { N = 3000, SLOTS = 40 };
+    static mm_alloc_ev ev[N];
+    random_log(ev, N, SLOTS, 7);
+    mm_allocator *plain = new_alloc(NULL, 0), *kept = new_alloc("max_split_size_mb:1000000", 0);
+    int64_t h1[SLOTS], h2[SLOTS];
+    for (int k = 0; k < SLOTS; k++)
+        h1[k] = h2[k] = -1;
+    uint64_t most = 0;
+    for (size_t i = 0; i < N; i++) {
+        int64_t *h[2] = {h1, h2};
+        mm_allocator *a[2] = {plain, kept};
+        for (int k = 0; k < 2; k++) {
+            if (ev[i].is_free) {
+                mm_allocator_release(a[k], h[k][ev[i].id]);
+                h[k][ev[i].id] = -1;
+            } else {
+                h[k][ev[i].id] = mm_allocator_malloc(a[k], ev[i].bytes);
+            }
+        }
+        uint64_t x = mm_allocator_stats(plain)->inactive_split;
+        ck_assert_uint_eq(x, mm_allocator_stats(kept)->inactive_split);
+        most = x > most ? x : most;
+    }
+    ck_assert_uint_gt(most, 0);
+    mm_allocator_free(plain);
+    mm_allocator_free(kept);
+}
+END_TEST
+
 START_TEST(empty_cache_releases_unsplit)
 {
     mm_allocator *a = new_alloc(NULL, 0);
@@ -471,6 +505,7 @@ Suite *alloc_suite(void)
     tcase_add_test(tc, max_split_size);
     tcase_add_test(tc, capacity_retry_and_oom);
     tcase_add_test(tc, run_matches_malloc_and_release);
+    tcase_add_test(tc, inactive_split_derived_as_kept);
     tcase_add_test(tc, empty_cache_releases_unsplit);
     tcase_add_test(tc, expandable_segments_map_pages);
     tcase_add_test(tc, conf_parse);

@@ -111,8 +111,9 @@ void alloc_pool_link(mm_allocator *a, pool *p, int32_t i)
     pool_link(a, p, i);
 }
 
-/* BlockPool::insert_into_blocks */
-static inline void pool_insert(mm_allocator *a, pool *p, int32_t i)
+/* BlockPool::insert_into_blocks (inlined: gcc kept it a call from free,
+ * 2.7 % of a replay) */
+static inline __attribute__((always_inline)) void pool_insert(mm_allocator *a, pool *p, int32_t i)
 {
     a->b[i].gc_base = p->gc_calls;
     pool_link(a, p, i);

@@ -503,7 +503,9 @@ static uint64_t expandable_size(const mm_allocator *a, int32_t i)
 
 /* get_free_block: best fit (smallest size, then lowest address); left in the
  * pool (take_block takes it out, or moves it when it splits).  plain: no
- * block of an expandable segment, no max_split_size, no gc: the first fit. */
+ * block of an expandable segment, no gc, and max_split_size unset
+ * (UINT64_MAX), which no block reaches (segments lie below ADDR_BASE), so
+ * neither oversize check can fire: the first fit. */
 static inline __attribute__((always_inline)) int32_t get_free_block(mm_allocator *a, pool *p,
                                                                    uint64_t size, const int plain)
 {
@@ -737,7 +739,7 @@ static void garbage_collect(mm_allocator *a)
 
 /* ---- malloc and free ------------------------------------------------------------------- */
 
-/* plain: max_split_size unset, so any size is below it */
+/* plain: max_split_size unset (UINT64_MAX): a request inside a block is below it */
 static inline int should_split(const mm_allocator *a, const blk *b, uint64_t size, const int plain)
 {
     uint64_t rem = b->size - size;

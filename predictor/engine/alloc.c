@@ -2,9 +2,9 @@
  *
  * Followed: c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator (PyTorch
  * main, 2025; the torch 2.11 traces in tests/gpu_data/traces replay exactly).
- * Blocks live in one array and are named by index; a pool's free blocks are a
- * list in BlockComparatorSize's order (size, then address), cut into size
- * classes for the best-fit search (alloc_internal.h), and its unmapped
+ * Blocks live in one array and are named by index; a pool's free blocks are
+ * size classes, each a list in BlockComparatorSize's order (size, then
+ * address), for the best-fit search (alloc_internal.h), and its unmapped
  * expandable ranges a vector sorted by address (BlockComparatorAddress).  The
  * one stream means the comparators' stream key is constant and left out.
  * Addresses are invented (unless a replay passes the real ones): segments
@@ -72,7 +72,7 @@ static inline int key_less(const blk *x, const blk *y)
 }
 
 /* block i into its place in pool p: after the blocks of smaller keys, before
- * an equal one (as lower_bound) */
+ * an equal one (as lower_bound); the first of its class alone */
 static inline void pool_link(mm_allocator *a, pool *p, int32_t i)
 {
     blk *b = &a->b[i];
@@ -80,35 +80,29 @@ static inline void pool_link(mm_allocator *a, pool *p, int32_t i)
     int32_t before, after;
     b->cls = (uint16_t)c;
     if (!(p->sub[c >> POOL_SUB_BITS] >> (c & ((1u << POOL_SUB_BITS) - 1)) & 1)) {
-        int n = pool_class_from(p, c + 1);
-        after = n >= 0 ? p->first[n] : -1;
-        before = after >= 0 ? a->b[after].fprev : p->tail;
+        before = after = -1;
         p->sub[c >> POOL_SUB_BITS] |= (uint16_t)(1u << (c & ((1u << POOL_SUB_BITS) - 1)));
         p->top |= 1ull << (c >> POOL_SUB_BITS);
         p->first[c] = p->last[c] = i;
     } else if (key_less(&a->b[p->last[c]], b)) {
         before = p->last[c];
-        after = a->b[before].fnext;
+        after = -1;
+        a->b[before].fnext = i;
         p->last[c] = i;
     } else { /* the class's last stops the walk */
         after = p->first[c];
         while (key_less(&a->b[after], b))
             after = a->b[after].fnext;
         before = a->b[after].fprev;
-        if (after == p->first[c])
+        a->b[after].fprev = i;
+        if (before >= 0)
+            a->b[before].fnext = i;
+        else
             p->first[c] = i;
     }
     b->fprev = before;
     b->fnext = after;
     b->pooled = 1;
-    if (before >= 0)
-        a->b[before].fnext = i;
-    else
-        p->head = i;
-    if (after >= 0)
-        a->b[after].fprev = i;
-    else
-        p->tail = i;
     p->nfree++;
 }
 
@@ -117,8 +111,9 @@ void alloc_pool_link(mm_allocator *a, pool *p, int32_t i)
     pool_link(a, p, i);
 }
 
-/* BlockPool::insert_into_blocks */
-static inline void pool_insert(mm_allocator *a, pool *p, int32_t i)
+/* BlockPool::insert_into_blocks (inlined: gcc kept it a call from free,
+ * 2.7 % of a replay) */
+static inline __attribute__((always_inline)) void pool_insert(mm_allocator *a, pool *p, int32_t i)
 {
     a->b[i].gc_base = p->gc_calls;
     pool_link(a, p, i);
@@ -126,7 +121,6 @@ static inline void pool_insert(mm_allocator *a, pool *p, int32_t i)
 
 void alloc_pool_clear(pool *p)
 {
-    p->head = p->tail = -1;
     p->nfree = 0;
     p->top = 0;
     memset(p->sub, 0, sizeof p->sub);
@@ -139,26 +133,22 @@ static inline void pool_erase(mm_allocator *a, pool *p, int32_t i)
     if (!b->pooled)
         return;
     int32_t before = b->fprev, after = b->fnext;
+    unsigned c = b->cls;
+    b->pooled = 0;
+    p->nfree--;
     if (before >= 0)
         a->b[before].fnext = after;
     else
-        p->head = after;
+        p->first[c] = after;
     if (after >= 0)
         a->b[after].fprev = before;
     else
-        p->tail = before;
-    b->pooled = 0;
-    p->nfree--;
-    unsigned c = b->cls;
-    if (p->first[c] == i && p->last[c] == i) {
+        p->last[c] = before;
+    if (before < 0 && after < 0) { /* the class is empty */
         uint16_t *m = &p->sub[c >> POOL_SUB_BITS];
         *m &= (uint16_t)~(1u << (c & ((1u << POOL_SUB_BITS) - 1)));
         if (!*m)
             p->top &= ~(1ull << (c >> POOL_SUB_BITS));
-    } else if (p->first[c] == i) {
-        p->first[c] = after;
-    } else if (p->last[c] == i) {
-        p->last[c] = before;
     }
 }
 
@@ -176,21 +166,24 @@ static void unmapped_erase(mm_allocator *a, pool *p, int32_t i)
 
 static int32_t blk_grow(mm_allocator *a);
 
-/* alloc_blk_new, inlined where blocks are split */
-static inline int32_t blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
+/* alloc_blk_new, inlined where blocks are split (plain: a->plain, known to
+ * be set, see mm_allocator_malloc) */
+static inline __attribute__((always_inline)) int32_t blk_new_(mm_allocator *a, uint64_t ptr,
+                                                             uint64_t size, int small, int seg,
+                                                             const int plain)
 {
     int32_t i = a->freeslots.n ? a->freeslots.v[--a->freeslots.n] : blk_grow(a);
     if (i < 0)
         return -1;
     a->b[i] = (blk){.ptr = ptr, .size = size, .prev = -1, .next = -1, .seg = seg, .fprev = -1,
                     .fnext = -1, .small = (uint8_t)small, .mapped = 1, .in_use_slot = 1,
-                    .stamp = a->rec ? ++a->clock : a->clock};
+                    .stamp = !plain && a->rec ? ++a->clock : a->clock};
     return i;
 }
 
 int32_t alloc_blk_new(mm_allocator *a, uint64_t ptr, uint64_t size, int small, int seg)
 {
-    return blk_new(a, ptr, size, small, seg);
+    return blk_new_(a, ptr, size, small, seg, 0);
 }
 
 /* a slot after the last one (no free one to reuse), -1 out of memory */
@@ -211,10 +204,15 @@ static int32_t blk_grow(mm_allocator *a)
 
 /* block i's content changed (blk.stamp; counted only while a fold's mark is
  * open: the fold asks what changed since the mark) */
+static inline void touch_(mm_allocator *a, int32_t i, const int plain)
+{
+    if (!plain && a->rec)
+        a->b[i].stamp = ++a->clock;
+}
+
 static void touch(mm_allocator *a, int32_t i)
 {
-    if (a->rec)
-        a->b[i].stamp = ++a->clock;
+    touch_(a, i, 0);
 }
 
 void alloc_blk_delete(mm_allocator *a, int32_t i)
@@ -354,7 +352,7 @@ static uint64_t get_allocation_size(uint64_t size)
 
 /* ---- merging and releasing -------------------------------------------------------------- */
 
-static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src);
+static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src, const int plain);
 
 /* try_merge_blocks: fold free neighbour `src` into `dst`; the bytes subsumed */
 static uint64_t try_merge(mm_allocator *a, int32_t dst, int32_t src, pool *p)
@@ -368,11 +366,11 @@ static uint64_t try_merge(mm_allocator *a, int32_t dst, int32_t src, pool *p)
         pool_erase(a, p, src);
     else
         unmapped_erase(a, p, src);
-    return merge_into(a, dst, src);
+    return merge_into(a, dst, src, 0);
 }
 
 /* try_merge_blocks once src is out of its pool */
-static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src)
+static inline uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src, const int plain)
 {
     blk *d = &a->b[dst], *s = &a->b[src];
     if (d->prev == src) { /* [src dst] */
@@ -387,7 +385,7 @@ static uint64_t merge_into(mm_allocator *a, int32_t dst, int32_t src)
     }
     uint64_t sub = s->size;
     d->size += sub;
-    touch(a, dst);
+    touch_(a, dst, plain);
     alloc_blk_delete(a, src);
     return sub;
 }
@@ -475,7 +473,7 @@ static void release_pool(mm_allocator *a, pool *p)
     ivec todo = {0};
     for (int32_t k = pool_first(p); k >= 0;) {
         int32_t i = k;
-        k = a->b[i].fnext; /* before i leaves the pool */
+        k = pool_next(a->b, p, i); /* before i leaves the pool */
         if (a->b[i].seg >= 0)
             ivec_insert_at(a, &todo, todo.n, i);
         else if (!is_split(&a->b[i]))
@@ -504,23 +502,27 @@ static uint64_t expandable_size(const mm_allocator *a, int32_t i)
 }
 
 /* get_free_block: best fit (smallest size, then lowest address); left in the
- * pool (take_block takes it out, or moves it when it splits) */
-static int32_t get_free_block(mm_allocator *a, pool *p, uint64_t size)
+ * pool (take_block takes it out, or moves it when it splits).  plain: no
+ * block of an expandable segment, no gc, and max_split_size unset
+ * (UINT64_MAX), which no block reaches (segments lie below ADDR_BASE), so
+ * neither oversize check can fire: the first fit. */
+static inline __attribute__((always_inline)) int32_t get_free_block(mm_allocator *a, pool *p,
+                                                                   uint64_t size, const int plain)
 {
     const mm_alloc_conf *c = &a->conf;
-    if (a->gc)
+    if (!plain && a->gc)
         p->gc_calls++;
     int32_t i = pool_first_fit(a->b, p, size);
-    if (i < 0)
-        return -1;
+    if (i < 0 || plain)
+        return i;
     if (a->b[i].seg >= 0 && c->expandable_segments) {
         /* a block that can still grow counts as that large for "best fit" */
-        while (a->b[i].seg >= 0 && a->b[i].fnext >= 0 &&
-               expandable_size(a, a->b[i].fnext) < expandable_size(a, i))
-            i = a->b[i].fnext;
+        for (int32_t n; a->b[i].seg >= 0 && (n = pool_next(a->b, p, i)) >= 0 &&
+                        expandable_size(a, n) < expandable_size(a, i);)
+            i = n;
     } else if (a->b[i].seg >= 0) {
         while (i >= 0 && a->b[i].seg >= 0)
-            i = a->b[i].fnext;
+            i = pool_next(a->b, p, i);
         if (i < 0)
             return -1;
     }
@@ -687,12 +689,12 @@ static int release_available(mm_allocator *a, pool *p, uint64_t size)
         return 1;
     }
     uint64_t freed = 0;
-    int32_t below = at >= 0 ? a->b[at].fprev : pool_last(p);
+    int32_t below = at >= 0 ? pool_prev(a->b, p, at) : pool_last(p);
     while (below >= 0 && freed < key) {
         int32_t i = below;
         if (a->b[i].size < ms)
             break;
-        below = a->b[i].fprev; /* before i leaves the pool */
+        below = pool_prev(a->b, p, i); /* before i leaves the pool */
         if (a->b[i].seg < 0) {
             freed += a->b[i].size;
             release_block(a, i);
@@ -711,7 +713,7 @@ static void garbage_collect(mm_allocator *a)
     uint64_t target = a->st.reserved - thr, got = 0;
     double total_age = 0;
     int64_t n = 0;
-    for (int32_t k = pool_first(p); k >= 0; k = a->b[k].fnext)
+    for (int32_t k = pool_first(p); k >= 0; k = pool_next(a->b, p, k))
         if (!is_split(&a->b[k])) {
             total_age += (double)(p->gc_calls - a->b[k].gc_base);
             n++;
@@ -722,7 +724,7 @@ static void garbage_collect(mm_allocator *a)
         freed = 0;
         for (int32_t k = pool_first(p); k >= 0;) {
             int32_t i = k;
-            k = a->b[i].fnext; /* before i leaves the pool */
+            k = pool_next(a->b, p, i); /* before i leaves the pool */
             double age = (double)(p->gc_calls - a->b[i].gc_base);
             if (!is_split(&a->b[i]) && age >= thr_age) {
                 freed = 1;
@@ -737,21 +739,25 @@ static void garbage_collect(mm_allocator *a)
 
 /* ---- malloc and free ------------------------------------------------------------------- */
 
-static int should_split(const mm_allocator *a, const blk *b, uint64_t size)
+/* plain: max_split_size unset (UINT64_MAX): a request inside a block is below it */
+static inline int should_split(const mm_allocator *a, const blk *b, uint64_t size, const int plain)
 {
     uint64_t rem = b->size - size;
-    if (b->small || a->conf.expandable_segments)
+    if (b->small || (!plain && a->conf.expandable_segments))
         return rem >= kMinBlockSize;
-    return size < a->conf.max_split_size && rem > kSmallSize;
+    return (plain || size < a->conf.max_split_size) && rem > kSmallSize;
 }
 
-/* alloc_found_block (i still in its pool when the cache had it) */
-static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, uint64_t req)
+/* alloc_found_block (i still in its pool when the cache had it); plain: no
+ * block is in an expandable segment (blk.seg < 0) */
+static inline __attribute__((always_inline)) int32_t take_block(mm_allocator *a, pool *p,
+                                                               int32_t i, uint64_t size,
+                                                               uint64_t req, const int plain)
 {
     int was_split = is_split(&a->b[i]);
     pool_erase(a, p, i);
-    if (should_split(a, &a->b[i], size)) {
-        int32_t n = blk_new(a, a->b[i].ptr, size, p->small, a->b[i].seg);
+    if (should_split(a, &a->b[i], size, plain)) {
+        int32_t n = blk_new_(a, a->b[i].ptr, size, p->small, a->b[i].seg, plain);
         if (n < 0)
             return -1;
         blk *rem = &a->b[i];
@@ -762,21 +768,21 @@ static int32_t take_block(mm_allocator *a, pool *p, int32_t i, uint64_t size, ui
         rem->prev = n;
         rem->ptr += size;
         rem->size -= size;
-        touch(a, i);
+        touch_(a, i, plain);
         pool_insert(a, p, i);
-        if (rem->seg < 0) {
+        if (!plain && rem->seg < 0) { /* plain: derived when asked */
             if (was_split)
                 stat_sub(&a->st.inactive_split, size);
             else
                 stat_add(&a->st.inactive_split, NULL, rem->size);
         }
         i = n;
-    } else if (was_split && a->b[i].seg < 0) {
+    } else if (!plain && was_split && a->b[i].seg < 0) {
         stat_sub(&a->st.inactive_split, a->b[i].size);
     }
     a->b[i].allocated = 1;
     a->b[i].req = req;
-    touch(a, i);
+    touch_(a, i, plain);
     stat_add(&a->st.allocated, &a->st.allocated_peak, a->b[i].size);
     stat_add(&a->st.requested, &a->st.requested_peak, req);
     a->st.num_allocs++;
@@ -801,12 +807,15 @@ static int32_t from_driver(mm_allocator *a, pool *p, uint64_t size)
     return i;
 }
 
-int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
+/* DeviceCachingAllocator::malloc; plain: a->plain set (the compiler makes a
+ * copy of it without the tests that a->plain answers) */
+static inline __attribute__((always_inline)) int64_t malloc_(mm_allocator *a, uint64_t req,
+                                                            const int plain)
 {
     uint64_t size = a->round_plain ? round_plain(req) : mm_alloc_round_size(&a->conf, req);
     pool *p = &a->pools[size <= kSmallSize ? 0 : 1];
-    int32_t i = get_free_block(a, p, size);
-    if (a->rec)
+    int32_t i = get_free_block(a, p, size, plain);
+    if (!plain && a->rec)
         alloc_rec_search(a, p, size, i);
     if (i < 0)
         i = from_driver(a, p, size);
@@ -816,39 +825,89 @@ int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
         a->st.num_ooms++;
         return MM_ALLOC_OOM;
     }
-    i = take_block(a, p, i, size, req);
+    i = take_block(a, p, i, size, req, plain);
     return a->nomem || i < 0 ? MM_ALLOC_NOMEM : i;
 }
 
+/* a plain allocator (a->plain): no garbage collection, expandable segments or
+ * max_split_size, no fold's mark open - what a replay of a training step
+ * mostly is.  Every branch for those is kept in the other copy. */
+int64_t mm_allocator_malloc(mm_allocator *a, uint64_t req)
+{
+    return a->plain ? malloc_(a, req, 1) : malloc_(a, req, 0);
+}
+
 /* try_merge for a freed block: its first answer (no neighbour, or one in
- * use: most of them) without the call */
-static inline uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p)
+ * use: most of them) without the call; plain: every block is mapped (no
+ * expandable segments) */
+static inline uint64_t merge_freed(mm_allocator *a, int32_t dst, int32_t src, pool *p,
+                                   const int plain)
 {
     if (src < 0 || a->b[src].allocated)
         return 0;
-    return try_merge(a, dst, src, p);
+    if (!plain)
+        return try_merge(a, dst, src, p);
+    pool_erase(a, p, src);
+    return merge_into(a, dst, src, 1);
 }
 
-/* free + free_block: back to the pool, merged with free neighbours */
-void mm_allocator_release(mm_allocator *a, int64_t h)
+/* free + free_block: back to the pool, merged with free neighbours (plain:
+ * as malloc_'s) */
+static inline __attribute__((always_inline)) void release_(mm_allocator *a, int32_t i,
+                                                          const int plain)
 {
-    if (h < 0 || (size_t)h >= a->nb || !a->b[h].in_use_slot || !a->b[h].allocated)
-        return;
-    int32_t i = (int32_t)h;
     pool *p = &a->pools[a->b[i].small ? 0 : 1];
     a->b[i].allocated = 0;
-    touch(a, i);
+    touch_(a, i, plain);
     stat_sub(&a->st.allocated, a->b[i].size);
     stat_sub(&a->st.requested, a->b[i].req);
-    int xs = a->b[i].seg >= 0;
-    uint64_t merged = merge_freed(a, i, a->b[i].prev, p);
-    merged += merge_freed(a, i, a->b[i].next, p);
+    int xs = plain || a->b[i].seg >= 0; /* no inactive_split to keep */
+    uint64_t merged = merge_freed(a, i, a->b[i].prev, p, plain);
+    merged += merge_freed(a, i, a->b[i].next, p, plain);
     pool_insert(a, p, i);
     if (!xs) {
         stat_sub(&a->st.inactive_split, merged);
         if (is_split(&a->b[i]))
             stat_add(&a->st.inactive_split, NULL, a->b[i].size);
     }
+}
+
+void mm_allocator_release(mm_allocator *a, int64_t h)
+{
+    if (h < 0 || (size_t)h >= a->nb || !a->b[h].in_use_slot || !a->b[h].allocated)
+        return;
+    if (a->plain)
+        release_(a, (int32_t)h, 1);
+    else
+        release_(a, (int32_t)h, 0);
+}
+
+static inline __attribute__((always_inline)) size_t run_(mm_allocator *a, const mm_alloc_ev *ev,
+                                                         size_t n, int64_t *h, const int *stop,
+                                                         const int plain)
+{
+    size_t i = 0;
+    for (; i < n && !*stop; i++) {
+        const mm_alloc_ev *e = &ev[i];
+        if (e->is_free) {
+            int64_t x = h[e->id];
+            h[e->id] = -1;
+            if (x >= 0 && (size_t)x < a->nb && a->b[x].in_use_slot && a->b[x].allocated)
+                release_(a, (int32_t)x, plain);
+        } else {
+            int64_t x = malloc_(a, e->bytes, plain);
+            h[e->id] = x;
+            if (x < 0)
+                return i + 1;
+        }
+    }
+    return i;
+}
+
+size_t mm_allocator_run(mm_allocator *a, const mm_alloc_ev *ev, size_t n, int64_t *handles,
+                        const int *stop)
+{
+    return a->plain ? run_(a, ev, n, handles, stop, 1) : run_(a, ev, n, handles, stop, 0);
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------------- */
@@ -867,6 +926,9 @@ mm_allocator *mm_allocator_new(const mm_alloc_conf *conf, uint64_t capacity, uin
     if (a->conf.memory_fraction > 0)
         a->allowed_max = (uint64_t)(a->conf.memory_fraction * (double)a->device_total);
     a->gc = a->conf.memory_fraction > 0 && a->conf.gc_threshold > 0;
+    a->plain_conf = !a->gc && !a->conf.expandable_segments &&
+                    a->conf.max_split_size == UINT64_MAX;
+    alloc_set_rec(a, 0);
     a->round_plain = 1;
     for (int k = 0; k < MM_ROUNDUP_INTERVALS; k++)
         a->round_plain &= a->conf.roundup_divisions[k] <= 1;
@@ -909,8 +971,38 @@ void mm_allocator_on_segment(mm_allocator *a, mm_segment_cb cb, void *ctx)
     a->seg_ctx = ctx;
 }
 
-const mm_alloc_stats *mm_allocator_stats(const mm_allocator *a)
+/* inactive_split_bytes, derived: the free blocks of cudaMalloc'ed segments
+ * that are split (in torch, and here unless a->plain, malloc and free keep
+ * it: alloc_found_block and free_block; the same sum) */
+static uint64_t inactive_split_now(const mm_allocator *a)
 {
+    uint64_t sum = 0;
+    for (int k = 0; k < 2; k++) {
+        const pool *p = &a->pools[k];
+        for (int32_t j = pool_first(p); j >= 0; j = pool_next(a->b, p, j))
+            if (a->b[j].seg < 0 && is_split(&a->b[j]))
+                sum = mm_sat_add(sum, a->b[j].size);
+    }
+    return sum;
+}
+
+uint64_t alloc_inactive_split(const mm_allocator *a)
+{
+    return a->plain ? inactive_split_now(a) : a->st.inactive_split;
+}
+
+void alloc_set_rec(mm_allocator *a, int on)
+{
+    if (a->plain)
+        a->st.inactive_split = inactive_split_now(a);
+    a->rec = on;
+    a->plain = !on && a->plain_conf;
+}
+
+const mm_alloc_stats *mm_allocator_stats(mm_allocator *a)
+{
+    if (a->plain)
+        a->st.inactive_split = inactive_split_now(a);
     return &a->st;
 }
 

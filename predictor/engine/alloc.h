@@ -34,11 +34,29 @@ void mm_allocator_free(mm_allocator *a);
 int64_t mm_allocator_malloc(mm_allocator *a, uint64_t size);
 /* Return a handle's block to the cache (DeviceCachingAllocator::free). */
 void mm_allocator_release(mm_allocator *a, int64_t handle);
+/* One event of a log to replay: a request for `bytes` (is_free 0) whose
+ * handle goes to handles[id], or the release of handles[id] (then set to -1).
+ * row, phase and cls are the caller's, carried along (the sim's log is an
+ * array of these: sim_ev, sim.h). */
+typedef struct mm_alloc_ev {
+    uint64_t bytes;
+    int32_t id;
+    uint32_t row;
+    uint8_t is_free, phase, cls;
+} mm_alloc_ev;
+/* ev[0 .. n) in turn, as mm_allocator_malloc and _release would (without a
+ * call per event), until *stop is set (a segment callback may set it) or a
+ * request gets no block (its handle, < 0, in handles[id]: the caller says
+ * why).  The events run. */
+size_t mm_allocator_run(mm_allocator *a, const mm_alloc_ev *ev, size_t n, int64_t *handles,
+                        const int *stop);
 /* torch.cuda.empty_cache(): every unsplit cached segment back to the driver. */
 void mm_allocator_empty_cache(mm_allocator *a);
 /* torch.cuda.reset_peak_memory_stats() */
 void mm_allocator_reset_peaks(mm_allocator *a);
-const mm_alloc_stats *mm_allocator_stats(const mm_allocator *a);
+/* (not const: inactive_split is derived here when malloc and free did not
+ * keep it) */
+const mm_alloc_stats *mm_allocator_stats(mm_allocator *a);
 /* The largest free block the cache holds (what a request could still get
  * without a new segment): the OutOfMemoryError's "reserved but unallocated"
  * is their sum, this is its largest piece. */

@@ -142,6 +142,7 @@ int mm_alloc_mark_light(const mm_allocator *a, mm_alloc_mark *m)
     m->full = 0;
     m->open = 0;
     m->st = a->st;
+    m->st.inactive_split = alloc_inactive_split(a);
     m->clock = a->clock;
     m->next_addr = a->next_addr;
     m->npool[0] = a->pools[0].nfree;
@@ -150,7 +151,7 @@ int mm_alloc_mark_light(const mm_allocator *a, mm_alloc_mark *m)
                   sizeof *m->psize))
         return -1;
     for (size_t k = 0, q = 0; k < 2; k++)
-        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = a->b[j].fnext)
+        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = pool_next(a->b, &a->pools[k], j))
             m->psize[q++] = a->b[j].size;
     return 0;
 }
@@ -166,7 +167,7 @@ int mm_alloc_mark_open(mm_allocator *a, mm_alloc_mark *m)
     a->st.requested_peak = a->st.requested;
     a->st.reserved_peak = a->st.reserved;
     a->st.segments_peak = a->st.segments;
-    a->rec = 1;
+    alloc_set_rec(a, 1);
     a->nrecs = 0;
     m->open = 1;
     return 0;
@@ -189,7 +190,7 @@ void mm_alloc_mark_close(mm_allocator *a, mm_alloc_mark *m, uint64_t pmax[4])
     a->st.requested_peak = max_u64(m->st.requested_peak, pmax[1]);
     a->st.reserved_peak = max_u64(m->st.reserved_peak, pmax[2]);
     a->st.segments_peak = max_u64(m->st.segments_peak, pmax[3]);
-    a->rec = 0;
+    alloc_set_rec(a, 0);
     m->open = 0;
 }
 
@@ -208,11 +209,11 @@ int mm_alloc_fold_maybe(const mm_allocator *a, const mm_alloc_mark *m)
         size_t x = 0;
         while (x < m->npool[k] || j >= 0) {
             if (x == m->npool[k] || (j >= 0 && a->b[j].size < m->psize[q + x])) {
-                j = a->b[j].fnext, differ++;
+                j = pool_next(a->b, &a->pools[k], j), differ++;
             } else if (j < 0 || a->b[j].size > m->psize[q + x]) {
                 x++, differ++;
             } else {
-                x++, j = a->b[j].fnext;
+                x++, j = pool_next(a->b, &a->pools[k], j);
             }
             if (differ > FOLD_DIFFER)
                 return 0;
@@ -259,12 +260,14 @@ uint64_t mm_alloc_state_hash(const mm_allocator *a)
         sum += h;
     }
     uint64_t h = mm_alloc_hash_add(sum, a->next_addr);
-    const uint64_t *st = (const uint64_t *)&a->st;
-    for (size_t k = 0; k < sizeof a->st / sizeof *st; k++)
+    mm_alloc_stats now = a->st;
+    now.inactive_split = alloc_inactive_split(a);
+    const uint64_t *st = (const uint64_t *)&now;
+    for (size_t k = 0; k < sizeof now / sizeof *st; k++)
         h = mm_alloc_hash_add(h, st[k]);
     for (int k = 0; k < 2; k++) {
         h = mm_alloc_hash_add(h, a->pools[k].nfree);
-        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = a->b[j].fnext)
+        for (int32_t j = pool_first(&a->pools[k]); j >= 0; j = pool_next(a->b, &a->pools[k], j))
             h = mm_alloc_hash_add(h, a->b[j].ptr);
     }
     return mm_alloc_hash_add(h, (uint64_t)a->nomem);
@@ -983,7 +986,7 @@ static void stats_ahead(mm_allocator *a, const mm_alloc_mark *m, const uint64_t 
     s->requested = ahead(s->requested, s0->requested, n);
     s->reserved = ahead(s->reserved, s0->reserved, n);
     s->segments = ahead(s->segments, s0->segments, n);
-    s->inactive_split = ahead(s->inactive_split, s0->inactive_split, n);
+    s->inactive_split = ahead(alloc_inactive_split(a), s0->inactive_split, n);
     s->num_device_alloc = ahead(s->num_device_alloc, s0->num_device_alloc, n);
     s->num_allocs = ahead(s->num_allocs, s0->num_allocs, n);
 }
@@ -992,7 +995,7 @@ static void stats_ahead(mm_allocator *a, const mm_alloc_mark *m, const uint64_t 
  * periods cannot all be the same (stat_sub would clamp) */
 static int stats_stay(const mm_allocator *a, const mm_alloc_mark *m, uint64_t n)
 {
-    const uint64_t now[3] = {a->st.allocated, a->st.requested, a->st.inactive_split};
+    const uint64_t now[3] = {a->st.allocated, a->st.requested, alloc_inactive_split(a)};
     const uint64_t then[3] = {m->st.allocated, m->st.requested, m->st.inactive_split};
     for (int i = 0; i < 3; i++)
         if (now[i] < then[i] && (then[i] - now[i]) > now[i] / n)

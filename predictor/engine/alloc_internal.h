@@ -28,20 +28,22 @@ typedef struct ivec {
 } ivec;
 
 /* A pool's free mapped blocks in BlockComparatorSize's order (size, then
- * address; the one stream's key left out): one list linked through
- * blk.fprev / blk.fnext, cut into size classes - 16 per power of two, as a
- * TLSF allocator's - each with its first and last block and a bit in two
- * bitmaps when it has any.  Best fit starts at the first block of the first
- * class not below the request's (a few bit operations) and steps past the
- * smaller ones of that class; a block goes in at its class's end or after a
- * walk of its class, and out in constant time.  Searching a vector of every
- * free block sorted by (size, address), and moving it on every change, was
- * most of a replay's cost. */
+ * address; the one stream's key left out), cut into size classes - 16 per
+ * power of two, as a TLSF allocator's: each class a list of its blocks in that
+ * order (linked through blk.fprev / blk.fnext, -1 at the class's ends) with
+ * its first and last block, and a bit in two bitmaps when it has any.  The
+ * pool's order is the classes' lists one after the other (pool_next,
+ * pool_prev: the next class with blocks is a few bit operations away), so a
+ * block that opens a class needs no neighbour from another one.  Best fit
+ * starts at the first block of the first class not below the request's and
+ * steps past the smaller ones of that class; a block goes in at its class's
+ * end or after a walk of its class, and out in constant time.  Searching a
+ * vector of every free block sorted by (size, address), and moving it on every
+ * change, was most of a replay's cost. */
 #define POOL_SUB_BITS 4                     /* 16 classes per power of two */
 #define POOL_CLASSES (64 << POOL_SUB_BITS)
 typedef struct pool {
     int small;
-    int32_t head, tail;   /* the first and last free block, -1 none */
     size_t nfree;         /* free mapped blocks (in the list) */
     uint64_t top;         /* bit k: a class of power of two k has blocks */
     uint16_t sub[64];     /* bit j of sub[k]: class k * 16 + j has blocks */
@@ -77,28 +79,70 @@ static inline int pool_class_from(const pool *p, unsigned c)
     return (int)(top << POOL_SUB_BITS | (unsigned)__builtin_ctz(p->sub[top]));
 }
 
+/* the last class <= c with blocks, -1 none */
+static inline int pool_class_upto(const pool *p, int c)
+{
+    if (c < 0)
+        return -1;
+    unsigned top = (unsigned)c >> POOL_SUB_BITS;
+    unsigned m = p->sub[top] & (0xffffu >> (15 - ((unsigned)c & ((1u << POOL_SUB_BITS) - 1))));
+    if (m)
+        return (int)(top << POOL_SUB_BITS | (31u - (unsigned)__builtin_clz(m)));
+    uint64_t t = top ? p->top & ((1ull << top) - 1) : 0;
+    if (!t)
+        return -1;
+    top = 63u - (unsigned)__builtin_clzll(t);
+    return (int)(top << POOL_SUB_BITS | (31u - (unsigned)__builtin_clz(p->sub[top])));
+}
+
 /* the pool's first free block (smallest, lowest address), -1 none */
 static inline int32_t pool_first(const pool *p)
 {
-    return p->head;
+    int c = pool_class_from(p, 0);
+    return c < 0 ? -1 : p->first[c];
 }
 
 /* its last (largest, highest address), -1 none */
 static inline int32_t pool_last(const pool *p)
 {
-    return p->tail;
+    int c = pool_class_upto(p, POOL_CLASSES - 1);
+    return c < 0 ? -1 : p->last[c];
+}
+
+/* the free block after block i (in pool p) in the pool's order, -1 none */
+static inline int32_t pool_next(const blk *b, const pool *p, int32_t i)
+{
+    if (b[i].fnext >= 0)
+        return b[i].fnext;
+    int c = pool_class_from(p, b[i].cls + 1u);
+    return c < 0 ? -1 : p->first[c];
+}
+
+/* ... and the one before it, -1 none */
+static inline int32_t pool_prev(const blk *b, const pool *p, int32_t i)
+{
+    if (b[i].fprev >= 0)
+        return b[i].fprev;
+    int c = pool_class_upto(p, (int)b[i].cls - 1);
+    return c < 0 ? -1 : p->last[c];
 }
 
 /* the first free block not below (size, 0), -1 none: the first of the
- * first class with blocks from size's on, past those below size */
+ * first class with blocks from size's on, past those below size (the
+ * next class's first when the whole class is below it) */
 static inline int32_t pool_first_fit(const blk *b, const pool *p, uint64_t size)
 {
     int c = pool_class_from(p, pool_class(size));
     if (c < 0)
         return -1;
     int32_t i = p->first[c];
-    while (i >= 0 && b[i].size < size)
+    while (b[i].size < size) {
         i = b[i].fnext;
+        if (i < 0) {
+            c = pool_class_from(p, (unsigned)c + 1);
+            return c < 0 ? -1 : p->first[c];
+        }
+    }
     return i;
 }
 
@@ -125,6 +169,11 @@ struct mm_allocator {
     int round_plain;      /* no roundup_power2_divisions: sizes round to 512 bytes */
     int gc;               /* garbage collection: a memory fraction and a threshold */
     uint64_t clock;       /* counts content changes of blocks (blk.stamp) */
+    /* no garbage collection, expandable segments or max_split_size (plain_conf),
+     * and no fold's mark open (!rec): malloc and free skip what those need
+     * with this one test, and keep no st.inactive_split (derived when asked:
+     * alloc_inactive_split, mm_allocator_stats) */
+    int plain_conf, plain;
     /* while a fold's mark is open: each best-fit search of the cache, the
      * rounded request, the size of the block found (UINT64_MAX none) and its address,
      * by pool (alloc_fold.c: a free block the searches never reach) */
@@ -137,6 +186,14 @@ struct mm_allocator {
     } *recs;
     size_t nrecs, caprecs;
 };
+
+/* a fold's mark opens (on = 1: a->rec, stamps and searches recorded) or
+ * closes: a->plain follows, and a->st.inactive_split is made current when
+ * malloc and free are to keep it again */
+void alloc_set_rec(mm_allocator *a, int on);
+/* inactive_split_bytes now: a->st.inactive_split, or derived from the free
+ * blocks while a->plain (malloc and free leave it alone then) */
+uint64_t alloc_inactive_split(const mm_allocator *a);
 
 /* a block slot (a free one reused first) for a new block: its index, -1 out of
  * memory (a->nomem); and the slot of a block that is gone */

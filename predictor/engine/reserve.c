@@ -510,21 +510,22 @@ static size_t fold_at(replay *r, size_t i)
     return end;
 }
 
-/* events [i, end) of the log, until one fails; the event reached.  What
- * event() does, with the allocator, the handles and the log in locals (the
- * calls could change *r, as far as the compiler knows: only r->failed does) */
+/* events [i, end) of the log, until one fails; the event reached: the
+ * allocator runs them (mm_allocator_run), and a request that got no block is
+ * looked at here, as alloc_at does */
 static size_t run_events(replay *r, size_t i, size_t end)
 {
-    mm_allocator *a = r->a;
-    int64_t *h = r->h;
-    const sim_ev *ev = r->ev;
-    for (; i < end && !r->failed; i++) {
-        const sim_ev *e = &ev[i];
-        if (e->is_free) {
-            mm_allocator_release(a, h[e->id]);
-            h[e->id] = -1;
-        } else {
-            h[e->id] = alloc_at(r, e->row, e->phase, e->bytes);
+    while (i < end && !r->failed) {
+        size_t k = mm_allocator_run(r->a, &r->ev[i], end - i, r->h, &r->failed);
+        if (!k)
+            break; /* stopped */
+        i += k;
+        const sim_ev *e = &r->ev[i - 1];
+        if (!e->is_free && r->h[e->id] < 0) {
+            if (r->h[e->id] == MM_ALLOC_NOMEM)
+                r->failed = 1;
+            else
+                note_oom(r, e->row, e->phase, e->bytes);
         }
     }
     return i;

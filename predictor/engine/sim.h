@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include "mmguard.h"
+#include "alloc.h"
 
 enum { F_PARAM = 0, F_GRAD, F_OPT, F_ACT, F_TEMP, F_NFACT }; /* F_ACT: saved for backward */
 /* how a tensor's bytes depend on the data-parallel degree N */
@@ -31,13 +32,10 @@ typedef struct sim_tensor {
     int32_t grad;        /* tensor id of its gradient, -1 none */
 } sim_tensor;
 
-/* one allocation or free, as the allocator model sees it (reserve.c) */
-typedef struct sim_ev {
-    uint64_t bytes;      /* bytes on this rank (sharded ones divided by N) */
-    int32_t id;          /* tensor */
-    uint32_t row;
-    uint8_t is_free, phase, cls;
-} sim_ev;
+/* one allocation or free, as the allocator model sees it (reserve.c): bytes
+ * on this rank (sharded ones divided by N), the tensor (id), its row, phase
+ * and class */
+typedef mm_alloc_ev sim_ev;
 
 struct sim;
 #define SIM_MAX_SAVED 6

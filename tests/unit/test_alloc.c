@@ -189,6 +189,115 @@ START_TEST(capacity_retry_and_oom)
 }
 END_TEST
 
+/* a log of n events over `slots` tensors: each event frees a live one or
+ * asks for a block for a dead one (sizes of 0.5 KiB to ~96 MiB, an LCG) */
+static void random_log(mm_alloc_ev *ev, size_t n, int32_t slots, uint64_t seed)
+{
+    uint8_t live[64] = {0};
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t id = (int32_t)((seed >> 33) % (uint64_t)slots);
+        uint64_t bytes = (seed >> 7) % ((seed >> 60) > 11 ? 96 * MiB : 3 * MiB) + 1;
+        ev[i] = (mm_alloc_ev){.bytes = bytes, .id = id, .is_free = live[id]};
+        live[id] = !live[id];
+    }
+}
+
+/* mm_allocator_run does what malloc and release one by one do, in the plain
+ * copy and in the other (expandable segments, max_split_size, gc), and
+ * stops at a request that gets no block and when *stop is set */
+START_TEST(run_matches_malloc_and_release)
+{
+    static const char *const confs[] = {NULL, "expandable_segments:True",
+                                        "max_split_size_mb:40",
+                                        "garbage_collection_threshold:0.5"};
+    enum { N = 4000, SLOTS = 48 };
+    static mm_alloc_ev ev[N];
+    random_log(ev, N, SLOTS, 42);
+    for (size_t c = 0; c < sizeof confs / sizeof *confs; c++) {
+        uint64_t cap = c == 3 ? 0 : 640 * MiB;
+        mm_alloc_conf conf;
+        mm_error e;
+        mm_alloc_conf_default(&conf);
+        if (confs[c])
+            ck_assert_msg(mm_alloc_conf_parse(&conf, confs[c], &e) == 0, "%s", e.msg);
+        if (c == 3)
+            conf.memory_fraction = 0.9;
+        mm_allocator *one = mm_allocator_new(&conf, cap, 1024 * MiB);
+        mm_allocator *all = mm_allocator_new(&conf, cap, 1024 * MiB);
+        int64_t h1[SLOTS], h2[SLOTS];
+        for (int k = 0; k < SLOTS; k++)
+            h1[k] = h2[k] = -1;
+        size_t fails = 0;
+        for (size_t i = 0; i < N; i++) {
+            if (ev[i].is_free) {
+                mm_allocator_release(one, h1[ev[i].id]);
+                h1[ev[i].id] = -1;
+            } else {
+                h1[ev[i].id] = mm_allocator_malloc(one, ev[i].bytes);
+                fails += h1[ev[i].id] < 0;
+            }
+        }
+        int stop = 0;
+        size_t runs = 0;
+        for (size_t i = 0; i < N; runs++) {
+            size_t k = mm_allocator_run(all, ev + i, N - i, h2, &stop);
+            ck_assert_uint_gt(k, 0);
+            i += k;
+            if (i < N) /* it stopped at a request without a block */
+                ck_assert_int_lt(h2[ev[i - 1].id], 0);
+        }
+        ck_assert_uint_eq(runs, fails + (ev[N - 1].is_free || h2[ev[N - 1].id] >= 0));
+        if (cap) /* the card is full now and then */
+            ck_assert_uint_gt(fails, 0);
+        for (int k = 0; k < SLOTS; k++)
+            ck_assert_int_eq(h1[k], h2[k]);
+        ck_assert_uint_eq(mm_alloc_state_hash(one), mm_alloc_state_hash(all));
+        ck_assert_int_eq(memcmp(mm_allocator_stats(one), mm_allocator_stats(all),
+                                sizeof(mm_alloc_stats)), 0);
+        ck_assert_uint_gt(mm_allocator_stats(all)->num_allocs, N / 4);
+        stop = 1;
+        ck_assert_uint_eq(mm_allocator_run(all, ev, N, h2, &stop), 0);
+        mm_allocator_free(one);
+        mm_allocator_free(all);
+    }
+}
+END_TEST
+
+/* inactive_split_bytes as a plain allocator derives it from its free blocks
+ * and as one with a max_split_size no block reaches keeps it, event by event
+ * (alloc_found_block, free_block): the same */
+START_TEST(inactive_split_derived_as_kept)
+{
+    enum { N = 3000, SLOTS = 40 };
+    static mm_alloc_ev ev[N];
+    random_log(ev, N, SLOTS, 7);
+    mm_allocator *plain = new_alloc(NULL, 0), *kept = new_alloc("max_split_size_mb:1000000", 0);
+    int64_t h1[SLOTS], h2[SLOTS];
+    for (int k = 0; k < SLOTS; k++)
+        h1[k] = h2[k] = -1;
+    uint64_t most = 0;
+    for (size_t i = 0; i < N; i++) {
+        int64_t *h[2] = {h1, h2};
+        mm_allocator *a[2] = {plain, kept};
+        for (int k = 0; k < 2; k++) {
+            if (ev[i].is_free) {
+                mm_allocator_release(a[k], h[k][ev[i].id]);
+                h[k][ev[i].id] = -1;
+            } else {
+                h[k][ev[i].id] = mm_allocator_malloc(a[k], ev[i].bytes);
+            }
+        }
+        uint64_t x = mm_allocator_stats(plain)->inactive_split;
+        ck_assert_uint_eq(x, mm_allocator_stats(kept)->inactive_split);
+        most = x > most ? x : most;
+    }
+    ck_assert_uint_gt(most, 0);
+    mm_allocator_free(plain);
+    mm_allocator_free(kept);
+}
+END_TEST
+
 START_TEST(empty_cache_releases_unsplit)
 {
     mm_allocator *a = new_alloc(NULL, 0);
@@ -395,6 +504,8 @@ Suite *alloc_suite(void)
     tcase_add_test(tc, best_fit_within_a_size_class);
     tcase_add_test(tc, max_split_size);
     tcase_add_test(tc, capacity_retry_and_oom);
+    tcase_add_test(tc, run_matches_malloc_and_release);
+    tcase_add_test(tc, inactive_split_derived_as_kept);
     tcase_add_test(tc, empty_cache_releases_unsplit);
     tcase_add_test(tc, expandable_segments_map_pages);
     tcase_add_test(tc, conf_parse);

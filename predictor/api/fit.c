@@ -18,7 +18,7 @@
  * in), guesses the answer from its allocator cache (as it is, and grown
  * with the activations) and one more sample of the live bytes, and judges
  * the guess and its neighbour: two verdicts when the guess is right (the
- * LLaVA-1.5-7B preset on 8 H100s: 16.5 M instructions, 23.6 M before the
+ * LLaVA-1.5-7B preset on 8 H100s: 13.2 M instructions, 23.6 M before the
  * search shared one counting pass and the replay and steps got cheaper,
  * 58.9 M with the former secant search on the live bytes and bisection of
  * verdicts; docs/plugin.md, "Cost").  The micro-batch changes no parameter: the

@@ -43,8 +43,8 @@ int reserve_replay(const sim *s, uint64_t n, const mm_alloc_conf *conf, int per_
  * provably repeats (alloc_fold.h), with the same results (tests/fold/fold.py
  * holds them to it).  Off by default: on the shipped presets the search for
  * such periods costs more than the fold saves (LLaVA-1.5-7B fine-tune
- * 14.4 M instructions folded against 7.2 M, Qwen2.5-VL-72B ZeRO-3 49.2 M
- * against 23.7 M: their checkpointed layers leave states that are not the
+ * 14.4 M instructions folded against 7.2 M, Qwen2.5-VL-72B ZeRO-3 49.1 M
+ * against 23.6 M: their checkpointed layers leave states that are not the
  * last one's shifted - the backward's transients spill into other blocks
  * until the cache holds enough 688 MiB segments - docs/allocator.md). */
 /* The same on a card: the allocator may reserve at most `capacity` bytes (the

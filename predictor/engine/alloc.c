@@ -872,9 +872,15 @@ static inline __attribute__((always_inline)) void release_(mm_allocator *a, int3
     }
 }
 
+/* handle h names a block in use (a stale or failed handle releases nothing) */
+static inline int releasable(const mm_allocator *a, int64_t h)
+{
+    return h >= 0 && (size_t)h < a->nb && a->b[h].in_use_slot && a->b[h].allocated;
+}
+
 void mm_allocator_release(mm_allocator *a, int64_t h)
 {
-    if (h < 0 || (size_t)h >= a->nb || !a->b[h].in_use_slot || !a->b[h].allocated)
+    if (!releasable(a, h))
         return;
     if (a->plain)
         release_(a, (int32_t)h, 1);
@@ -892,7 +898,7 @@ static inline __attribute__((always_inline)) size_t run_(mm_allocator *a, const 
         if (e->is_free) {
             int64_t x = h[e->id];
             h[e->id] = -1;
-            if (x >= 0 && (size_t)x < a->nb && a->b[x].in_use_slot && a->b[x].allocated)
+            if (releasable(a, x))
                 release_(a, (int32_t)x, plain);
         } else {
             int64_t x = malloc_(a, e->bytes, plain);
@@ -991,18 +997,22 @@ uint64_t alloc_inactive_split(const mm_allocator *a)
     return a->plain ? inactive_split_now(a) : a->st.inactive_split;
 }
 
+/* a->st.inactive_split made current (malloc and free left it while a->plain) */
+static void inactive_split_sync(mm_allocator *a)
+{
+    a->st.inactive_split = alloc_inactive_split(a);
+}
+
 void alloc_set_rec(mm_allocator *a, int on)
 {
-    if (a->plain)
-        a->st.inactive_split = inactive_split_now(a);
+    inactive_split_sync(a);
     a->rec = on;
     a->plain = !on && a->plain_conf;
 }
 
 const mm_alloc_stats *mm_allocator_stats(mm_allocator *a)
 {
-    if (a->plain)
-        a->st.inactive_split = inactive_split_now(a);
+    inactive_split_sync(a);
     return &a->st;
 }
 

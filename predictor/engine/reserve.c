@@ -87,15 +87,21 @@ static void note_oom(replay *r, uint32_t row, uint8_t phase, uint64_t bytes)
     o->oom_largest_free = mm_allocator_largest_free(r->a);
 }
 
+/* a request of (row, phase) for `bytes` got no block but h: the host ran out
+ * of memory, or the card did (note_oom) */
+static void no_block(replay *r, int64_t h, uint32_t row, uint8_t phase, uint64_t bytes)
+{
+    if (h == MM_ALLOC_NOMEM)
+        r->failed = 1;
+    else
+        note_oom(r, row, phase, bytes);
+}
+
 static inline int64_t alloc_at(replay *r, uint32_t row, uint8_t phase, uint64_t bytes)
 {
     int64_t h = mm_allocator_malloc(r->a, bytes);
-    if (h < 0) { /* rare: not a block */
-        if (h == MM_ALLOC_NOMEM)
-            r->failed = 1;
-        else
-            note_oom(r, row, phase, bytes);
-    }
+    if (h < 0) /* rare: not a block */
+        no_block(r, h, row, phase, bytes);
     return h;
 }
 
@@ -512,7 +518,7 @@ static size_t fold_at(replay *r, size_t i)
 
 /* events [i, end) of the log, until one fails; the event reached: the
  * allocator runs them (mm_allocator_run), and a request that got no block is
- * looked at here, as alloc_at does */
+ * looked at here (no_block, as alloc_at does) */
 static size_t run_events(replay *r, size_t i, size_t end)
 {
     while (i < end && !r->failed) {
@@ -521,12 +527,8 @@ static size_t run_events(replay *r, size_t i, size_t end)
             break; /* stopped */
         i += k;
         const sim_ev *e = &r->ev[i - 1];
-        if (!e->is_free && r->h[e->id] < 0) {
-            if (r->h[e->id] == MM_ALLOC_NOMEM)
-                r->failed = 1;
-            else
-                note_oom(r, e->row, e->phase, e->bytes);
-        }
+        if (!e->is_free && r->h[e->id] < 0)
+            no_block(r, r->h[e->id], e->row, e->phase, e->bytes);
     }
     return i;
 }

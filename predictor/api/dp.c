@@ -20,15 +20,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-int step_run_spec(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err)
+int step_run_spec(const mm_spec *sp, const resolved_model *rm, sim *s, const step_cfg *cfg,
+                  mm_error *err)
 {
-    resolved_model rm;
-    if (resolve_model(sp, &rm, err)) {
+    if (rm)
+        return step_run(rm, s, cfg, err);
+    resolved_model own;
+    if (resolve_model(sp, &own, err)) {
         memset(s, 0, sizeof *s);
         return -1;
     }
-    int rc = step_run(&rm, s, cfg, err);
-    resolved_free(&rm);
+    int rc = step_run(&own, s, cfg, err);
+    resolved_free(&own);
     return rc;
 }
 
@@ -284,7 +287,7 @@ int steplog_run(const mm_spec *sp, const resolved_model *rm, const sim *rows_fro
     mm_alloc_conf_default(&L->conf);
     if (sp->device.alloc_conf[0] && mm_alloc_conf_parse(&L->conf, sp->device.alloc_conf, err) < 0)
         return -1;
-    if (rm ? step_run(rm, &L->s, &cfg, err) : step_run_spec(sp, &L->s, &cfg, err)) {
+    if (step_run_spec(sp, rm, &L->s, &cfg, err)) {
         steplog_free(L);
         return -1;
     }
@@ -332,7 +335,7 @@ int dp_paged_at(const mm_spec *sp, const resolved_model *rm, const sim *rows_fro
 {
     sim s;
     step_cfg cfg = {.rows_from = rows_from, .largest_param = largest, .dp = n, .snap_at = 1};
-    int rc = rm ? step_run(rm, &s, &cfg, err) : step_run_spec(sp, &s, &cfg, err);
+    int rc = step_run_spec(sp, rm, &s, &cfg, err);
     *paged = s.outside_bytes;
     sim_free(&s);
     return rc;

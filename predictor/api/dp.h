@@ -20,9 +20,10 @@ typedef struct steplog {
                               are the same for every N >= 2 */
 } steplog;
 
-/* One step of the spec: resolved (spec/resolve.h), run (step_run), released.
- * 0, or -1 with err set. */
-int step_run_spec(const mm_spec *sp, sim *s, const step_cfg *cfg, mm_error *err);
+/* One step of the spec: step_run of rm, sp resolved (spec/resolve.h); or when
+ * rm is NULL, sp resolved here, run and released.  0, or -1 with err set. */
+int step_run_spec(const mm_spec *sp, const resolved_model *rm, sim *s, const step_cfg *cfg,
+                  mm_error *err);
 /* The degree steplog_run simulates `sp` at for (n, own_n): n itself with
  * own_n or for a per-degree spec, else max(n, 2). */
 uint64_t steplog_degree(const mm_spec *sp, uint64_t n, int own_n);

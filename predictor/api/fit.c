@@ -75,6 +75,22 @@ typedef struct fit_rows {
     sim s;
 } fit_rows;
 
+/* c resolved once for a search (where only the micro-batch or N changes;
+ * without memory c->rm stays NULL and each verdict resolves its own), and
+ * released */
+static void search_resolve(fitctx *c, resolved_model *rm)
+{
+    mm_error e;
+    c->rm = resolve_model(c->s, rm, &e) ? NULL : rm;
+}
+
+static void search_release(fitctx *c)
+{
+    if (c->rm)
+        resolved_free(c->rm);
+    c->rm = NULL;
+}
+
 /* the search's rows, when it has them */
 static const sim *rows_of(const fitctx *c)
 {
@@ -122,7 +138,7 @@ static uint64_t probe_live(const fitctx *c, uint64_t x)
     /* the folded step, as mm_predict_peak's lower bound takes it */
     step_cfg cfg = {.dp = c->s->training.data_parallel, .rows_from = rows,
                     .largest_param = rows ? rows->largest_param : 0};
-    if (c->rm ? step_run(c->rm, &s, &cfg, &e) : step_run_spec(c->s, &s, &cfg, &e)) {
+    if (step_run_spec(c->s, c->rm, &s, &cfg, &e)) {
         sim_free(&s);
         return UINT64_MAX;
     }
@@ -280,11 +296,9 @@ static uint32_t max_batch(const fitctx *c, const mm_verdict *at_spec)
     fitctx in = *c;
     in.rows = &rows;
     resolved_model rm; /* once for the search: set_mb changes its micro-batch */
-    mm_error e;
-    in.rm = resolve_model(in.s, &rm, &e) ? NULL : &rm;
+    search_resolve(&in, &rm);
     uint32_t r = search_max_batch(&in, at_spec);
-    if (in.rm)
-        resolved_free(in.rm);
+    search_release(&in);
     if (rows.have)
         sim_free(&rows.s);
     return r;
@@ -335,11 +349,9 @@ static uint32_t max_batch_no_flush(const fitctx *c, uint32_t max, const mm_verdi
         b.hi = mb;
     const uint64_t g[2] = {b.hi - 1, 0};
     resolved_model rm; /* once for the search: set_mb changes its micro-batch */
-    mm_error e;
-    nf.rm = resolve_model(nf.s, &rm, &e) ? NULL : &rm;
+    search_resolve(&nf, &rm);
     uint32_t r = search_from(&nf, &b, g);
-    if (nf.rm)
-        resolved_free(nf.rm);
+    search_release(&nf);
     if (r) { /* its verdict, in full */
         set_mb(c, r);
         judge(c, out);
@@ -372,7 +384,7 @@ static uint32_t first_fitting_dp(const fitctx *c0, mm_verdict *at)
     const fitctx *c = &in;
     in.rows = &rows;
     resolved_model rm; /* N is the step's (step_cfg.dp), not the resolved model's */
-    in.rm = resolve_model(in.s, &rm, &e) ? NULL : &rm;
+    search_resolve(&in, &rm);
     c->s->training.data_parallel = 2;
     int have_q = mm_predict_allocated(c->s, &q, &rows.s, &e) == 0;
     rows.have = have_q;
@@ -391,8 +403,7 @@ static uint32_t first_fitting_dp(const fitctx *c0, mm_verdict *at)
         mm_prediction_free(&q);
         sim_free(&rows.s);
     }
-    if (in.rm)
-        resolved_free(in.rm);
+    search_release(&in);
     return found;
 }
 

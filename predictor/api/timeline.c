@@ -101,7 +101,7 @@ int mm_timeline_build(const mm_spec *sp, mm_timeline *tl, mm_error *err)
     mm_alloc_conf_default(&conf);
     if (sp->device.alloc_conf[0] && mm_alloc_conf_parse(&conf, sp->device.alloc_conf, err) < 0)
         return -1;
-    if (step_run_spec(sp, &s, &cfg, err))
+    if (step_run_spec(sp, NULL, &s, &cfg, err))
         return -1;
     w.handle = malloc((s.nt + 1) * sizeof *w.handle);
     w.cls_of = calloc(s.nt + 1, sizeof *w.cls_of);

@@ -316,8 +316,10 @@ int mm_predict_verdict(const mm_spec *sp, uint64_t gpu_bytes, uint64_t usable,
     }
     /* the prediction's step at N, its log and its uncapped replay are the
      * judge's (judge_open simulates and logs the same step) */
-    judge j = {.sp = sp, .s = k.rows, .L = k.L, .n = mm_spec_data_parallel(sp), .gpu = gpu_bytes};
-    j.st = &j.s;
+    judge j;
+    judge_init(&j, sp, gpu_bytes);
+    j.s = k.rows;
+    j.L = k.L;
     reserve_result free_run = k.free_run;
     int rc = card_blind(&k.L.conf) ? 0 : replay_at(&j, 0, &free_run, err);
     if (!rc)

@@ -161,7 +161,8 @@ static int finish(sim *s, const resolved_model *rm, int32_t *scratch, lctx *c, m
     return 0;
 }
 
-static int step_once(const resolved_model *rm, sim *s, const step_cfg *cfg, mm_error *err)
+/* under tensor parallel rm holds one rank's decoder widths (spec/resolve.c) */
+int step_run(const resolved_model *rm, sim *s, const step_cfg *cfg, mm_error *err)
 {
     sim_init(s, cfg->dp, cfg->symbolic);
     s->snap_at = cfg->snap_at;
@@ -219,10 +220,4 @@ static int step_once(const resolved_model *rm, sim *s, const step_cfg *cfg, mm_e
     sim_drop(s, c.pixels);
     s->largest_param = c.largest_param;
     return finish(s, rm, scratch, &c, err);
-}
-
-/* under tensor parallel rm holds one rank's decoder widths (spec/resolve.c) */
-int step_run(const resolved_model *rm, sim *s, const step_cfg *cfg, mm_error *err)
-{
-    return step_once(rm, s, cfg, err);
 }

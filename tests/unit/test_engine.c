@@ -54,7 +54,7 @@ static void check_spec(const char *path)
         for (int nofold = 0; nofold < 2; nofold++) {
             sim sm;
             step_cfg cfg = {.dp = s->training.data_parallel, .nofold = nofold};
-            int rc = step_run_spec(s, &sm, &cfg, &e);
+            int rc = step_run_spec(s, NULL, &sm, &cfg, &e);
             ck_assert_msg(rc == 0, "%s variant %zu: %s", path, v, e.msg);
             ck_assert_msg(sm.leftover == 0, "%s variant %zu%s: %llu bytes of the step still "
                           "alive when the optimizer starts", path, v, nofold ? " (no folding)" : "",
@@ -79,10 +79,10 @@ static void check_snapshot(const char *path)
             continue;
         sim a, b;
         step_cfg ca = {.dp = s->training.data_parallel, .symbolic = 1, .track_peak = 1};
-        ck_assert_msg(step_run_spec(s, &a, &ca, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
+        ck_assert_msg(step_run_spec(s, NULL, &a, &ca, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
         ck_assert_msg(sim_peak_snapshot(&a) == 0, "%s variant %zu: no snapshot", path, v);
         step_cfg cb = {.dp = s->training.data_parallel, .snap_at = a.peak_event};
-        ck_assert_msg(step_run_spec(s, &b, &cb, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
+        ck_assert_msg(step_run_spec(s, NULL, &b, &cb, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
         ck_assert_msg(b.snapped, "%s variant %zu: the stopped run took no snapshot", path, v);
         for (int f = 0; f < F_NFACT; f++)
             ck_assert_msg(a.snap_fact[f] == b.snap_fact[f], "%s variant %zu factor %d: %llu "
@@ -146,8 +146,8 @@ static void check_counts(const char *path, size_t v)
     sim a, b;
     step_cfg ca = {.dp = s->training.data_parallel}, cb = {.dp = s->training.data_parallel,
                                                            .nofold = 1};
-    ck_assert_msg(step_run_spec(s, &a, &ca, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
-    ck_assert_msg(step_run_spec(s, &b, &cb, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
+    ck_assert_msg(step_run_spec(s, NULL, &a, &ca, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
+    ck_assert_msg(step_run_spec(s, NULL, &b, &cb, &e) == 0, "%s variant %zu: %s", path, v, e.msg);
     size_t matched = 0;
     for (size_t r = 0; r < a.nrows; r++) {
         const sim_row *A = &a.rows[r], *B = row_named(&b, A->module, A->name);
@@ -209,7 +209,7 @@ static void eager_log(uint64_t B, sim *s)
     mm_spec *sp = mm_spec_load_buffer(buf, strlen(buf), "eager.yaml", MM_FMT_YAML, &e);
     ck_assert_msg(sp != NULL, "%s", e.msg);
     step_cfg cfg = {.dp = 1, .nofold = 1, .log = 1};
-    ck_assert_msg(step_run_spec(sp, s, &cfg, &e) == 0, "%s", e.msg);
+    ck_assert_msg(step_run_spec(sp, NULL, s, &cfg, &e) == 0, "%s", e.msg);
     mm_spec_free(sp);
 }
 

@@ -58,7 +58,7 @@ static void run(const mm_spec *sp, sim *s, uint64_t dp)
 {
     step_cfg cfg = {.dp = dp, .nofold = 1, .log = 1};
     mm_error e;
-    ck_assert_msg(step_run_spec(sp, s, &cfg, &e) == 0, "%s", e.msg);
+    ck_assert_msg(step_run_spec(sp, NULL, s, &cfg, &e) == 0, "%s", e.msg);
 }
 
 /* the allocations (not frees) of one breakdown row, in order */

@@ -43,7 +43,7 @@ static void logged_step(const char *fsdp, sim *s)
     mm_spec *sp = llama("", fsdp, &e);
     ck_assert_msg(sp != NULL, "%s", e.msg);
     step_cfg cfg = {.dp = 2, .nofold = 1, .log = 1};
-    ck_assert_msg(step_run_spec(sp, s, &cfg, &e) == 0, "%s", e.msg);
+    ck_assert_msg(step_run_spec(sp, NULL, s, &cfg, &e) == 0, "%s", e.msg);
     mm_spec_free(sp);
 }
 

@@ -35,15 +35,20 @@ static int ckpt_here(const lctx *c, uint64_t l)
     return (base + l) % (k->every_n_layers ? k->every_n_layers : 1) == 0;
 }
 
+/* layer_class's bits above the LK_* ones (resolve.h) */
+#define LC_CKPT (1u << 6)  /* checkpointed here */
+#define LC_MERGE (1u << 7) /* DeepStack features added after it */
+
 /* what distinguishes one layer's memory from another's */
 static uint32_t layer_class(const lctx *c, uint64_t l)
 {
     const module_spec *m = c->m;
     /* the per-layer lists, bits 0-5 (LK_SLIDING .. LK_TAP) */
     uint32_t k = resolved_layer_kind(c->rm, c->mi, l);
-    k |= (uint32_t)ckpt_here(c, l) << 6;
+    if (ckpt_here(c, l))
+        k |= LC_CKPT;
     if (m->kind == MOD_DECODER && l < c->ntaps && m->merge != MERGE_CROSS_ATTENTION)
-        k |= 1u << 7; /* DeepStack features are added after this layer */
+        k |= LC_MERGE; /* DeepStack features are added after this layer */
     return k;
 }
 
@@ -52,7 +57,7 @@ static uint32_t layer_class(const lctx *c, uint64_t l)
 static int counting_side_effects(const lctx *c, uint64_t start, uint64_t p)
 {
     for (uint64_t l = start; l < start + p; l++)
-        if (layer_class(c, l) & (1u << 4 | 1u << 5 | 1u << 7))
+        if (layer_class(c, l) & (LK_DEEPSTACK | LK_TAP | LC_MERGE))
             return 1;
     return 0;
 }

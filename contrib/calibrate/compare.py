@@ -50,10 +50,20 @@ def load_device(path):
     return d.get("device", d)
 
 
-def predict(mmguard, spec, device=None, timeout=60, alloc_conf=None):
-    """Run `mmguard predict SPEC --json`; returns (dict, None) or (None, error text).
-    alloc_conf: the PYTORCH_CUDA_ALLOC_CONF the run used (records made before the spec
-    carried it keep it in their config only)."""
+def record_spec(r):
+    """A measurement's spec and where it comes from: ("recorded") the one it carries,
+    or ("rebuilt") for one measured before spec_for described its family (the Qwen-VL
+    rows of the H100 and H200 files), the same spec_for fed the record's own config,
+    build.attention_used and env versions; the data file stays as measured.  Raises
+    ValueError when the record has neither."""
+    if r.get("spec"):
+        return r["spec"], "recorded"
+    return cc.spec_from_record(r), "rebuilt"
+
+
+def predict_spec(spec, device=None, alloc_conf=None):
+    """The spec as the run was made (a copy): alloc_conf is the PYTORCH_CUDA_ALLOC_CONF
+    the run used (records made before the spec carried it keep it in their config only)."""
     spec = json.loads(json.dumps(spec))
     for m in spec.get("modules", []):
         # records made before the spec had the key: calibrate.py always passed
@@ -64,6 +74,13 @@ def predict(mmguard, spec, device=None, timeout=60, alloc_conf=None):
         spec["device"] = dict(device)
     if alloc_conf and "alloc_conf" not in spec.get("device", {}):
         spec.setdefault("device", {})["alloc_conf"] = alloc_conf
+    return spec
+
+
+def predict(mmguard, spec, device=None, timeout=60, alloc_conf=None):
+    """Run `mmguard predict SPEC --json` on predict_spec(spec, device, alloc_conf);
+    returns (dict, None) or (None, error text)."""
+    spec = predict_spec(spec, device, alloc_conf)
     fd, path = tempfile.mkstemp(prefix="mmcal-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
@@ -112,16 +129,11 @@ def compare(records, mmguard, device=None, hooks_removed=False):
         st = r.get("status")
         if st not in ("ok", "oom"):
             continue
-        spec, source = r.get("spec"), "recorded"
-        if not spec:
-            # measured before spec_for described the family (the Qwen-VL rows of the
-            # H100 and H200 files): the same spec_for, fed the record's own config,
-            # build.attention_used and env versions; the data file stays as measured
-            try:
-                spec, source = cc.spec_from_record(r), "rebuilt"
-            except ValueError as e:
-                refused.append({"id": r.get("id"), "why": "no spec, none rebuilt: %s" % e})
-                continue
+        try:
+            spec, source = record_spec(r)
+        except ValueError as e:
+            refused.append({"id": r.get("id"), "why": "no spec, none rebuilt: %s" % e})
+            continue
         pred, err = predict(mmguard, spec, device,
                             alloc_conf=(r.get("config") or {}).get("alloc_conf"))
         if pred is None:

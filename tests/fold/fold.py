@@ -47,7 +47,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "accuracy"))
 import accuracy  # noqa: E402  (make_spec: a truth row's spec)
 sys.path.insert(0, os.path.join(ROOT, "contrib", "calibrate"))
-import calib_common  # noqa: E402  (spec_from_record: a GPU row recorded without a spec)
+import compare as calib_compare  # noqa: E402  (a GPU row's spec, as compare.py predicts it)
 
 MM = os.environ.get("MMGUARD", os.path.join(ROOT, "build", "mmguard"))
 FOLDED = re.compile(r"^mmguard: replay folded (\d+) periods[^\n]*\n?", re.M)
@@ -144,16 +144,9 @@ def gpu_cases(tmp, only):
                 # the file and line name it (an id recurs across cards and resumed runs)
                 where = "%s:%d" % (os.path.relpath(path, os.path.join(ROOT, "tests", "gpu_data")),
                                    k + 1)
-                if isinstance(r.get("spec"), dict):
-                    spec = json.loads(json.dumps(r["spec"]))
-                else:  # as compare.py does for the rows measured before spec_for had one
-                    spec = calib_common.spec_from_record(r)
-                for m in spec.get("modules", []):  # as compare.py's predict()
-                    if isinstance(m.get("lora"), dict):
-                        m["lora"].setdefault("autocast_adapter_dtype", False)
-                conf = (r.get("config") or {}).get("alloc_conf")
-                if conf and "alloc_conf" not in spec.get("device", {}):
-                    spec.setdefault("device", {})["alloc_conf"] = conf
+                spec = calib_compare.predict_spec(
+                    calib_compare.record_spec(r)[0],
+                    alloc_conf=(r.get("config") or {}).get("alloc_conf"))
                 fd, sp = tempfile.mkstemp(prefix="gpu-", suffix=".json", dir=tmp)
                 with os.fdopen(fd, "w") as f2:
                     json.dump(spec, f2)

@@ -602,10 +602,7 @@ def spec_from_record(rec):
     cfg = g.configs()[0]
     if cfg.id != rec.get("id"):
         raise ValueError("config gives id %s, the record says %s" % (cfg.id, rec.get("id")))
-    env = rec.get("env") or {}
-    fw = {"transformers_version": major_minor(env.get("transformers_version")),
-          "torch_version": major_minor(env.get("torch_version"))}
-    return spec_for(cfg, framework=fw,
+    return spec_for(cfg, framework=framework_of(rec.get("env")),
                     attention_used=(rec.get("build") or {}).get("attention_used"),
                     use_reentrant=c.get("use_reentrant", "default"))
 
@@ -689,6 +686,14 @@ def major_minor(version):
         return None
     m = re.match(r"(\d+)\.(\d+)", str(version))
     return "%s.%s" % (m.group(1), m.group(2)) if m else None
+
+
+def framework_of(env):
+    """A spec's `framework` versions from a record's `env` (torch and transformers,
+    major.minor)."""
+    env = env or {}
+    return {"transformers_version": major_minor(env.get("transformers_version")),
+            "torch_version": major_minor(env.get("torch_version"))}
 
 
 # ---------------------------------------------------------------------------

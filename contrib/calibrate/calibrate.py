@@ -702,9 +702,7 @@ class GpuRunner:
         rec = {"kind": "measurement", "id": cfg.id, "group": g.name,
                "config": cfg.harness_dict()}
         rec["config"]["use_reentrant"] = self.args.use_reentrant
-        fw = {"transformers_version": cc.major_minor(self.env.get("transformers_version")),
-              "torch_version": cc.major_minor(self.env.get("torch_version"))}
-        rec["spec"] = cc.spec_for(cfg, framework=fw,
+        rec["spec"] = cc.spec_for(cfg, framework=cc.framework_of(self.env),
                                   attention_used=self.build_info.get("attention_used"),
                                   use_reentrant=self.args.use_reentrant)
         rec["build"] = self.build_info
@@ -887,8 +885,7 @@ def worker_main(args):
     runner = GpuRunner(args, group, nvml)
     probe = runner.probe_init()
     cc.append_record(args.out, probe)
-    fw = {"transformers_version": cc.major_minor(runner.env.get("transformers_version")),
-          "torch_version": cc.major_minor(runner.env.get("torch_version"))}
+    fw = cc.framework_of(runner.env)
     try:
         runner.build(max(c.seq_len for c in cfgs))
     except Exception as e:  # noqa: BLE001
